@@ -1,0 +1,41 @@
+"""raytf: distributed TensorFlow training on a Ray cluster.
+
+One Ray actor per worker, placed through a placement group; each runs the
+user's ``train_fn`` under ``tf.distribute.MultiWorkerMirroredStrategy`` with a
+TF_CONFIG built from its rank. Importing raytf imports neither TensorFlow nor
+Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
+"""
+
+from raytf._session import TrainContext, get_context, report, strategy
+from raytf.config import FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
+from raytf.errors import (
+    ConfigError,
+    PlacementTimeoutError,
+    RaytfError,
+    TrainingFailedError,
+    WorkerFailure,
+    WorkerStartError,
+)
+from raytf.result import Result
+from raytf.trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "FailureConfig",
+    "PlacementTimeoutError",
+    "RaytfError",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TensorflowConfig",
+    "TrainContext",
+    "Trainer",
+    "TrainingFailedError",
+    "WorkerFailure",
+    "WorkerStartError",
+    "get_context",
+    "report",
+    "strategy",
+]

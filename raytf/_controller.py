@@ -1,0 +1,136 @@
+"""The driver's state machine: schedule a worker group, watch it, restart or stop.
+
+Plain Python with no Ray import: the worker group is passed in, so the
+controller is tested with a fake group in milliseconds. Each state is a small
+object carrying its payload; :meth:`Controller.step` moves one transition.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Union
+
+from raytf._failure import Decision, FailurePolicy, root_cause
+from raytf._status import GroupStatus, Report
+from raytf.errors import TrainingFailedError, WorkerFailure
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerGroup(Protocol):
+    def start(self, attempt: int) -> None: ...
+
+    def poll(self) -> GroupStatus: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Running:
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Restarting:
+    attempt: int
+    failure: WorkerFailure
+
+
+@dataclass(frozen=True)
+class Finished:
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Errored:
+    attempt: int
+    error: BaseException
+
+
+State = Union[Scheduling, Running, Restarting, Finished, Errored]
+TERMINAL = (Finished, Errored)
+
+
+class Controller:
+    """Runs one training run to the end: every attempt, every restart."""
+
+    def __init__(
+        self,
+        group: WorkerGroup,
+        policy: FailurePolicy,
+        on_report: Callable[[Report], None],
+        *,
+        poll_interval_s: float = 0.1,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self._group = group
+        self._policy = policy
+        self._on_report = on_report
+        self._poll_interval_s = poll_interval_s
+        self._sleep = sleep
+        self.state: State = Scheduling(attempt=0)
+
+    def step(self) -> tuple[State, State]:
+        previous = self.state
+        self.state = self._next(previous)
+        if type(self.state) is not type(previous):
+            logger.debug("controller: %s -> %s", previous, self.state)
+        return previous, self.state
+
+    def run(self) -> Finished:
+        """Step until the run finishes; raise its error if it failed.
+
+        The worker group is shut down on every way out, including
+        KeyboardInterrupt and errors raised by the report callback.
+        """
+        try:
+            while not isinstance(self.state, TERMINAL):
+                self.step()
+        finally:
+            self._group.shutdown()
+        if isinstance(self.state, Errored):
+            raise self.state.error
+        return self.state
+
+    def _next(self, state: State) -> State:
+        if isinstance(state, Scheduling):
+            try:
+                self._group.start(state.attempt)
+            except Exception as error:  # placement timeout, a worker that never came up
+                return Errored(state.attempt, error)
+            return Running(state.attempt)
+        if isinstance(state, Running):
+            return self._watch(state)
+        if isinstance(state, Restarting):
+            return Scheduling(state.attempt + 1)
+        return state
+
+    def _watch(self, state: Running) -> State:
+        status = self._group.poll()
+        for report in status.reports:
+            self._on_report(report)
+        if status.failures:
+            self._group.shutdown()
+            failure = root_cause(status.failures)
+            decision = self._policy.decide(failure)
+            if decision is Decision.RETRY:
+                logger.warning(
+                    "attempt %d failed (%s); restarting the worker group",
+                    state.attempt,
+                    failure.describe(),
+                )
+                return Restarting(state.attempt, failure)
+            return Errored(
+                state.attempt, TrainingFailedError(failure, tuple(self._policy.failures))
+            )
+        if status.finished:
+            return Finished(state.attempt)
+        self._sleep(self._poll_interval_s)
+        return state

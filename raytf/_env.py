@@ -1,0 +1,39 @@
+"""Every environment variable raytf reads or sets, with its default, in one place."""
+
+from __future__ import annotations
+
+import os
+
+# Read on the driver.
+POLL_INTERVAL_S = "RAYTF_POLL_INTERVAL_S"  # how often the driver polls workers
+WORKER_START_TIMEOUT_S = "RAYTF_WORKER_START_TIMEOUT_S"  # actor up and port reserved
+SHUTDOWN_TIMEOUT_S = "RAYTF_SHUTDOWN_TIMEOUT_S"  # wait for killed actors to be gone
+
+# Set in each worker before TensorFlow is imported.
+TF_CONFIG = "TF_CONFIG"
+TF_NUM_INTRAOP_THREADS = "TF_NUM_INTRAOP_THREADS"
+TF_NUM_INTEROP_THREADS = "TF_NUM_INTEROP_THREADS"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+DEFAULT_TF_CPP_MIN_LOG_LEVEL = "2"  # TensorFlow's oneDNN/CUDA notices, once per worker, say nothing useful
+
+_DEFAULTS = {
+    POLL_INTERVAL_S: 0.1,
+    WORKER_START_TIMEOUT_S: 120.0,
+    SHUTDOWN_TIMEOUT_S: 30.0,
+}
+
+
+def get_float(name: str) -> float:
+    """The float value of a raytf driver setting, or its default."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return _DEFAULTS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"environment variable {name} must be > 0, got {raw!r}")
+    return value

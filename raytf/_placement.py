@@ -1,0 +1,63 @@
+"""Pure checks and messages about fitting a worker group onto a cluster's nodes."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+NodeResources = Mapping[str, float]
+
+
+def _fmt(resources: Mapping[str, float]) -> str:
+    shown = {k: v for k, v in sorted(resources.items()) if not _internal(k)}
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in shown.items()) + "}"
+
+
+def _internal(resource: str) -> bool:
+    return resource.startswith("node:") or resource in ("memory", "object_store_memory")
+
+
+def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) -> Optional[str]:
+    """Why no live node could ever hold one worker's bundle, or None if one could.
+
+    This compares totals, not what is free now: it rejects only asks the
+    cluster as it stands can never meet, such as more GPUs per worker than
+    any node has.
+    """
+    if any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes):
+        return None
+    lines = [f"no node in the cluster can hold one worker, which asks for {_fmt(bundle)}."]
+    for resource, amount in sorted(bundle.items()):
+        most = max((node.get(resource, 0.0) for node in nodes), default=0.0)
+        if most < amount:
+            setting = {"CPU": "cpus_per_worker", "GPU": "gpus_per_worker"}.get(
+                resource, f"resources_per_worker[{resource!r}]"
+            )
+            lines.append(
+                f"ScalingConfig.{setting}={amount:g}, but the largest node has {most:g} {resource}."
+            )
+    lines.append(
+        f"Nodes: {', '.join(_fmt(n) for n in nodes) or 'none'}. Lower the per-worker ask or add a "
+        "node that fits it; on an autoscaling cluster whose nodes are not up yet, pass "
+        "ScalingConfig(check_resources=False)."
+    )
+    return " ".join(lines)
+
+
+def placement_timeout_message(
+    bundle: Mapping[str, float],
+    num_workers: int,
+    strategy: str,
+    timeout_s: float,
+    total: Mapping[str, float],
+    available: Mapping[str, float],
+    nodes: Sequence[NodeResources],
+) -> str:
+    return (
+        f"The worker group could not be placed within {timeout_s:g} s "
+        f"(ScalingConfig.placement_timeout_s): it asks for {num_workers} x {_fmt(bundle)} "
+        f"with placement={strategy}. The cluster has {len(nodes)} node(s) "
+        f"[{', '.join(_fmt(n) for n in nodes)}], {_fmt(total)} in all, {_fmt(available)} free. "
+        "Free resources (other jobs may hold them), lower num_workers or the per-worker ask, "
+        "relax the placement strategy, add nodes, or raise placement_timeout_s "
+        "(None waits forever)."
+    )

@@ -1,0 +1,43 @@
+"""What workers tell the driver, as plain data: reports and per-poll status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from raytf.errors import WorkerFailure
+
+
+@dataclass(frozen=True)
+class Report:
+    """One ``raytf.report`` call: its metrics and the rank and attempt it came from."""
+
+    rank: int
+    seq: int
+    metrics: dict[str, Any]
+    time: float
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker's answer to a poll: reports since the last poll, its phase, its error."""
+
+    rank: int
+    phase: str
+    reports: tuple[Report, ...] = ()
+    failure: Optional[WorkerFailure] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "finished"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """The whole group's answer to a poll."""
+
+    reports: tuple[Report, ...] = ()
+    failures: tuple[WorkerFailure, ...] = ()
+    finished: bool = False
+    phases: dict[int, str] = field(default_factory=dict)

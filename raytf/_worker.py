@@ -1,0 +1,234 @@
+"""The worker actor: holds a port, sets up TensorFlow, runs ``train_fn`` in a thread.
+
+Nothing here imports TensorFlow at module level. TensorFlow reads its thread
+counts, visible GPUs and log level when it is first imported and initialized,
+so the actor puts TF_CONFIG and those settings into its environment first,
+then imports TensorFlow, then creates the strategy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ray import cloudpickle
+
+from raytf import _env, _session
+from raytf._session import TrainContext, WorkerSession
+from raytf._status import Report, WorkerStatus
+from raytf._topology import RankInfo, WorkerAddress
+from raytf.errors import WorkerFailure
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker needs to start training, built by the driver."""
+
+    rank: RankInfo
+    tf_config: str
+    attempt: int
+    run_name: str
+    run_path: str
+    communication: str
+    collective_timeout_s: Optional[float]
+    intra_op_threads: int
+    inter_op_threads: int
+    use_gpu: bool
+    gpu_memory_growth: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port on every interface, never listening.
+
+    Holding it keeps the port from being handed to anyone else (another
+    worker's reservation, an outgoing connection's ephemeral port) until the
+    moment TensorFlow's gRPC server binds it. TensorFlow binds the wildcard
+    address with SO_REUSEPORT off, so the reservation is on the wildcard too
+    (dual-stack where IPv6 is available) and released just before that bind.
+    """
+    if socket.has_ipv6:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+            return sock
+        except OSError:
+            sock.close()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("0.0.0.0", 0))
+    return sock
+
+
+def worker_environment(spec: WorkerSpec) -> dict[str, str]:
+    """The variables a worker sets before importing TensorFlow."""
+    env = {
+        _env.TF_CONFIG: spec.tf_config,
+        _env.TF_NUM_INTRAOP_THREADS: str(spec.intra_op_threads),
+        _env.TF_NUM_INTEROP_THREADS: str(spec.inter_op_threads),
+        _env.OMP_NUM_THREADS: str(spec.intra_op_threads),
+    }
+    if not spec.use_gpu:
+        # A CPU worker on a GPU node must not grab the GPUs other workers own.
+        env[_env.CUDA_VISIBLE_DEVICES] = ""
+    if _env.TF_CPP_MIN_LOG_LEVEL not in os.environ:
+        env[_env.TF_CPP_MIN_LOG_LEVEL] = _env.DEFAULT_TF_CPP_MIN_LOG_LEVEL
+    env.update(spec.env)
+    return env
+
+
+def make_strategy(spec: WorkerSpec) -> Any:
+    """This worker's MultiWorkerMirroredStrategy; blocks until every peer has joined."""
+    import tensorflow as tf
+
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[spec.communication]
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation, timeout_seconds=spec.collective_timeout_s
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+        communication_options=options,
+    )
+
+
+def _configure_tensorflow(spec: WorkerSpec) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(spec.intra_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(spec.inter_op_threads)
+        if spec.gpu_memory_growth:
+            for gpu in tf.config.list_physical_devices("GPU"):
+                tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError as error:  # the context was initialized before raytf got here
+        logger.warning("could not apply TensorFlow settings before start-up: %s", error)
+
+
+def _call(train_fn: Any, config: dict[str, Any]) -> Any:
+    """Call ``train_fn(config)``, or ``train_fn()`` when it takes no argument (as Ray Train allows)."""
+    try:
+        takes_config = len(inspect.signature(train_fn).parameters) > 0
+    except (TypeError, ValueError):
+        takes_config = True
+    return train_fn(config) if takes_config else train_fn()
+
+
+class TrainWorker:
+    """One rank of the worker group. The driver polls it; it never calls the driver."""
+
+    def __init__(self) -> None:
+        self._sock: Optional[socket.socket] = None
+        self._address: Optional[WorkerAddress] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._reports: list[Report] = []
+        self._phase = "created"
+        self._failure: Optional[WorkerFailure] = None
+        self._rank = -1
+
+    def reserve(self) -> WorkerAddress:
+        """Reserve a port for TensorFlow's server and say where this worker is."""
+        import ray
+
+        if self._address is None:
+            self._sock = reserve_port()
+            self._address = WorkerAddress(
+                node_id=ray.get_runtime_context().get_node_id(),
+                node_ip=ray.util.get_node_ip_address(),
+                port=self._sock.getsockname()[1],
+                gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+                pid=os.getpid(),
+            )
+        return self._address
+
+    def start(self, spec: WorkerSpec, payload: bytes) -> None:
+        """Start training in a thread and return at once; the driver polls for progress.
+
+        ``payload`` is the cloudpickled ``(train_fn, config)``. It is loaded in
+        the thread after the environment is set, because loading it may import
+        the user's modules, and with them TensorFlow.
+        """
+        if self._thread is not None:
+            raise RuntimeError("this worker has already started training")
+        self._rank = spec.rank.world_rank
+        self._phase = "starting"
+        self._thread = threading.Thread(target=self._run, args=(spec, payload), name="raytf-train", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> WorkerStatus:
+        with self._lock:
+            reports, self._reports = tuple(self._reports), []
+        return WorkerStatus(rank=self._rank, phase=self._phase, reports=reports, failure=self._failure)
+
+    def _sink(self, report: Report) -> None:
+        with self._lock:
+            self._reports.append(report)
+
+    def _release_port(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _run(self, spec: WorkerSpec, payload: bytes) -> None:
+        try:
+            if "tensorflow" in sys.modules:
+                logger.warning(
+                    "TensorFlow was imported in this worker before raytf set TF_CONFIG and the "
+                    "thread settings; import it inside train_fn, not at the top of a module the "
+                    "worker loads first"
+                )
+            os.environ.update(worker_environment(spec))
+            train_fn, config = cloudpickle.loads(payload)
+            _configure_tensorflow(spec)
+            self._phase = "connecting"
+            self._release_port()
+            strategy = make_strategy(spec)
+            context = TrainContext(
+                world_rank=spec.rank.world_rank,
+                world_size=spec.rank.world_size,
+                local_rank=spec.rank.local_rank,
+                local_world_size=spec.rank.local_world_size,
+                node_rank=spec.rank.node_rank,
+                num_nodes=spec.rank.num_nodes,
+                attempt=spec.attempt,
+                run_name=spec.run_name,
+                run_path=spec.run_path,
+                tf_config=spec.tf_config,
+            )
+            _session.install(WorkerSession(context, strategy, self._sink))
+            self._phase = "training"
+            _call(train_fn, config)
+            self._phase = "finished"
+        except SystemExit as exit_:
+            if exit_.code in (None, 0):
+                self._phase = "finished"
+            else:
+                self._fail(spec, exit_)
+        except BaseException as error:  # noqa: BLE001 - every error goes to the driver as data
+            self._fail(spec, error)
+
+    def _fail(self, spec: WorkerSpec, error: BaseException) -> None:
+        self._failure = WorkerFailure(
+            rank=spec.rank.world_rank,
+            kind="exception",
+            error_type=type(error).__qualname__,
+            message=str(error),
+            traceback="".join(traceback.format_exception(error)),
+            time=time.time(),
+            node_ip=self._address.node_ip if self._address else "",
+        )
+        self._phase = "failed"

@@ -1,0 +1,228 @@
+"""What a user sets: scaling, run, failure handling and TensorFlow options.
+
+Each config is a frozen dataclass that validates in ``__post_init__`` and says
+what it received and what is allowed, so a bad value fails on the driver before
+any actor starts. Names follow Ray Train's where they mean the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Union
+
+from raytf.errors import ConfigError
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _check_number(setting: str, value: object, *, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"{setting} must be a number, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{setting} must be >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _check_int(setting: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{setting} must be an int, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{setting} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_timeout(setting: str, value: Optional[float]) -> None:
+    if value is None:
+        return
+    if _check_number(setting, value) <= 0:
+        raise ConfigError(f"{setting} must be > 0 seconds or None to wait forever, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """How many workers, what each reserves, and how they are placed.
+
+    One placement group holds one bundle per worker with ``placement`` as its
+    strategy. ``placement_timeout_s`` bounds the wait for the cluster to fit the
+    group (None waits forever, for autoscaling clusters that add nodes slowly).
+    ``check_resources`` rejects, before anything is scheduled, a worker that no
+    live node could ever hold; turn it off on an autoscaling cluster whose
+    bigger nodes are not up yet.
+    """
+
+    num_workers: int = 1
+    cpus_per_worker: float = 1
+    gpus_per_worker: float = 0
+    resources_per_worker: Mapping[str, float] = field(default_factory=dict)
+    placement: str = "PACK"
+    placement_timeout_s: Optional[float] = 120.0
+    check_resources: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1)
+        _check_number("ScalingConfig.cpus_per_worker", self.cpus_per_worker)
+        _check_number("ScalingConfig.gpus_per_worker", self.gpus_per_worker)
+        if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
+            raise ConfigError(
+                "ScalingConfig.gpus_per_worker above 1 must be a whole number, "
+                f"got {self.gpus_per_worker!r}"
+            )
+        for name, amount in dict(self.resources_per_worker).items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(
+                    f"ScalingConfig.resources_per_worker keys must be resource names, got {name!r}"
+                )
+            if name in ("CPU", "GPU"):
+                raise ConfigError(
+                    f"ScalingConfig.resources_per_worker[{name!r}]: set CPUs and GPUs with "
+                    "cpus_per_worker and gpus_per_worker instead"
+                )
+            _check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount)
+        placement = self.placement.upper() if isinstance(self.placement, str) else self.placement
+        if placement not in PLACEMENT_STRATEGIES:
+            raise ConfigError(
+                f"ScalingConfig.placement must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                f"got {self.placement!r}"
+            )
+        object.__setattr__(self, "placement", placement)
+        object.__setattr__(self, "resources_per_worker", dict(self.resources_per_worker))
+        _check_timeout("ScalingConfig.placement_timeout_s", self.placement_timeout_s)
+        if not any(self.bundle().values()):
+            raise ConfigError(
+                "ScalingConfig reserves nothing per worker (cpus_per_worker=0, gpus_per_worker=0, "
+                "no resources_per_worker): give each worker at least one CPU, GPU or custom resource"
+            )
+
+    def bundle(self) -> dict[str, float]:
+        """The placement-group bundle of one worker (zero amounts left out, as Ray wants)."""
+        bundle = {"CPU": float(self.cpus_per_worker), "GPU": float(self.gpus_per_worker)}
+        bundle.update({k: float(v) for k, v in self.resources_per_worker.items()})
+        return {k: v for k, v in bundle.items() if v > 0}
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_worker > 0
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """How many worker failures a run survives.
+
+    A worker that dies (process killed, node lost) is retried while failures
+    remain; ``max_failures=-1`` retries forever. An exception raised by
+    ``train_fn`` is a bug, not bad luck: it is raised from ``fit()`` at once
+    unless ``retry_on_exception`` is set.
+    """
+
+    max_failures: int = 0
+    retry_on_exception: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
+        if not isinstance(self.retry_on_exception, bool):
+            raise ConfigError(
+                f"FailureConfig.retry_on_exception must be True or False, got {self.retry_on_exception!r}"
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run keeps its results and how it reports progress.
+
+    Results go to ``<storage_path>/<name>``. ``name`` is one path component of
+    letters, digits, ``.``, ``_`` and ``-``, so it can never point outside the
+    storage root. ``storage_path`` is a local directory or a ``pyarrow.fs`` URI
+    (``s3://bucket/prefix``). ``verbose=0`` silences the per-report progress lines.
+    """
+
+    name: Optional[str] = None
+    storage_path: Union[str, os.PathLike] = "~/raytf_results"
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    verbose: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (
+            not isinstance(self.name, str)
+            or not RUN_NAME_PATTERN.match(self.name)
+            or self.name in (".", "..")
+        ):
+            raise ConfigError(
+                f"RunConfig.name must be one path component of letters, digits, '.', '_' and '-' "
+                f"(at most 128 characters, not starting with '.'), got {self.name!r}"
+            )
+        if not isinstance(self.storage_path, (str, os.PathLike)) or not str(self.storage_path):
+            raise ConfigError(
+                f"RunConfig.storage_path must be a directory or a URI such as s3://bucket/prefix, "
+                f"got {self.storage_path!r}"
+            )
+        if not isinstance(self.failure_config, FailureConfig):
+            raise ConfigError(
+                f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}"
+            )
+        _check_int("RunConfig.verbose", self.verbose, minimum=0)
+
+
+@dataclass(frozen=True)
+class TensorflowConfig:
+    """How each worker sets up TensorFlow and MultiWorkerMirroredStrategy.
+
+    ``communication`` picks the collective implementation: ``"auto"`` means
+    NCCL when workers have GPUs and RING otherwise. ``collective_timeout_s``
+    bounds every collective, so a peer that stops answering fails the step
+    instead of hanging it. Thread counts default to the worker's CPUs.
+    ``worker_env`` is put into each worker's environment before TensorFlow is
+    imported (for example ``NCCL_DEBUG`` or ``TF_GPU_THREAD_MODE``).
+    """
+
+    communication: str = "auto"
+    collective_timeout_s: Optional[float] = None
+    intra_op_threads: Optional[int] = None
+    inter_op_threads: Optional[int] = None
+    gpu_memory_growth: bool = False
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        comm = self.communication.lower() if isinstance(self.communication, str) else self.communication
+        if comm not in COMMUNICATIONS:
+            raise ConfigError(
+                f"TensorflowConfig.communication must be one of {', '.join(COMMUNICATIONS)}, "
+                f"got {self.communication!r}"
+            )
+        object.__setattr__(self, "communication", comm)
+        _check_timeout("TensorflowConfig.collective_timeout_s", self.collective_timeout_s)
+        for name in ("intra_op_threads", "inter_op_threads"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(f"TensorflowConfig.{name}", value, minimum=1)
+        for key, value in dict(self.worker_env).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ConfigError(
+                    f"TensorflowConfig.worker_env must map str to str, got {key!r}: {value!r}"
+                )
+            if key == "TF_CONFIG":
+                raise ConfigError(
+                    "TensorflowConfig.worker_env must not set TF_CONFIG: raytf builds it from each "
+                    "worker's rank"
+                )
+        object.__setattr__(self, "worker_env", dict(self.worker_env))
+
+    def resolve_communication(self, scaling: ScalingConfig) -> str:
+        """The implementation the workers will use, checked against their GPUs."""
+        if self.communication == "nccl" and not scaling.use_gpu:
+            raise ConfigError(
+                "TensorflowConfig.communication='nccl' needs GPUs, but ScalingConfig.gpus_per_worker=0: "
+                "use 'ring' (or 'auto') for CPU workers, or give each worker a GPU"
+            )
+        if self.communication == "auto":
+            return "nccl" if scaling.use_gpu else "ring"
+        return self.communication
+
+    def threads(self, scaling: ScalingConfig) -> tuple[int, int]:
+        """(intra-op, inter-op) thread counts: the worker's CPUs unless set."""
+        default = max(1, int(scaling.cpus_per_worker))
+        return (self.intra_op_threads or default, self.inter_op_threads or default)

@@ -1,0 +1,28 @@
+"""What ``Trainer.fit()`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of a run.
+
+    ``metrics`` is rank 0's last report, ``history`` every report rank 0 made
+    (each with ``attempt`` and ``report_seq`` added), ``path`` the run's
+    directory or URI, ``attempts`` how many times the worker group started.
+    """
+
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    path: str = ""
+    attempts: int = 1
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """``history`` as a pandas DataFrame (pandas comes with Ray Data)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history)

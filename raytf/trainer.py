@@ -1,0 +1,169 @@
+"""``raytf.Trainer``: validate, place, run ``train_fn`` on every worker, return a Result."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from raytf import _env
+from raytf._controller import Controller
+from raytf._failure import FailurePolicy
+from raytf._placement import unfit_worker
+from raytf._progress import ProgressPrinter, format_metrics
+from raytf._status import Report
+from raytf._storage import RunStorage
+from raytf.config import RunConfig, ScalingConfig, TensorflowConfig
+from raytf.errors import ConfigError
+from raytf.result import Result
+
+logger = logging.getLogger(__name__)
+
+HISTORY_FILE = "history.json"
+_HISTORY_WRITE_INTERVAL_S = 10.0
+
+
+class _History:
+    """Rank 0's reports: logged, shown, kept, and written to the run directory now and then."""
+
+    def __init__(self, storage: RunStorage, printer: ProgressPrinter):
+        self.entries: list[dict[str, Any]] = []
+        self._storage = storage
+        self._printer = printer
+        self._last_write = time.monotonic()
+        self._dirty = False
+
+    def on_report(self, report: Report) -> None:
+        if report.rank != 0:
+            return
+        logger.debug("report from rank 0, attempt %d: %s", report.attempt, report.metrics)
+        self._printer.report(report)
+        self.entries.append({**report.metrics, "attempt": report.attempt, "report_seq": report.seq})
+        self._dirty = True
+        if time.monotonic() - self._last_write >= _HISTORY_WRITE_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._storage.write_json(HISTORY_FILE, self.entries)
+            self._dirty = False
+        self._last_write = time.monotonic()
+
+    @property
+    def last_metrics(self) -> dict[str, Any]:
+        if not self.entries:
+            return {}
+        return {k: v for k, v in self.entries[-1].items() if k not in ("attempt", "report_seq")}
+
+
+@contextlib.contextmanager
+def _sigterm_raises_systemexit() -> Iterator[None]:
+    """Turn SIGTERM (``ray job stop``, a scheduler's kill) into SystemExit while fit() runs,
+    so the worker group is torn down on the way out instead of abandoned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _default_run_name() -> str:
+    return "raytf_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
+class Trainer:
+    """Runs ``train_fn(config)`` on ``scaling.num_workers`` Ray actors under one
+    MultiWorkerMirroredStrategy, and restarts the group when a worker is lost.
+
+    ``train_fn`` may take the config dict or no argument. Inside it,
+    ``raytf.get_context()``, ``raytf.strategy()`` and ``raytf.report()`` work.
+    """
+
+    def __init__(
+        self,
+        train_fn: Callable[..., Any],
+        *,
+        config: Optional[dict[str, Any]] = None,
+        scaling: Optional[ScalingConfig] = None,
+        run: Optional[RunConfig] = None,
+        tensorflow: Optional[TensorflowConfig] = None,
+    ):
+        if not callable(train_fn):
+            raise ConfigError(f"Trainer(train_fn): train_fn must be callable, got {train_fn!r}")
+        if config is not None and not isinstance(config, dict):
+            raise ConfigError(f"Trainer(config=...) must be a dict, got {type(config).__name__}")
+        for name, value, kind in (
+            ("scaling", scaling, ScalingConfig),
+            ("run", run, RunConfig),
+            ("tensorflow", tensorflow, TensorflowConfig),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(
+                    f"Trainer({name}=...) must be a raytf.{kind.__name__}, got {type(value).__name__}"
+                )
+        self.train_fn = train_fn
+        self.config = dict(config or {})
+        self.scaling = scaling or ScalingConfig()
+        self.run = run or RunConfig()
+        self.tensorflow = tensorflow or TensorflowConfig()
+        # Cross-field checks that need no cluster, before anything starts.
+        self.tensorflow.resolve_communication(self.scaling)
+
+    def fit(self) -> Result:
+        """Train to the end and return the result; raise TrainingFailedError if a worker failed
+        and no retry was left. Ctrl-C stops every worker and frees the placement group."""
+        import ray
+        from ray import cloudpickle
+
+        from raytf._worker_group import RayWorkerGroup, live_node_resources
+
+        if not ray.is_initialized():
+            ray.init()
+        if self.scaling.check_resources:
+            problem = unfit_worker(self.scaling.bundle(), live_node_resources())
+            if problem:
+                raise ConfigError(problem)
+        name = self.run.name or _default_run_name()
+        storage = RunStorage(self.run.storage_path, name)
+        try:
+            payload = cloudpickle.dumps((self.train_fn, self.config))
+        except Exception as error:
+            raise ConfigError(
+                f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
+            ) from error
+        group = RayWorkerGroup(self.scaling, self.tensorflow, payload, name, storage.uri)
+        printer = ProgressPrinter(name, self.run.verbose)
+        history = _History(storage, printer)
+        controller = Controller(
+            group,
+            FailurePolicy(self.run.failure_config),
+            history.on_report,
+            poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
+        )
+        printer.message(
+            f"starting {self.scaling.num_workers} workers x {self.scaling.bundle()} "
+            f"({self.scaling.placement}); results in {storage.uri}"
+        )
+        try:
+            with _sigterm_raises_systemexit():
+                finished = controller.run()
+        finally:
+            history.flush()
+        printer.message(f"finished: {format_metrics(history.last_metrics) or '(no reports)'}")
+        return Result(
+            metrics=history.last_metrics,
+            history=list(history.entries),
+            path=storage.uri,
+            attempts=finished.attempt + 1,
+        )
