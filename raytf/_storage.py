@@ -21,7 +21,7 @@ def resolve_storage(storage_path: str | os.PathLike) -> tuple[pafs.FileSystem, s
         return pafs.LocalFileSystem(), root, root
     try:
         filesystem, root = pafs.FileSystem.from_uri(text)
-    except (pafs.ArrowInvalid, ValueError, OSError) as error:
+    except (ValueError, OSError) as error:  # pyarrow.ArrowInvalid is a ValueError
         raise ConfigError(
             f"RunConfig.storage_path={text!r} is not a URI pyarrow.fs can open: {error}"
         ) from None

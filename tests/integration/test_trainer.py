@@ -1,0 +1,149 @@
+"""raytf.Trainer on a real two-node Ray cluster with real TensorFlow."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import threading
+
+import pytest
+
+import raytf
+from tests import workloads
+from tests.integration.conftest import live_placement_groups, live_workers, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def read_ranks(out_dir, n):
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def trainer(fn, tmp_path, name, **scaling):
+    scaling.setdefault("num_workers", 2)
+    return raytf.Trainer(
+        fn,
+        config={"out_dir": str(tmp_path)},
+        scaling=raytf.ScalingConfig(**scaling),
+        run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0),
+        tensorflow=raytf.TensorflowConfig(communication="ring", collective_timeout_s=120),
+    )
+
+
+def test_two_workers_train_one_model(tmp_path, no_leaks):
+    result = trainer(workloads.small_train, tmp_path, "pack", placement="PACK").fit()
+
+    losses = [entry["loss"] for entry in result.history]
+    assert [entry["epoch"] for entry in result.history] == [0, 1, 2, 3]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert result.metrics == {"epoch": 3, "loss": losses[-1]}
+    assert result.attempts == 1
+    assert json.loads((tmp_path / "results" / "pack" / "history.json").read_text())[-1]["loss"] == losses[-1]
+    assert result.path == str(tmp_path / "results" / "pack")
+
+    ranks = read_ranks(tmp_path, 2)
+    workers = ranks[0]["tf_config"]["cluster"]["worker"]
+    for rank, info in enumerate(ranks):
+        assert info["world_rank"] == rank and info["world_size"] == 2
+        assert info["tf_config"] == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+        assert info["context_tf_config"] == info["tf_config"]
+        assert info["is_mwms"] and info["replicas"] == 2
+        assert info["collective_sum"] == 3.0  # 1 + 2: both workers joined the collective
+        assert info["implementation"] == "RING" and info["timeout_seconds"] == 120
+        # TensorFlow saw the worker's CPU count before it started: 1 thread each.
+        assert info["intra_env"] == "1" and info["intra_threads"] == 1 and info["inter_threads"] == 1
+        assert info["cuda_visible_devices"] == ""
+    assert len(set(workers)) == 2
+    # MultiWorkerMirroredStrategy kept the replicas identical.
+    assert ranks[0]["weights_sum"] == pytest.approx(ranks[1]["weights_sum"], rel=1e-5)
+    # PACK on nodes with 2 CPUs each: both workers share a node, with local ranks 0 and 1.
+    assert ranks[0]["node_id"] == ranks[1]["node_id"]
+    assert [(i["node_rank"], i["local_rank"], i["local_world_size"]) for i in ranks] == [(0, 0, 2), (0, 1, 2)]
+
+
+def test_strict_spread_places_workers_on_different_nodes(cluster, tmp_path, no_leaks):
+    result = trainer(
+        workloads.small_train, tmp_path, "spread", placement="STRICT_SPREAD", resources_per_worker={}
+    ).fit()
+
+    ranks = read_ranks(tmp_path, 2)
+    assert ranks[0]["node_id"] != ranks[1]["node_id"]
+    assert [(i["node_rank"], i["local_rank"], i["num_nodes"]) for i in ranks] == [(0, 0, 2), (1, 0, 2)]
+    workers = ranks[0]["tf_config"]["cluster"]["worker"]
+    assert len(set(workers)) == 2 and all(i["tf_config"]["cluster"]["worker"] == workers for i in ranks)
+    assert all(i["collective_sum"] == 3.0 for i in ranks)
+    losses = [entry["loss"] for entry in result.history]
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_custom_resources_pin_workers_to_a_node(cluster, tmp_path, no_leaks):
+    trainer(workloads.small_train, tmp_path, "pinned", resources_per_worker={"node_b": 1}).fit()
+    node_b = next(n["NodeID"] for n in __import__("ray").nodes() if "node_b" in n["Resources"])
+    assert {i["node_id"] for i in read_ranks(tmp_path, 2)} == {node_b}
+
+
+def test_exception_on_one_rank_is_raised_with_its_rank_and_traceback(tmp_path, no_leaks):
+    run = trainer(workloads.fail_on_rank, tmp_path, "boom")
+    run.config["rank"] = 1
+    with pytest.raises(raytf.TrainingFailedError) as info:
+        run.fit()
+    error = info.value
+    assert error.rank == 1
+    assert error.failure.error_type == "ValueError"
+    assert "bad batch on rank 1" in str(error)
+    assert "in fail_on_rank" in error.worker_traceback and "raise ValueError" in error.worker_traceback
+    assert live_placement_groups() == []
+
+
+def test_ctrl_c_stops_every_actor_and_removes_the_placement_group(tmp_path, cluster):
+    started = tmp_path / "running0"
+
+    def press_ctrl_c():
+        wait_for(started.exists, timeout_s=120, message="training to start")
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        trainer(workloads.report_until_stopped, tmp_path, "ctrl-c").fit()
+    # The driver is still alive, so Ray's end-of-job cleanup has not run: only raytf's did.
+    assert live_placement_groups() == []
+    wait_for(lambda: not live_workers(), timeout_s=10, message="worker actors to be gone")
+
+
+def test_a_dead_worker_is_restarted_while_failures_remain(tmp_path, no_leaks):
+    run = trainer(workloads.exit_on_first_attempt, tmp_path, "retry")
+    run.run = raytf.RunConfig(
+        name="retry",
+        storage_path=str(tmp_path / "results"),
+        verbose=0,
+        failure_config=raytf.FailureConfig(max_failures=1),
+    )
+    result = run.fit()
+    assert result.attempts == 2
+    assert {info["attempt"] for info in read_ranks(tmp_path, 2)} == {1}
+    assert result.history[-1]["attempt"] == 1 and result.history[-1]["epoch"] == 3
+
+
+def test_a_dead_worker_with_no_retries_left_fails_the_run(tmp_path, no_leaks):
+    with pytest.raises(raytf.TrainingFailedError) as info:
+        trainer(workloads.exit_on_first_attempt, tmp_path, "no-retry").fit()
+    assert info.value.rank == 1 and info.value.failure.kind == "died"
+
+
+def test_a_group_that_cannot_be_placed_times_out_with_what_was_asked(cluster, tmp_path, no_leaks):
+    # Each worker fits on a node, but three STRICT_SPREAD workers need three nodes.
+    run = trainer(workloads.small_train, tmp_path, "unplaceable", num_workers=3, placement="STRICT_SPREAD",
+                  placement_timeout_s=3)
+    with pytest.raises(raytf.PlacementTimeoutError) as info:
+        run.fit()
+    message = str(info.value)
+    assert "within 3 s" in message and "3 x {CPU: 1}" in message and "STRICT_SPREAD" in message
+    assert "2 node(s)" in message
+    assert live_placement_groups() == []
+
+
+def test_more_gpus_than_any_node_is_rejected_before_anything_starts(cluster, tmp_path):
+    pgs_before = len(__import__("ray").util.placement_group_table())
+    with pytest.raises(raytf.ConfigError, match="gpus_per_worker=1, but the largest node has 0 GPU"):
+        trainer(workloads.small_train, tmp_path, "gpu", gpus_per_worker=1).fit()
+    assert len(__import__("ray").util.placement_group_table()) == pgs_before

@@ -1,0 +1,78 @@
+import pytest
+
+from raytf import ConfigError, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"num_workers": 0}, "num_workers must be >= 1, got 0"),
+        ({"num_workers": 1.5}, "num_workers must be an int"),
+        ({"num_workers": True}, "num_workers must be an int"),
+        ({"cpus_per_worker": -1}, "cpus_per_worker must be >= 0"),
+        ({"gpus_per_worker": -0.5}, "gpus_per_worker must be >= 0"),
+        ({"gpus_per_worker": 1.5}, "whole number"),
+        ({"resources_per_worker": {"tpu": -1}}, "resources_per_worker['tpu'] must be >= 0"),
+        ({"resources_per_worker": {"GPU": 1}}, "gpus_per_worker instead"),
+        ({"placement": "SCATTER"}, "placement must be one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"),
+        ({"cpus_per_worker": 0}, "reserves nothing per worker"),
+        ({"placement_timeout_s": 0}, "placement_timeout_s must be > 0"),
+    ],
+)
+def test_bad_scaling_names_the_setting(kwargs, fragment):
+    with pytest.raises(ConfigError) as info:
+        ScalingConfig(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_scaling_bundle_and_normalised_placement():
+    scaling = ScalingConfig(num_workers=2, cpus_per_worker=2, resources_per_worker={"ssd": 1}, placement="strict_spread")
+    assert scaling.placement == "STRICT_SPREAD"
+    assert scaling.bundle() == {"CPU": 2.0, "ssd": 1.0}  # no zero GPU entry: Ray rejects those
+    assert ScalingConfig(cpus_per_worker=0, gpus_per_worker=1).bundle() == {"GPU": 1.0}
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", ".hidden", "", "x" * 200, 7])
+def test_run_names_that_could_escape_the_storage_root_are_rejected(name):
+    with pytest.raises(ConfigError, match="RunConfig.name"):
+        RunConfig(name=name)
+
+
+def test_good_run_config():
+    assert RunConfig(name="demo-1.2_b").name == "demo-1.2_b"
+    with pytest.raises(ConfigError, match="storage_path"):
+        RunConfig(storage_path="")
+
+
+@pytest.mark.parametrize("value", [-2, 1.0, "3", None])
+def test_bad_max_failures(value):
+    with pytest.raises(ConfigError, match="FailureConfig.max_failures"):
+        FailureConfig(max_failures=value)
+
+
+def test_communication_defaults_follow_the_hardware():
+    cpu, gpu = ScalingConfig(), ScalingConfig(gpus_per_worker=1)
+    assert TensorflowConfig().resolve_communication(cpu) == "ring"
+    assert TensorflowConfig().resolve_communication(gpu) == "nccl"
+    assert TensorflowConfig(communication="RING").resolve_communication(gpu) == "ring"
+    with pytest.raises(ConfigError, match="communication='nccl' needs GPUs"):
+        TensorflowConfig(communication="nccl").resolve_communication(cpu)
+    with pytest.raises(ConfigError, match="communication must be one of auto, ring, nccl"):
+        TensorflowConfig(communication="mpi")
+
+
+def test_threads_default_to_the_workers_cpus():
+    assert TensorflowConfig().threads(ScalingConfig(cpus_per_worker=4)) == (4, 4)
+    assert TensorflowConfig().threads(ScalingConfig(cpus_per_worker=0.5)) == (1, 1)
+    assert TensorflowConfig(intra_op_threads=2).threads(ScalingConfig()) == (2, 1)
+    with pytest.raises(ConfigError, match="inter_op_threads must be >= 1"):
+        TensorflowConfig(inter_op_threads=0)
+
+
+def test_worker_env_may_not_override_tf_config():
+    with pytest.raises(ConfigError, match="must not set TF_CONFIG"):
+        TensorflowConfig(worker_env={"TF_CONFIG": "{}"})
+    with pytest.raises(ConfigError, match="map str to str"):
+        TensorflowConfig(worker_env={"NCCL_DEBUG": 1})
+    with pytest.raises(ConfigError, match="collective_timeout_s"):
+        TensorflowConfig(collective_timeout_s=-1)

@@ -1,0 +1,148 @@
+"""The controller and failure policy against a fake worker group: no Ray, milliseconds."""
+
+import pytest
+
+from raytf import FailureConfig, PlacementTimeoutError, TrainingFailedError, WorkerFailure
+from raytf._controller import Controller, Errored, Finished, Restarting, Running, Scheduling
+from raytf._failure import Decision, FailurePolicy, root_cause
+from raytf._status import GroupStatus, Report
+
+
+def failure(rank=1, kind="died", time=1.0, message="killed"):
+    return WorkerFailure(rank=rank, kind=kind, error_type="X", message=message, traceback="tb", time=time)
+
+
+class FakeGroup:
+    """Plays a script: per attempt, a list of GroupStatus answers to successive polls."""
+
+    def __init__(self, script, start_error=None):
+        self.script = script
+        self.start_error = start_error
+        self.started, self.shutdowns, self.attempt = [], 0, None
+        self.live = False
+
+    def start(self, attempt):
+        if self.start_error:
+            raise self.start_error
+        self.started.append(attempt)
+        self.attempt, self.polls, self.live = attempt, 0, True
+
+    def poll(self):
+        answers = self.script[self.attempt]
+        answer = answers[min(self.polls, len(answers) - 1)]
+        self.polls += 1
+        return answer
+
+    def shutdown(self):
+        self.shutdowns += 1
+        self.live = False
+
+
+def report(seq, attempt=0, rank=0):
+    return Report(rank=rank, seq=seq, metrics={"step": seq}, time=float(seq), attempt=attempt)
+
+
+def run(group, config=FailureConfig(), on_report=None):
+    seen = []
+    controller = Controller(
+        group, FailurePolicy(config), on_report or seen.append, poll_interval_s=0, sleep=lambda s: None
+    )
+    return controller, seen
+
+
+def test_success_passes_reports_through_and_shuts_down():
+    group = FakeGroup({0: [GroupStatus(reports=(report(0),)), GroupStatus(reports=(report(1),), finished=True)]})
+    controller, seen = run(group)
+    assert isinstance(controller.run(), Finished)
+    assert [r.seq for r in seen] == [0, 1]
+    assert not group.live and group.started == [0]
+
+
+def test_states_move_one_step_at_a_time():
+    group = FakeGroup({0: [GroupStatus(failures=(failure(),))], 1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1))
+    steps = [controller.step() for _ in range(5)]
+    assert [type(new).__name__ for _, new in steps] == ["Running", "Restarting", "Scheduling", "Running", "Finished"]
+    assert steps[1][1] == Restarting(attempt=0, failure=failure())
+    assert steps[2][1] == Scheduling(attempt=1)
+
+
+def test_exception_in_train_fn_is_raised_not_retried():
+    boom = failure(rank=1, kind="exception", message="boom")
+    group = FakeGroup({0: [GroupStatus(failures=(boom,))]})
+    controller, _ = run(group, FailureConfig(max_failures=3))
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert info.value.rank == 1 and "boom" in str(info.value) and "tb" in str(info.value)
+    assert group.started == [0] and not group.live
+
+
+def test_exception_is_retried_when_the_user_asks():
+    boom = failure(kind="exception")
+    group = FakeGroup({0: [GroupStatus(failures=(boom,))], 1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1, retry_on_exception=True))
+    assert controller.run() == Finished(attempt=1)
+
+
+def test_n_failures_with_max_failures_n_succeed():
+    script = {a: [GroupStatus(failures=(failure(rank=a % 2),))] for a in range(3)}
+    script[3] = [GroupStatus(finished=True)]
+    group = FakeGroup(script)
+    controller, _ = run(group, FailureConfig(max_failures=3))
+    assert controller.run() == Finished(attempt=3)
+    assert group.started == [0, 1, 2, 3]
+
+
+def test_n_plus_one_failures_raise_listing_every_attempt():
+    script = {a: [GroupStatus(failures=(failure(rank=a % 2, message=f"lost {a}"),))] for a in range(3)}
+    group = FakeGroup(script)
+    controller, _ = run(group, FailureConfig(max_failures=2))
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert [f.message for f in info.value.attempts] == ["lost 0", "lost 1", "lost 2"]
+    text = str(info.value)
+    assert "attempt 0: rank 0" in text and "attempt 2: rank 0" in text and "attempt 1: rank 1" in text
+    assert group.started == [0, 1, 2] and not group.live
+
+
+def test_unlimited_retries():
+    script = {a: [GroupStatus(failures=(failure(),))] for a in range(10)}
+    script[10] = [GroupStatus(finished=True)]
+    controller, _ = run(FakeGroup(script), FailureConfig(max_failures=-1))
+    assert controller.run() == Finished(attempt=10)
+
+
+def test_start_error_is_raised_and_group_cleaned_up():
+    group = FakeGroup({}, start_error=PlacementTimeoutError("no room"))
+    controller, _ = run(group)
+    with pytest.raises(PlacementTimeoutError, match="no room"):
+        controller.run()
+    assert isinstance(controller.state, Errored) and group.shutdowns >= 1
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_driver_side_error_shuts_the_group_down(error):
+    def on_report(_):
+        raise error("driver went away")
+
+    group = FakeGroup({0: [GroupStatus(reports=(report(0),))]})
+    controller, _ = run(group, on_report=on_report)
+    with pytest.raises(error):
+        controller.run()
+    assert isinstance(controller.state, Running) and not group.live
+
+
+def test_root_cause_prefers_a_lost_worker_then_the_earliest_exception():
+    late_death = failure(rank=1, kind="died", time=5.0)
+    early_collective = failure(rank=0, kind="exception", time=1.0)
+    assert root_cause([early_collective, late_death]) is late_death
+    first = failure(rank=1, kind="exception", time=1.0)
+    second = failure(rank=0, kind="exception", time=2.0)
+    assert root_cause([second, first]) is first
+
+
+def test_policy_counts():
+    policy = FailurePolicy(FailureConfig(max_failures=1))
+    assert policy.decide(failure()) is Decision.RETRY
+    assert policy.decide(failure()) is Decision.RAISE
+    assert len(policy.failures) == 2

@@ -1,0 +1,39 @@
+from raytf._placement import placement_timeout_message, unfit_worker
+
+NODES = [
+    {"CPU": 8.0, "memory": 1e9, "node:10.0.0.1": 1.0},
+    {"CPU": 4.0, "GPU": 2.0, "node:10.0.0.2": 1.0},
+]
+
+
+def test_a_worker_some_node_can_hold_fits():
+    assert unfit_worker({"CPU": 4.0, "GPU": 2.0}, NODES) is None
+    assert unfit_worker({"CPU": 8.0}, NODES) is None
+
+
+def test_more_gpus_than_any_node_is_explained():
+    message = unfit_worker({"CPU": 1.0, "GPU": 4.0}, NODES)
+    assert "ScalingConfig.gpus_per_worker=4, but the largest node has 2 GPU" in message
+    assert "check_resources=False" in message
+    assert "node:" not in message  # internal resources are not shown
+
+
+def test_resources_must_fit_on_one_node_not_in_total():
+    # 8 CPUs exist on one node and 2 GPUs on another, never together.
+    message = unfit_worker({"CPU": 8.0, "GPU": 1.0}, NODES)
+    assert message is not None and "no node in the cluster can hold one worker" in message
+
+
+def test_custom_resource_names_the_setting():
+    message = unfit_worker({"CPU": 1.0, "tpu": 1.0}, NODES)
+    assert "resources_per_worker['tpu']=1, but the largest node has 0 tpu" in message
+
+
+def test_placement_timeout_message_says_what_was_asked_and_what_exists():
+    message = placement_timeout_message(
+        {"CPU": 2.0}, 3, "STRICT_SPREAD", 5.0, {"CPU": 12.0}, {"CPU": 1.0}, NODES
+    )
+    assert "3 x {CPU: 2}" in message
+    assert "placement=STRICT_SPREAD" in message
+    assert "2 node(s)" in message and "{CPU: 1} free" in message
+    assert "placement_timeout_s" in message

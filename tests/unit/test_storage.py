@@ -1,0 +1,25 @@
+import os
+
+import pytest
+
+from raytf import ConfigError
+from raytf._storage import RunStorage
+
+
+def test_json_is_replaced_whole_and_no_temporary_is_left(tmp_path):
+    storage = RunStorage(str(tmp_path / "root"), "run-1")
+    assert storage.uri == str(tmp_path / "root" / "run-1")
+    storage.write_json("history.json", [{"loss": 1.0}])
+    storage.write_json("history.json", [{"loss": 1.0}, {"loss": 0.5}])
+    assert storage.read_json("history.json") == [{"loss": 1.0}, {"loss": 0.5}]
+    assert os.listdir(storage.root) == ["history.json"]
+
+
+def test_home_is_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert RunStorage("~/results", "r").root == str(tmp_path / "results" / "r")
+
+
+def test_unknown_uri_scheme_is_a_config_error():
+    with pytest.raises(ConfigError, match="RunConfig.storage_path='nope://x'"):
+        RunStorage("nope://x", "r")

@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from raytf._topology import (
+    WorkerAddress,
+    assign_ranks,
+    build_tf_config,
+    format_host_port,
+    worker_list,
+)
+
+
+def addr(node: str, port: int, ip: str = "10.0.0.1") -> WorkerAddress:
+    return WorkerAddress(node_id=node, node_ip=ip, port=port)
+
+
+def test_workers_on_one_node_get_contiguous_ranks_in_bundle_order():
+    # Bundles land on nodes a, b, a, b: node a's actors must be ranks 0 and 1.
+    addresses = [addr("a", 1000), addr("b", 2000, "10.0.0.2"), addr("a", 1001), addr("b", 2001, "10.0.0.2")]
+    ranks = assign_ranks(addresses)
+    assert [r.world_rank for r in ranks] == [0, 2, 1, 3]
+    assert [r.local_rank for r in ranks] == [0, 0, 1, 1]
+    assert [r.node_rank for r in ranks] == [0, 1, 0, 1]
+    assert {r.local_world_size for r in ranks} == {2}
+    assert {(r.world_size, r.num_nodes) for r in ranks} == {(4, 2)}
+
+
+def test_uneven_nodes():
+    addresses = [addr("b", 1), addr("a", 2), addr("a", 3)]
+    ranks = assign_ranks(addresses)
+    assert [(r.world_rank, r.node_rank, r.local_rank, r.local_world_size) for r in ranks] == [
+        (0, 0, 0, 1),
+        (1, 1, 0, 2),
+        (2, 1, 1, 2),
+    ]
+
+
+def test_worker_list_is_indexed_by_world_rank_and_tf_config_points_at_own_entry():
+    addresses = [addr("a", 1000), addr("b", 2000, "10.0.0.2"), addr("a", 1001)]
+    ranks = assign_ranks(addresses)
+    workers = worker_list(addresses, ranks)
+    assert workers == ["10.0.0.1:1000", "10.0.0.1:1001", "10.0.0.2:2000"]
+    for address, rank in zip(addresses, ranks):
+        tf_config = json.loads(build_tf_config(workers, rank.world_rank))
+        assert tf_config["cluster"] == {"worker": workers}
+        assert tf_config["task"] == {"type": "worker", "index": rank.world_rank}
+        assert workers[tf_config["task"]["index"]] == address.host_port
+
+
+def test_ipv6_addresses_are_bracketed():
+    assert format_host_port("fe80::1", 5) == "[fe80::1]:5"
+    assert format_host_port("10.1.2.3", 5) == "10.1.2.3:5"
+    assert addr("a", 7, ip="::1").host_port == "[::1]:7"
+
+
+def test_duplicate_address_is_rejected():
+    with pytest.raises(ValueError, match="same address"):
+        assign_ranks([addr("a", 1000), addr("a", 1000)])
+
+
+def test_rank_outside_cluster_is_rejected():
+    with pytest.raises(ValueError, match="outside"):
+        build_tf_config(["h:1"], 1)

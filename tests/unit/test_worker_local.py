@@ -1,0 +1,100 @@
+"""Worker-side pieces that need neither Ray nor TensorFlow."""
+
+import errno
+import json
+import socket
+
+import numpy as np
+import pytest
+
+import raytf
+from raytf import RaytfError
+from raytf._session import TrainContext, WorkerSession, to_plain
+from raytf._topology import RankInfo
+from raytf._worker import WorkerSpec, reserve_port, worker_environment
+
+
+def _bind_fails(family, host, port):
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind((host, port))
+    except OSError as error:
+        return error.errno == errno.EADDRINUSE
+    finally:
+        probe.close()
+    return False
+
+
+def test_reserved_port_cannot_be_taken_until_released():
+    sock = reserve_port()
+    port = sock.getsockname()[1]
+    # TensorFlow binds the wildcard; another process might bind one address.
+    assert _bind_fails(socket.AF_INET, "0.0.0.0", port)
+    assert _bind_fails(socket.AF_INET, "127.0.0.1", port)
+    sock.close()
+    assert not _bind_fails(socket.AF_INET, "0.0.0.0", port)
+
+
+def spec(**overrides):
+    values = dict(
+        rank=RankInfo(1, 2, 0, 1, 1, 2),
+        tf_config=json.dumps({"task": {"index": 1}}),
+        attempt=0,
+        run_name="r",
+        run_path="/tmp/r",
+        communication="ring",
+        collective_timeout_s=None,
+        intra_op_threads=3,
+        inter_op_threads=2,
+        use_gpu=False,
+    )
+    values.update(overrides)
+    return WorkerSpec(**values)
+
+
+def test_worker_environment_sets_tf_config_threads_and_hides_gpus_from_cpu_workers():
+    env = worker_environment(spec(env={"NCCL_DEBUG": "INFO"}))
+    assert json.loads(env["TF_CONFIG"]) == {"task": {"index": 1}}
+    assert env["TF_NUM_INTRAOP_THREADS"] == "3" and env["OMP_NUM_THREADS"] == "3"
+    assert env["TF_NUM_INTEROP_THREADS"] == "2"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["NCCL_DEBUG"] == "INFO"
+
+
+def test_gpu_workers_keep_the_gpus_ray_assigned():
+    assert "CUDA_VISIBLE_DEVICES" not in worker_environment(spec(use_gpu=True))
+
+
+def test_metrics_become_plain_python():
+    assert to_plain(np.float32(0.5), "x") == 0.5 and type(to_plain(np.float32(0.5), "x")) is float
+    assert to_plain(np.int64(3), "x") == 3 and type(to_plain(np.int64(3), "x")) is int
+    assert to_plain(np.arange(3), "x") == [0, 1, 2]
+    assert to_plain({"a": (np.float64(1.0), "s")}, "x") == {"a": [1.0, "s"]}
+    with pytest.raises(TypeError, match="metric 'm' is a object"):
+        to_plain(object(), "m")
+
+
+def test_report_numbers_reports_and_rejects_bad_metrics():
+    seen = []
+    context = TrainContext(0, 2, 0, 2, 0, 1, 3, "run", "/p", "{}")
+    session = WorkerSession(context, strategy=None, sink=seen.append)
+    session.report({"loss": np.float32(1.5)})
+    session.report({"loss": 1.0})
+    assert [(r.seq, r.attempt, r.metrics["loss"]) for r in seen] == [(0, 3, 1.5), (1, 3, 1.0)]
+    with pytest.raises(TypeError, match="must be a dict"):
+        session.report([1])
+    with pytest.raises(TypeError, match="names must be str"):
+        session.report({1: 2})
+
+
+@pytest.mark.parametrize("call", [raytf.get_context, raytf.strategy, lambda: raytf.report({"a": 1})])
+def test_worker_api_outside_a_worker_says_where_it_works(call):
+    with pytest.raises(RaytfError, match="only inside the train_fn"):
+        call()
+
+
+def test_context_speaks_ray_train():
+    context = TrainContext(3, 4, 1, 2, 1, 2, 0, "run", "/p", "{}")
+    assert (context.get_world_rank(), context.get_world_size(), context.get_local_rank()) == (3, 4, 1)
+    assert (context.get_local_world_size(), context.get_node_rank(), context.get_experiment_name()) == (2, 1, "run")
+    assert not context.is_chief

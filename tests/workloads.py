@@ -1,0 +1,139 @@
+"""Training functions the integration tests run on raytf workers.
+
+conftest registers this module to be pickled by value, so worker processes
+(which cannot import the tests package) receive these functions whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import raytf
+
+
+def _write(out_dir: str, name: str, value: dict) -> None:
+    tmp = os.path.join(out_dir, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, os.path.join(out_dir, name))
+
+
+def describe_worker() -> dict:
+    """What this worker sees: its ranks, TF_CONFIG, TensorFlow settings and strategy."""
+    import ray
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    options = strategy.extended._communication_options
+    # A collective over every worker: the sum of (rank + 1) proves they are one group.
+    total = strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        strategy.run(lambda: tf.constant(float(ctx.world_rank + 1))),
+        axis=None,
+    )
+    return {
+        "world_rank": ctx.world_rank,
+        "world_size": ctx.world_size,
+        "local_rank": ctx.local_rank,
+        "local_world_size": ctx.local_world_size,
+        "node_rank": ctx.node_rank,
+        "num_nodes": ctx.num_nodes,
+        "attempt": ctx.attempt,
+        "run_name": ctx.run_name,
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "context_tf_config": json.loads(ctx.tf_config),
+        "intra_env": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+        "intra_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "is_mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+        "replicas": strategy.num_replicas_in_sync,
+        "implementation": options.implementation.name,
+        "timeout_seconds": options.timeout_seconds,
+        "collective_sum": float(total),
+        "pid": os.getpid(),
+    }
+
+
+def make_data(rows: int, seed: int, dim: int = 32, classes: int = 4):
+    import numpy as np
+
+    w = np.random.default_rng(0).standard_normal((dim, classes)).astype("float32")
+    x = np.random.default_rng(seed).standard_normal((rows, dim)).astype("float32")
+    return x, np.argmax(x @ w, axis=1).astype("int64")
+
+
+def small_train(config: dict) -> None:
+    """A small MLP trained with a custom loop under the worker's MWMS; reports each epoch."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    info = describe_worker()
+    strategy = raytf.strategy()
+    global_batch = 64
+    x, y = make_data(1024, seed=100 + ctx.world_rank)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch // ctx.world_size)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dist = strategy.experimental_distribute_dataset(data.with_options(options))
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)]
+        )
+        optimizer = tf.keras.optimizers.Adam(0.01)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function
+    def train_step(batch):
+        def step(features, labels):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(labels, model(features)), global_batch_size=global_batch)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
+
+    for epoch in range(config.get("epochs", 4)):
+        losses = [float(train_step(batch)) for batch in dist]
+        raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses)})
+    info["weights_sum"] = float(sum(float(tf.reduce_sum(v)) for v in model.trainable_variables))
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", info)
+
+
+def report_until_stopped(config: dict) -> None:
+    """Reports forever; the test stops the run from the driver."""
+    ctx = raytf.get_context()
+    step = 0
+    while True:
+        raytf.report({"step": step})
+        if step == 3:
+            _write(config["out_dir"], f"running{ctx.world_rank}", {"pid": os.getpid()})
+        step += 1
+        time.sleep(0.05)
+
+
+def fail_on_rank(config: dict) -> None:
+    """Rank ``config['rank']`` raises after one report; the others wait in a collective."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    raytf.report({"epoch": 0})
+    if ctx.world_rank == config["rank"]:
+        raise ValueError(f"bad batch on rank {ctx.world_rank}")
+    strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+    time.sleep(600)
+
+
+def exit_on_first_attempt(config: dict) -> None:
+    """Rank 1 kills its own process on attempt 0 after one report; attempt 1 trains."""
+    ctx = raytf.get_context()
+    if ctx.world_rank == 1 and ctx.attempt == 0:
+        raytf.report({"epoch": 0})
+        time.sleep(0.5)
+        os._exit(1)
+    small_train(config)
