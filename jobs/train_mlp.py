@@ -97,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--rows-per-worker", type=int, default=15_000)
+    parser.add_argument("--rows-per-worker", type=int, default=30_000)
     parser.add_argument("--batch-size", type=int, default=256, help="global batch size")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--storage-path", default="~/raytf_results")

@@ -147,3 +147,47 @@ def test_more_gpus_than_any_node_is_rejected_before_anything_starts(cluster, tmp
     with pytest.raises(raytf.ConfigError, match="gpus_per_worker=1, but the largest node has 0 GPU"):
         trainer(workloads.small_train, tmp_path, "gpu", gpus_per_worker=1).fit()
     assert len(__import__("ray").util.placement_group_table()) == pgs_before
+
+
+SIGTERM_DRIVER = """
+import sys, ray, raytf
+from ray import cloudpickle
+from tests import workloads
+cloudpickle.register_pickle_by_value(workloads)
+ray.init(address=sys.argv[1])
+out_dir = sys.argv[2]
+try:
+    raytf.Trainer(workloads.report_until_stopped, config={"out_dir": out_dir},
+                  scaling=raytf.ScalingConfig(num_workers=2),
+                  run=raytf.RunConfig(name="sigterm", storage_path=out_dir, verbose=0)).fit()
+except SystemExit as exit_:
+    print("fit ended by SystemExit", exit_.code, flush=True)
+sys.stdin.read()  # stay connected until the test has looked
+"""
+
+
+def test_sigterm_to_the_driver_stops_every_actor(cluster, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_DRIVER, cluster.address, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(repo)},
+    )
+    try:
+        wait_for((tmp_path / "running0").exists, timeout_s=120, message="training to start")
+        assert len(live_placement_groups()) == 1
+        driver.send_signal(signal.SIGTERM)
+        assert driver.stdout.readline().strip() == f"fit ended by SystemExit {128 + signal.SIGTERM}"
+        # The driver is still connected, so this is raytf's teardown, not Ray's end-of-job cleanup.
+        assert live_placement_groups() == []
+        wait_for(lambda: not live_workers(), timeout_s=10, message="worker actors to be gone")
+    finally:
+        driver.stdin.close()
+        driver.wait(timeout=60)

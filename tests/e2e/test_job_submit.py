@@ -1,0 +1,102 @@
+"""End to end: a head started with `ray start --head` on loopback, the README job
+submitted with `ray job submit`, its status and logs read back, the head stopped.
+
+The head runs with --block in a child process on free ports, and is stopped
+by terminating that process, so the test never touches another Ray on the
+machine (as a bare `ray stop` would).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*RAY, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent")}
+    log = open(tmp_path_factory.mktemp("head") / "head.log", "w")
+    process = subprocess.Popen(
+        [
+            *RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+            "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(ports["dashboard"]),
+            "--ray-client-server-port", str(ports["client"]),
+            "--dashboard-agent-listen-port", str(ports["agent"]), "--num-cpus", "2",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    address = f"http://127.0.0.1:{ports['dashboard']}"
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    deadline = time.monotonic() + 120
+    while ray_cli("job", "list", "--address", address, env=env).returncode != 0:
+        assert process.poll() is None, "ray start --head exited early; see head.log"
+        assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
+        time.sleep(1)
+    yield address, env
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=90)
+    log.close()
+
+
+def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
+    address, env = head
+    workdir = tmp_path / "job"
+    shutil.copytree(os.path.join(REPO, "jobs"), workdir)
+    submitted = ray_cli(
+        "job", "submit", "--address", address, "--working-dir", str(workdir), "--no-wait", "--",
+        "python", "train_mlp.py", "--epochs", "2", "--rows-per-worker", "2048",
+        "--name", "e2e", "--storage-path", str(tmp_path / "results"),
+        env=env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr).group(0)
+
+    deadline = time.monotonic() + 300
+    while True:
+        answer = ray_cli("job", "status", "--address", address, job_id, env=env)
+        status = (answer.stdout + answer.stderr).lower()  # "Job '...' succeeded"
+        if any(word in status for word in ("succeeded", "failed", "stopped")):
+            break
+        assert time.monotonic() < deadline, f"job not done after 300 s: {status}"
+        time.sleep(2)
+    logs = ray_cli("job", "logs", "--address", address, job_id, env=env).stdout
+    assert f"job '{job_id.lower()}' succeeded" in status, logs[-3000:]
+
+    printed = json.loads(logs[logs.index("{\n") : logs.rindex("}") + 1])
+    assert printed["final_metrics"]["epoch"] == 1
+    assert printed["path"] == str(tmp_path / "results" / "e2e")
+    history = json.loads((tmp_path / "results" / "e2e" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [0, 1]
+    assert "starting 2 workers" in logs
+
+
+def test_the_job_server_still_requires_ray_auth_token(head):
+    address, env = head
+    anonymous = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+    listed = ray_cli("job", "list", "--address", address, env=anonymous)
+    assert listed.returncode != 0
+    assert "authentication" in (listed.stdout + listed.stderr).lower()
