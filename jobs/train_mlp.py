@@ -44,9 +44,10 @@ def train_fn(config: dict) -> None:
     x_val, y_val = make_data(2048, seed=7)
     train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=ctx.world_rank)
     train = train.batch(per_worker, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    dist_train = strategy.experimental_distribute_dataset(train.with_options(options))
+    # Each worker's batches are its own: distribute them as they are. (Through
+    # experimental_distribute_dataset each would count as a global batch, and
+    # each worker would train on only its slice of it.)
+    dist_train = strategy.distribute_datasets_from_function(lambda _: train)
 
     with strategy.scope():
         model = tf.keras.Sequential(

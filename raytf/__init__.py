@@ -6,8 +6,9 @@ TF_CONFIG built from its rank. Importing raytf imports neither TensorFlow nor
 Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 """
 
-from raytf._session import TrainContext, get_context, report, strategy
-from raytf.config import FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
+from raytf._ingest import DatasetShardError
+from raytf._session import TrainContext, get_context, get_dataset_shard, report, strategy
+from raytf.config import DataConfig, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import (
     ConfigError,
     PlacementTimeoutError,
@@ -23,6 +24,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "DataConfig",
+    "DatasetShardError",
     "FailureConfig",
     "PlacementTimeoutError",
     "RaytfError",
@@ -36,6 +39,7 @@ __all__ = [
     "WorkerFailure",
     "WorkerStartError",
     "get_context",
+    "get_dataset_shard",
     "report",
     "strategy",
 ]

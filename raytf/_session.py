@@ -7,6 +7,7 @@ says so, rather than a silent no-op.
 
 from __future__ import annotations
 
+import logging
 import numbers
 import threading
 import time
@@ -15,6 +16,8 @@ from typing import Any, Callable, Optional
 
 from raytf._status import Report
 from raytf.errors import RaytfError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,12 +61,70 @@ class TrainContext:
 class WorkerSession:
     """The state behind the public functions in one worker process."""
 
-    def __init__(self, context: TrainContext, strategy: Any, sink: Callable[[Report], None]):
+    def __init__(
+        self,
+        context: TrainContext,
+        strategy: Any,
+        sink: Callable[[Report], None],
+        datasets: Optional[dict[str, Any]] = None,
+    ):
         self.context = context
         self.strategy = strategy
         self._sink = sink
         self._seq = 0
         self._lock = threading.Lock()
+        self._datasets = dict(datasets or {})  # name -> ray.data.DataIterator
+        self._cached: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (arrays, agreed rows)
+        self._calls: dict[str, int] = {}
+
+    def get_dataset_shard(
+        self,
+        name: str,
+        *,
+        batch_size: int,
+        features: Any = None,
+        label: Optional[str] = None,
+        shuffle: bool = False,
+        seed: Optional[int] = None,
+        drop_remainder: bool = False,
+        cache: bool = True,
+    ) -> Any:
+        from raytf import _ingest
+
+        if name not in self._datasets:
+            passed = ", ".join(sorted(self._datasets)) or "none"
+            raise _ingest.DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): no dataset named {name!r} was passed to "
+                f"Trainer(datasets=...); passed: {passed}"
+            )
+        request = _ingest.ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
+        _ingest.check_request(request)
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        ctx = self.context
+        seed_here = _ingest.shuffle_seed(seed, name, ctx.world_rank, call)
+        iterator = self._datasets[name]
+        if not cache:
+            return _ingest.streaming_dataset(iterator, request, iterator.schema(), seed_here)
+        if name not in self._cached:
+            arrays = _ingest.read_shard(iterator, name)
+            own = len(next(iter(arrays.values()))) if arrays else 0
+            counts = _ingest.agree_on_rows(self.strategy, own, ctx.world_rank, ctx.world_size)
+            if min(counts) < own:
+                logger.warning(
+                    "dataset %r: this worker has %d rows, the smallest shard %d; using %d so every "
+                    "worker runs the same number of steps",
+                    name, own, min(counts), min(counts),
+                )
+            self._cached[name] = (arrays, min(counts))
+        arrays, rows = self._cached[name]
+        if rows < batch_size:
+            raise _ingest.DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): batch_size={batch_size} is larger than the "
+                f"worker's shard ({rows} rows, the smallest across {ctx.world_size} workers); "
+                "lower batch_size or pass more data"
+            )
+        return _ingest.dataset_from_arrays(arrays, request, rows, seed_here)
 
     def report(self, metrics: dict[str, Any]) -> None:
         if not isinstance(metrics, dict):
@@ -131,6 +192,38 @@ def get_context() -> TrainContext:
 def strategy() -> Any:
     """This worker group's ``tf.distribute.MultiWorkerMirroredStrategy``, already connected."""
     return _current("strategy").strategy
+
+
+def get_dataset_shard(
+    name: str = "train",
+    *,
+    batch_size: int,
+    features: Any = None,
+    label: Optional[str] = None,
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+    drop_remainder: bool = False,
+    cache: bool = True,
+) -> Any:
+    """This worker's shard of ``Trainer(datasets={name: ...})`` as a ``tf.data.Dataset``.
+
+    ``batch_size`` is per worker. ``features`` is one column (a tensor), a list
+    of columns (a dict of tensors, for multi-input models) or None for every
+    column but the label; ``label`` is optional. ``shuffle`` reshuffles every
+    epoch, reproducibly when ``seed`` is set. ``cache=True`` reads the shard
+    into memory once (fastest); ``cache=False`` streams it every epoch, for
+    shards larger than memory. Every worker yields the same number of batches.
+    """
+    return _current("get_dataset_shard").get_dataset_shard(
+        name,
+        batch_size=batch_size,
+        features=features,
+        label=label,
+        shuffle=shuffle,
+        seed=seed,
+        drop_remainder=drop_remainder,
+        cache=cache,
+    )
 
 
 def report(metrics: dict[str, Any]) -> None:

@@ -46,6 +46,7 @@ class WorkerSpec:
     use_gpu: bool
     gpu_memory_growth: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator
 
 
 def reserve_port() -> socket.socket:
@@ -209,7 +210,7 @@ class TrainWorker:
                 run_path=spec.run_path,
                 tf_config=spec.tf_config,
             )
-            _session.install(WorkerSession(context, strategy, self._sink))
+            _session.install(WorkerSession(context, strategy, self._sink, spec.datasets))
             self._phase = "training"
             _call(train_fn, config)
             self._phase = "finished"

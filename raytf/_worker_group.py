@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -43,6 +43,8 @@ class RayWorkerGroup:
         payload: bytes,
         run_name: str,
         run_path: str,
+        datasets: Optional[dict[str, Any]] = None,
+        split: frozenset[str] = frozenset(),
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -51,6 +53,8 @@ class RayWorkerGroup:
         self._payload_ref: Optional[ray.ObjectRef] = None
         self._run_name = run_name
         self._run_path = run_path
+        self._datasets = dict(datasets or {})
+        self._split = split
         self._pg: Optional[PlacementGroup] = None
         self._actors: list = []
         self._addresses: list[WorkerAddress] = []
@@ -117,6 +121,8 @@ class RayWorkerGroup:
         workers = worker_list(self._addresses, ranks)
         self._world_ranks = [r.world_rank for r in ranks]
         intra, inter = tensorflow.threads(scaling)
+        by_rank = sorted(zip(ranks, self._addresses), key=lambda pair: pair[0].world_rank)
+        shards = self._shard_datasets([address for _, address in by_rank])
         specs = [
             WorkerSpec(
                 rank=rank,
@@ -131,6 +137,7 @@ class RayWorkerGroup:
                 use_gpu=scaling.use_gpu,
                 gpu_memory_growth=tensorflow.gpu_memory_growth,
                 env=dict(tensorflow.worker_env),
+                datasets=shards[rank.world_rank],
             )
             for rank in ranks
         ]
@@ -147,6 +154,24 @@ class RayWorkerGroup:
             [a.start.remote(s, self._payload_ref) for a, s in zip(self._actors, specs)],
             timeout=timeout,
         )
+
+    def _shard_datasets(self, by_rank: list[WorkerAddress]) -> list[dict[str, Any]]:
+        """Per world rank, an iterator for each dataset: its equal split, or the whole dataset.
+
+        Splits are made afresh for every attempt, with each rank's node as its
+        locality hint, so a restarted group never reads from a dead split.
+        """
+        shards: list[dict[str, Any]] = [{} for _ in by_rank]
+        for name, dataset in self._datasets.items():
+            if name in self._split:
+                iterators = dataset.streaming_split(
+                    len(by_rank), equal=True, locality_hints=[a.node_id for a in by_rank]
+                )
+            else:
+                iterators = [dataset.iterator() for _ in by_rank]
+            for rank, iterator in enumerate(iterators):
+                shards[rank][name] = iterator
+        return shards
 
     def poll(self) -> GroupStatus:
         refs = [a.poll.remote() for a in self._actors]

@@ -11,7 +11,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 from raytf.errors import ConfigError
 
@@ -165,6 +165,49 @@ class RunConfig:
                 f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}"
             )
         _check_int("RunConfig.verbose", self.verbose, minimum=0)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which of ``Trainer(datasets=...)`` are split across workers.
+
+    A split dataset gives each worker its own equal share (``streaming_split``
+    with ``equal=True`` and locality hints, so a worker reads blocks on its own
+    node where it can); any other dataset is given whole to every worker.
+    ``"all"`` splits every dataset, as Ray Train does.
+    """
+
+    datasets_to_split: Union[str, tuple[str, ...]] = "all"
+
+    def __post_init__(self) -> None:
+        value = self.datasets_to_split
+        if isinstance(value, str):
+            if value != "all":
+                raise ConfigError(
+                    f"DataConfig.datasets_to_split must be 'all' or a list of dataset names, got {value!r}"
+                )
+            return
+        try:
+            names = tuple(value)
+        except TypeError:
+            names = None
+        if names is None or not all(isinstance(n, str) for n in names):
+            raise ConfigError(
+                f"DataConfig.datasets_to_split must be 'all' or a list of dataset names, got {value!r}"
+            )
+        object.__setattr__(self, "datasets_to_split", names)
+
+    def split(self, names: Sequence[str]) -> set[str]:
+        """The names to split, checked against the datasets passed."""
+        if self.datasets_to_split == "all":
+            return set(names)
+        unknown = [n for n in self.datasets_to_split if n not in names]
+        if unknown:
+            raise ConfigError(
+                f"DataConfig.datasets_to_split names {', '.join(map(repr, unknown))}, but "
+                f"Trainer(datasets=...) has only {', '.join(map(repr, names)) or 'none'}"
+            )
+        return set(self.datasets_to_split)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from raytf._placement import unfit_worker
 from raytf._progress import ProgressPrinter, format_metrics
 from raytf._status import Report
 from raytf._storage import RunStorage
-from raytf.config import RunConfig, ScalingConfig, TensorflowConfig
+from raytf.config import DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import ConfigError
 from raytf.result import Result
 
@@ -78,6 +78,26 @@ def _sigterm_raises_systemexit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_datasets(datasets: Optional[dict[str, Any]]) -> dict[str, Any]:
+    if datasets is None:
+        return {}
+    if not isinstance(datasets, dict):
+        raise ConfigError(
+            f"Trainer(datasets=...) must be a dict of name to ray.data.Dataset, got {type(datasets).__name__}"
+        )
+    from ray.data import Dataset
+
+    for name, dataset in datasets.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"Trainer(datasets=...): dataset names must be non-empty str, got {name!r}")
+        if not isinstance(dataset, Dataset):
+            raise ConfigError(
+                f"Trainer(datasets={{{name!r}: ...}}) must be a ray.data.Dataset, got "
+                f"{type(dataset).__name__}; wrap in-memory data with ray.data.from_numpy or from_pandas"
+            )
+    return dict(datasets)
+
+
 def _default_run_name() -> str:
     return "raytf_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
@@ -98,6 +118,8 @@ class Trainer:
         scaling: Optional[ScalingConfig] = None,
         run: Optional[RunConfig] = None,
         tensorflow: Optional[TensorflowConfig] = None,
+        datasets: Optional[dict[str, Any]] = None,
+        data_config: Optional[DataConfig] = None,
     ):
         if not callable(train_fn):
             raise ConfigError(f"Trainer(train_fn): train_fn must be callable, got {train_fn!r}")
@@ -107,6 +129,7 @@ class Trainer:
             ("scaling", scaling, ScalingConfig),
             ("run", run, RunConfig),
             ("tensorflow", tensorflow, TensorflowConfig),
+            ("data_config", data_config, DataConfig),
         ):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(
@@ -117,8 +140,11 @@ class Trainer:
         self.scaling = scaling or ScalingConfig()
         self.run = run or RunConfig()
         self.tensorflow = tensorflow or TensorflowConfig()
+        self.datasets = _check_datasets(datasets)
+        self.data_config = data_config or DataConfig()
         # Cross-field checks that need no cluster, before anything starts.
         self.tensorflow.resolve_communication(self.scaling)
+        self.data_config.split(list(self.datasets))
 
     def fit(self) -> Result:
         """Train to the end and return the result; raise TrainingFailedError if a worker failed
@@ -142,7 +168,15 @@ class Trainer:
             raise ConfigError(
                 f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
             ) from error
-        group = RayWorkerGroup(self.scaling, self.tensorflow, payload, name, storage.uri)
+        group = RayWorkerGroup(
+            self.scaling,
+            self.tensorflow,
+            payload,
+            name,
+            storage.uri,
+            datasets=self.datasets,
+            split=frozenset(self.data_config.split(list(self.datasets))),
+        )
         printer = ProgressPrinter(name, self.run.verbose)
         history = _History(storage, printer)
         controller = Controller(

@@ -77,9 +77,7 @@ def small_train(config: dict) -> None:
     global_batch = 64
     x, y = make_data(1024, seed=100 + ctx.world_rank)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch // ctx.world_size)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    dist = strategy.experimental_distribute_dataset(data.with_options(options))
+    dist = strategy.distribute_datasets_from_function(lambda _: data)
     with strategy.scope():
         model = tf.keras.Sequential(
             [tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)]

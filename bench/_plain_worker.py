@@ -1,0 +1,29 @@
+"""One process of the plain MultiWorkerMirroredStrategy anchor: TF_CONFIG by hand, data in memory."""
+
+import json
+import os
+import sys
+
+rank, tf_config, data_path, out_path = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+os.environ["TF_CONFIG"] = tf_config
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import w1  # noqa: E402
+
+os.environ.update(w1.WORKER_ENV)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+strategy = tf.distribute.MultiWorkerMirroredStrategy(
+    communication_options=tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING
+    )
+)
+data = np.load(data_path)
+dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"])).batch(w1.WORKER_BATCH, drop_remainder=True)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+result = w1.fit(dataset.with_options(options), strategy)
+with open(out_path, "w") as f:
+    json.dump(result, f)

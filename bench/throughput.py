@@ -1,0 +1,176 @@
+"""W1 training throughput: raytf against Ray Train's TensorflowTrainer and plain
+MultiWorkerMirroredStrategy, in one invocation on one machine.
+
+    python bench/throughput.py [--systems raytf,ray_train,plain_mwms] [--repeats 1]
+
+Prints one JSON line per system and run (samples/s of the last epoch, fit()
+wall time) and a final line of ratios of the medians. Targets on the 2-CPU
+development machine: raytf >= 0.95x plain MWMS and >= 3x Ray Train.
+
+``ray_train`` trains exactly as the others do (global batch 256). ``ray_train_as_documented``
+passes ``to_tf`` to model.fit directly, as Ray's examples do; MultiWorkerMirroredStrategy
+then splits each batch in two, so it trains at global batch 128 with twice the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import w1  # noqa: E402
+
+
+def run_plain_mwms(dataset, workdir: str) -> dict:
+    """Two local processes, TF_CONFIG by hand, each with its half of W1 in memory."""
+    import numpy as np
+
+    arrays = {k: np.concatenate([b[k] for b in dataset.iter_batches(batch_size=None, batch_format="numpy")])
+              for k in ("x", "y")}
+    half = len(arrays["y"]) // w1.WORKERS
+    ports = []
+    for _ in range(w1.WORKERS):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    workers = [f"127.0.0.1:{p}" for p in ports]
+    start = time.perf_counter()
+    processes, outputs = [], []
+    for rank in range(w1.WORKERS):
+        data_path = os.path.join(workdir, f"plain{rank}.npz")
+        np.savez(data_path, x=arrays["x"][rank * half:(rank + 1) * half], y=arrays["y"][rank * half:(rank + 1) * half])
+        out = os.path.join(workdir, f"plain{rank}.json")
+        outputs.append(out)
+        tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        processes.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_plain_worker.py"), str(rank), tf_config, data_path, out],
+            env={**os.environ, **w1.WORKER_ENV},
+        ))
+    for p in processes:
+        if p.wait() != 0:
+            raise RuntimeError(f"a plain MWMS worker exited with {p.returncode}")
+    wall = time.perf_counter() - start
+    with open(outputs[0]) as f:
+        return {**json.load(f), "fit_wall_s": wall}
+
+
+def _raytf_train(config):
+    import raytf
+
+    dataset = raytf.get_dataset_shard(
+        "train", batch_size=w1.WORKER_BATCH, features="x", label="y", drop_remainder=True
+    )
+    raytf.report(w1.fit(dataset, raytf.strategy()))
+
+
+def run_raytf(dataset, workdir: str) -> dict:
+    import raytf
+
+    start = time.perf_counter()
+    result = raytf.Trainer(
+        _raytf_train,
+        datasets={"train": dataset},
+        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        run=raytf.RunConfig(name="bench-raytf", storage_path=workdir, verbose=0),
+        tensorflow=raytf.TensorflowConfig(communication="ring", worker_env={"TF_USE_LEGACY_KERAS": "1"}),
+    ).fit()
+    return {**result.metrics, "fit_wall_s": time.perf_counter() - start}
+
+
+def _ray_train_train(config):
+    import tensorflow as tf
+    from ray import train
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
+    )
+    dataset = train.get_dataset_shard("train").to_tf("x", "y", batch_size=w1.WORKER_BATCH, drop_last=True)
+    outcome = w1.fit(dataset, strategy, distribute=config["distribute"])
+    if train.get_context().get_world_rank() == 0:
+        # Ray Train 2 keeps in Result only the metrics reported with a checkpoint.
+        with open(config["out"], "w") as f:
+            json.dump(outcome, f)
+
+
+def run_ray_train(dataset, workdir: str, distribute: bool = True) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    out = os.path.join(workdir, f"ray_train_{distribute}.json")
+    start = time.perf_counter()
+    result = TensorflowTrainer(
+        _ray_train_train,
+        train_loop_config={"out": out, "distribute": distribute},
+        datasets={"train": dataset},
+        scaling_config=ScalingConfig(num_workers=w1.WORKERS, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name="bench-ray-train", storage_path=workdir),
+    ).fit()
+    wall = time.perf_counter() - start
+    if result.error is not None:
+        raise RuntimeError(f"Ray Train's run failed: {result.error!r}")
+    with open(out) as f:
+        return {**json.load(f), "fit_wall_s": wall}
+
+
+def run_ray_train_as_documented(dataset, workdir: str) -> dict:
+    """Ray Train as its examples use it: model.fit(shard.to_tf(...)) directly."""
+    return run_ray_train(dataset, workdir, distribute=False)
+
+
+SYSTEMS = {
+    "plain_mwms": run_plain_mwms,
+    "raytf": run_raytf,
+    "ray_train": run_ray_train,
+    "ray_train_as_documented": run_ray_train_as_documented,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    systems = args.systems.split(",")
+
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(w1)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(
+        num_cpus=4,  # 2 workers x 1 CPU, with room for Ray Data and Ray Train's controller
+        runtime_env={"env_vars": w1.WORKER_ENV},
+        log_to_driver=False,
+        include_dashboard=False,
+    )
+    dataset = w1.ray_dataset()
+    samples: dict[str, list[float]] = {s: [] for s in systems}
+    with tempfile.TemporaryDirectory() as workdir:
+        for repeat in range(args.repeats):
+            for system in systems:
+                outcome = SYSTEMS[system](dataset, workdir)
+                samples[system].append(outcome["samples_per_s"])
+                print(json.dumps({"system": system, "repeat": repeat, **outcome}), flush=True)
+    median = {s: statistics.median(v) for s, v in samples.items()}
+    ratios = {
+        f"raytf/{other}": round(median["raytf"] / median[other], 3)
+        for other in systems
+        if other != "raytf" and "raytf" in median
+    }
+    print(json.dumps({"median_samples_per_s": {s: round(v) for s, v in median.items()}, "ratios": ratios}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Benchmark workload W1, defined once for every system it is run on.
+
+Synthetic classification: 60,000 rows of 784 standard-normal float32 features
+(generated per block, seeded by the block's first row id), label = argmax(x @ W)
+with W a fixed 784x10 standard-normal matrix (seed 0). MLP 784-128(relu)-10,
+Adam, sparse categorical cross-entropy from logits, global batch 256, 3 epochs,
+2 workers with 1 CPU and 1 intra/inter-op thread each. Trained with tf-keras
+``model.fit`` (the path Ray Train supports), so all systems run the same
+training code and differ only in how data reaches it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+ROWS = 60_000
+DIM = 784
+CLASSES = 10
+GLOBAL_BATCH = 256
+EPOCHS = 3
+WORKERS = 2
+BLOCKS = 16
+# Each worker's dataset yields its own batches of WORKER_BATCH rows; the global
+# batch is WORKERS x WORKER_BATCH. Every system hands its per-worker dataset to
+# model.fit through distribute_datasets_from_function (see fit()).
+WORKER_BATCH = GLOBAL_BATCH // WORKERS
+STEPS_PER_EPOCH = ROWS // WORKERS // WORKER_BATCH
+WORKER_ENV = {
+    "TF_USE_LEGACY_KERAS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "CUDA_VISIBLE_DEVICES": "",
+}
+
+
+def projection() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((DIM, CLASSES)).astype(np.float32)
+
+
+def block(batch: dict) -> dict:
+    """One Ray Data block of W1 rows, seeded by its first row id."""
+    ids = batch["id"]
+    x = np.random.default_rng(int(ids[0])).standard_normal((len(ids), DIM)).astype(np.float32)
+    return {"x": x, "y": np.argmax(x @ projection(), axis=1).astype(np.int64)}
+
+
+def ray_dataset():
+    """W1 as a materialized Ray Dataset (columns x: 784-float tensor, y: int64)."""
+    import ray
+
+    return ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(block, batch_size=None).materialize()
+
+
+def fit(dataset, strategy, distribute: bool = True) -> dict:
+    """Train the W1 model on this worker's dataset; return per-epoch timings and the loss.
+
+    The dataset holds this worker's rows only. Passed straight to model.fit,
+    MultiWorkerMirroredStrategy would treat each batch as the global batch and
+    train on this worker's 1/WORKERS slice of it, silently dropping the rest
+    (static batch size), or split every batch in WORKERS (unknown batch size).
+    distribute_datasets_from_function takes the batches as they are; tf-keras
+    then needs steps_per_epoch and a repeated dataset.
+
+    ``distribute=False`` hands the dataset to model.fit directly, as Ray
+    Train's examples do with ``to_tf``: its batches have an unknown size, so
+    each is split in WORKERS and the run trains at half the global batch, with
+    twice the steps (and all-reduces) per epoch.
+    """
+    import tensorflow as tf
+
+    keras = tf.keras  # tf-keras, since TF_USE_LEGACY_KERAS=1 is set before TensorFlow loads
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.epochs, self.steps = [], 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start, self.steps = time.perf_counter(), 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append((time.perf_counter() - self.start, self.steps))
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((DIM,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(CLASSES)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    timer = EpochTimer()
+    if distribute:
+        distributed = strategy.distribute_datasets_from_function(lambda _: dataset.repeat())
+        history = model.fit(
+            distributed, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=[timer]
+        )
+    else:
+        history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[timer])
+    seconds, steps = timer.epochs[-1]
+    return {
+        "last_epoch_s": seconds,
+        "steps_per_epoch": steps,
+        # Either way every row of every shard is trained on once per epoch.
+        "samples_per_s": WORKERS * STEPS_PER_EPOCH * WORKER_BATCH / seconds,
+        "loss": float(history.history["loss"][-1]),
+    }

@@ -1,0 +1,271 @@
+"""A worker's shard of a Ray Dataset as a ``tf.data.Dataset``, at in-memory speed.
+
+Where the time goes in Ray's ``to_tf``: it wraps ``iter_batches`` in
+``tf.data.Dataset.from_generator``, so every batch crosses from TensorFlow's
+C++ runtime into Python, holds the GIL while Ray Data slices and converts it,
+and crosses back. On a worker with one or two CPUs that Python work competes
+with the training step itself.
+
+raytf takes two paths that keep Python out of the per-batch loop:
+
+- ``cache=True`` (default): the shard is read once, in whole blocks, into
+  NumPy arrays in the worker's memory. Every epoch then runs entirely inside
+  tf.data: a shuffled range of row indices is batched, and each batch is one
+  ``tf.gather`` per column. There is no per-row work at all, which is why this
+  beats ``from_tensor_slices(...).batch(...)``, which slices row by row.
+- ``cache=False``: for shards larger than memory. Each epoch streams the shard
+  from Ray Data again; the generator yields stacks of many batches at once, so
+  Python is crossed once per stack, not once per batch.
+
+Every worker yields the same number of batches each epoch: splits are made
+with ``streaming_split(equal=True)`` (Ray Data drops at most ``num_workers - 1``
+rows so every split has the same row count), and on the cached path the
+workers also agree on the smallest row count through one collective before the
+first epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from raytf.errors import RaytfError
+
+logger = logging.getLogger(__name__)
+
+Features = Union[str, Sequence[str], None]
+_STACK_BATCHES = 32  # batches per Python crossing on the streaming path
+
+
+class DatasetShardError(RaytfError, ValueError):
+    """A dataset shard was asked for with a setting that does not fit its data."""
+
+
+@dataclass(frozen=True)
+class ShardRequest:
+    name: str
+    batch_size: int
+    features: Features
+    label: Optional[str]
+    shuffle: bool
+    seed: Optional[int]
+    drop_remainder: bool
+
+    def columns(self, available: Sequence[str]) -> tuple[list[str], Optional[str]]:
+        """(feature columns, label column), checked against the dataset's columns."""
+        if self.features is None:
+            features = [c for c in available if c != self.label]
+        elif isinstance(self.features, str):
+            features = [self.features]
+        else:
+            features = list(self.features)
+        wanted = features + ([self.label] if self.label is not None else [])
+        for column in wanted:
+            if column not in available:
+                raise DatasetShardError(
+                    f"raytf.get_dataset_shard({self.name!r}): column {column!r} is not in the "
+                    f"dataset; its columns are {', '.join(available)}"
+                )
+        if not features:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({self.name!r}): no feature columns left; pass features="
+            )
+        return features, self.label
+
+
+def check_request(request: ShardRequest) -> None:
+    b = request.batch_size
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({request.name!r}): batch_size must be an int >= 1, got {b!r}"
+        )
+    if request.features is not None and not isinstance(request.features, str):
+        if not request.features or not all(isinstance(c, str) for c in request.features):
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({request.name!r}): features must be a column name or a "
+                f"non-empty list of them, got {request.features!r}"
+            )
+
+
+def stack_column(name: str, dataset: str, values: np.ndarray) -> np.ndarray:
+    """One column as a dense array; a ragged column is an error that names it."""
+    if values.dtype != object:
+        return values
+    if len(values) and isinstance(values[0], (str, bytes)):
+        return values
+    try:
+        shapes = {np.shape(v) for v in values}
+    except Exception:  # noqa: BLE001 - any odd element is reported as ragged below
+        shapes = {None, ()}
+    if len(shapes) > 1:
+        shown = sorted(str(s) for s in shapes)[:3]
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({dataset!r}): column {name!r} is ragged (rows of shapes "
+            f"{', '.join(shown)}, ...); pad or truncate it to a fixed shape in Ray Data first, "
+            "e.g. with map_batches"
+        )
+    return np.stack(list(values)) if len(values) else values
+
+
+def read_shard(iterator: Any, dataset: str) -> dict[str, np.ndarray]:
+    """Every row of a shard, column by column, read in whole blocks."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in iterator.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
+        for column, values in batch.items():
+            parts.setdefault(column, []).append(stack_column(column, dataset, values))
+    arrays = {}
+    for column, chunks in parts.items():
+        try:
+            arrays[column] = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        except ValueError:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({dataset!r}): column {column!r} is ragged (its blocks "
+                "have different shapes); give it a fixed shape in Ray Data first"
+            ) from None
+    return arrays
+
+
+def shuffle_seed(seed: Optional[int], name: str, world_rank: int, call: int) -> Optional[int]:
+    """A per-worker, per-dataset shuffle seed derived from the user's seed, stable across runs."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}/{name}/{world_rank}/{call}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def agree_on_rows(strategy: Any, rows: int, world_rank: int, world_size: int) -> list[int]:
+    """Every worker's row count, through one all-reduce, so all can take the smallest."""
+    import tensorflow as tf
+
+    if world_size == 1:
+        return [rows]
+    mine = tf.one_hot(world_rank, world_size, dtype=tf.float64) * float(rows)
+    total = strategy.reduce(
+        tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None
+    )
+    return [int(v) for v in total.numpy()]
+
+
+def dataset_from_arrays(
+    arrays: dict[str, np.ndarray],
+    request: ShardRequest,
+    rows: int,
+    seed: Optional[int],
+) -> Any:
+    """tf.data over in-memory columns: batches of shuffled row indices, one gather per column."""
+    import tensorflow as tf
+
+    features, label = request.columns(list(arrays))
+    needed = features + ([label] if label is not None else [])
+    with tf.device("/cpu:0"):
+        tensors = {c: tf.convert_to_tensor(arrays[c][:rows]) for c in needed}
+    indices = tf.data.Dataset.range(rows)
+    if request.shuffle:
+        indices = indices.shuffle(rows, seed=seed, reshuffle_each_iteration=True)
+    indices = indices.batch(request.batch_size, drop_remainder=request.drop_remainder)
+    single = isinstance(request.features, str)
+
+    def take(index: Any) -> Any:
+        x = (
+            tf.gather(tensors[features[0]], index)
+            if single
+            else {c: tf.gather(tensors[c], index) for c in features}
+        )
+        return x if label is None else (x, tf.gather(tensors[label], index))
+
+    dataset = indices.map(take, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _finish(dataset.prefetch(tf.data.AUTOTUNE))
+
+
+def _finish(dataset: Any) -> Any:
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    # The data is already sharded by Ray Data; TensorFlow must not shard it again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
+
+
+def _spec_of(column: str, arrow_type: Any, dataset: str) -> tuple[Any, tuple[Optional[int], ...]]:
+    """(tf dtype, per-row shape) of a column, from its Arrow type."""
+    import pyarrow as pa
+    import tensorflow as tf
+
+    if isinstance(arrow_type, pa.ExtensionType):  # Ray Data's tensor column types
+        shape = getattr(arrow_type, "shape", None)
+        if shape is None or any(d is None for d in shape):
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({dataset!r}): column {column!r} is ragged (variable-"
+                "shaped tensors); give it a fixed shape in Ray Data first"
+            )
+        return tf.as_dtype(arrow_type.value_type.to_pandas_dtype()), tuple(shape)
+    if pa.types.is_fixed_size_list(arrow_type):
+        dtype, inner = _spec_of(column, arrow_type.value_type, dataset)
+        return dtype, (arrow_type.list_size, *inner)
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({dataset!r}): column {column!r} is a variable-length list "
+            "(ragged); use cache=True, which accepts lists of one length, or give it a fixed "
+            "shape in Ray Data first"
+        )
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_binary(arrow_type):
+        return tf.string, ()
+    return tf.as_dtype(arrow_type.to_pandas_dtype()), ()
+
+
+def streaming_dataset(iterator: Any, request: ShardRequest, schema: Any, seed: Optional[int]) -> Any:
+    """tf.data that streams the shard from Ray Data every epoch, many batches per Python crossing."""
+    import tensorflow as tf
+
+    arrow_schema = getattr(schema, "base_schema", schema)  # ray.data.Schema wraps pyarrow's
+    names = list(arrow_schema.names)
+    features, label = request.columns(names)
+    types = {name: arrow_schema.field(name).type for name in names}
+    needed = features + ([label] if label is not None else [])
+    specs = {c: _spec_of(c, types[c], request.name) for c in needed}
+    epoch = [0]
+
+    def stacks():
+        local_seed = None if seed is None else (seed + epoch[0]) % (2**31)
+        epoch[0] += 1
+        rows = 0
+        b = request.batch_size
+        # Ask Ray Data for many batches' worth of rows at once and view each chunk
+        # as a [batches, batch_size, ...] stack: no Python work per batch.
+        for chunk in iterator.iter_batches(
+            batch_size=b * _STACK_BATCHES,
+            batch_format="numpy",
+            local_shuffle_buffer_size=b * _STACK_BATCHES * 2 if request.shuffle else None,
+            local_shuffle_seed=local_seed,
+            prefetch_batches=2,
+        ):
+            columns = {c: stack_column(c, request.name, chunk[c]) for c in needed}
+            n = len(columns[needed[0]])
+            rows += n
+            full = n // b
+            if full:
+                yield {c: v[: full * b].reshape(full, b, *v.shape[1:]) for c, v in columns.items()}
+            if n % b and not request.drop_remainder:  # only the shard's last chunk is short
+                yield {c: v[full * b :][None] for c, v in columns.items()}
+        if rows < b:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({request.name!r}): batch_size={b} is larger than the "
+                f"worker's shard ({rows} rows); lower batch_size or pass more data"
+            )
+
+    signature = {
+        c: tf.TensorSpec((None, None, *shape), dtype) for c, (dtype, shape) in specs.items()
+    }
+    single = isinstance(request.features, str)
+
+    def split(stack: dict[str, Any]) -> Any:
+        x = stack[features[0]] if single else {c: stack[c] for c in features}
+        return x if label is None else (x, stack[label])
+
+    dataset = tf.data.Dataset.from_generator(stacks, output_signature=signature)
+    dataset = dataset.unbatch().map(split, num_parallel_calls=tf.data.AUTOTUNE)
+    return _finish(dataset.prefetch(tf.data.AUTOTUNE))
