@@ -234,8 +234,10 @@ def streaming_dataset(iterator: Any, request: ShardRequest, schema: Any, seed: O
         epoch[0] += 1
         rows = 0
         b = request.batch_size
+        carry: dict[str, np.ndarray] = {}
         # Ask Ray Data for many batches' worth of rows at once and view each chunk
-        # as a [batches, batch_size, ...] stack: no Python work per batch.
+        # as a [batches, batch_size, ...] stack: no Python work per batch. Rows
+        # left over from a short chunk (local shuffling makes some) lead the next.
         for chunk in iterator.iter_batches(
             batch_size=b * _STACK_BATCHES,
             batch_format="numpy",
@@ -244,21 +246,27 @@ def streaming_dataset(iterator: Any, request: ShardRequest, schema: Any, seed: O
             prefetch_batches=2,
         ):
             columns = {c: stack_column(c, request.name, chunk[c]) for c in needed}
+            if carry:
+                columns = {c: np.concatenate([carry[c], v]) for c, v in columns.items()}
             n = len(columns[needed[0]])
-            rows += n
             full = n // b
+            rows += full * b
             if full:
                 yield {c: v[: full * b].reshape(full, b, *v.shape[1:]) for c, v in columns.items()}
-            if n % b and not request.drop_remainder:  # only the shard's last chunk is short
-                yield {c: v[full * b :][None] for c, v in columns.items()}
+            carry = {c: v[full * b :] for c, v in columns.items()} if n % b else {}
+        if carry:
+            rows += len(carry[needed[0]])
+            if not request.drop_remainder:
+                yield {c: v[None] for c, v in carry.items()}
         if rows < b:
             raise DatasetShardError(
                 f"raytf.get_dataset_shard({request.name!r}): batch_size={b} is larger than the "
                 f"worker's shard ({rows} rows); lower batch_size or pass more data"
             )
 
+    batch_dim = request.batch_size if request.drop_remainder else None
     signature = {
-        c: tf.TensorSpec((None, None, *shape), dtype) for c, (dtype, shape) in specs.items()
+        c: tf.TensorSpec((None, batch_dim, *shape), dtype) for c, (dtype, shape) in specs.items()
     }
     single = isinstance(request.features, str)
 

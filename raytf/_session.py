@@ -118,6 +118,7 @@ class WorkerSession:
                 )
             self._cached[name] = (arrays, min(counts))
         arrays, rows = self._cached[name]
+        request.columns(list(arrays))
         if rows < batch_size:
             raise _ingest.DatasetShardError(
                 f"raytf.get_dataset_shard({name!r}): batch_size={batch_size} is larger than the "

@@ -135,3 +135,74 @@ def exit_on_first_attempt(config: dict) -> None:
         time.sleep(0.5)
         os._exit(1)
     small_train(config)
+
+
+def shard_epochs(config: dict) -> None:
+    """For each request in config['requests'], two epochs of this worker's shard:
+    batch sizes, the ``id`` column's values in order, and the element spec."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    out = {}
+    for key, request in config["requests"].items():
+        dataset = raytf.get_dataset_shard(**request)
+        out[key] = {"spec": repr(dataset.element_spec), "epochs": []}
+        for _ in range(config.get("epochs", 2)):
+            sizes, ids = [], []
+            for element in dataset:
+                features = element[0] if request.get("label") else element
+                first = features if isinstance(features, tf.Tensor) else features[sorted(features)[0]]
+                sizes.append(int(first.shape[0]))
+                if isinstance(features, dict) and "id" in features:
+                    ids.extend(int(v) for v in features["id"].numpy().reshape(-1))
+            out[key]["epochs"].append({"sizes": sizes, "ids": ids})
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", out)
+
+
+def bad_requests(config: dict) -> None:
+    """Each bad request in turn; records the message of the error each raises."""
+    ctx = raytf.get_context()
+    messages = {}
+    for key, request in config["requests"].items():
+        try:
+            raytf.get_dataset_shard(**request)
+            messages[key] = None
+        except raytf.DatasetShardError as error:
+            messages[key] = str(error)
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", messages)
+
+
+def train_from_shards(config: dict) -> None:
+    """The small MLP, trained from this worker's shard of the 'train' dataset."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    dataset = raytf.get_dataset_shard(
+        "train", batch_size=32, features=config["features"], label="y", shuffle=True, seed=3,
+        cache=config.get("cache", True),
+    )
+    distributed = strategy.distribute_datasets_from_function(lambda _: dataset)
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [tf.keras.Input((config["dim"],)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)]
+        )
+        optimizer = tf.keras.optimizers.Adam(0.01)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def to_matrix(x):
+        return x if not isinstance(x, dict) else tf.stack([x[k] for k in config["features"]], axis=1)
+
+    @tf.function
+    def train_step(batch):
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(to_matrix(x))), global_batch_size=32 * ctx.world_size)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
+
+    for epoch in range(config.get("epochs", 4)):
+        losses = [float(train_step(batch)) for batch in distributed]
+        raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses), "steps": len(losses)})

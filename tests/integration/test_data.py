@@ -1,0 +1,175 @@
+"""Ray Data shards as tf.data on real workers: equal steps, columns, files, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import raytf
+from tests import workloads
+
+pytestmark = pytest.mark.integration
+
+
+def fit(fn, tmp_path, name, config, datasets, data_config=None):
+    return raytf.Trainer(
+        fn,
+        config={"out_dir": str(tmp_path), **config},
+        datasets=datasets,
+        data_config=data_config,
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0),
+    ).fit()
+
+
+def ranks(tmp_path):
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def with_label(batch):
+    ids = batch["id"]
+    return {"id": ids, "f": ids.astype(np.float32) / 100, "y": ids % 4}
+
+
+def test_every_worker_runs_the_same_steps_whatever_the_row_count(cluster, tmp_path, no_leaks):
+    import ray
+
+    data = ray.data.range(1003, override_num_blocks=7).map_batches(with_label, batch_size=None)
+    common = {"name": "train", "batch_size": 10, "features": ["id", "f"], "label": "y"}
+    requests = {
+        "cached": common,
+        "cached_drop": {**common, "drop_remainder": True},
+        "streaming": {**common, "cache": False},
+        "streaming_drop": {**common, "cache": False, "drop_remainder": True},
+        "shuffled": {**common, "shuffle": True, "seed": 5},
+        "streaming_shuffled": {**common, "shuffle": True, "seed": 5, "cache": False},
+    }
+    fit(workloads.shard_epochs, tmp_path, "uneven", {"requests": requests}, {"train": data})
+    r0, r1 = ranks(tmp_path)
+    for key in requests:
+        for e0, e1 in zip(r0[key]["epochs"], r1[key]["epochs"]):
+            assert e0["sizes"] == e1["sizes"], key  # same steps, same batch sizes on both ranks
+            # equal=True: 1003 rows split 501 + 501 (one row dropped); the shards are disjoint.
+            assert sum(e0["sizes"]) == sum(e1["sizes"]) == (500 if "drop" in key else 501), key
+            assert not set(e0["ids"]) & set(e1["ids"]), key
+            assert len(set(e0["ids"]) | set(e1["ids"])) == sum(e0["sizes"]) * 2, key
+        sizes = r0[key]["epochs"][0]["sizes"]
+        assert sizes == ([10] * 50 if "drop" in key else [10] * 50 + [1]), key
+    for key in ("shuffled", "streaming_shuffled"):
+        first, second = (e["ids"] for e in r0[key]["epochs"])
+        assert first != second and sorted(first) == sorted(second), key  # reshuffled each epoch
+    cached = r0["cached"]["epochs"]
+    assert cached[0]["ids"] == cached[1]["ids"]  # no shuffle: the same order every epoch
+
+
+def tensors(batch):
+    ids = batch["id"]
+    return {
+        "id": ids,
+        "a": ids.astype(np.float32),
+        "b": np.stack([ids, ids + 1, ids + 2], axis=1).astype(np.float32),  # fixed-shape tensor column
+        "c": (ids % 3).astype(np.int32),
+    }
+
+
+def test_columns_become_tensors_or_dicts_with_shapes_from_the_schema(cluster, tmp_path, no_leaks):
+    import ray
+
+    train = ray.data.range(64).map_batches(tensors, batch_size=None)
+    val = ray.data.range(50).map_batches(tensors, batch_size=None)
+    requests = {
+        "dict": {"name": "train", "batch_size": 8, "features": ["id", "a", "b"], "label": "c", "drop_remainder": True},
+        "dict_streaming": {"name": "train", "batch_size": 8, "features": ["id", "a", "b"], "label": "c",
+                           "drop_remainder": True, "cache": False},
+        "tensor": {"name": "train", "batch_size": 8, "features": "b"},
+        "tensor_streaming": {"name": "train", "batch_size": 8, "features": "b", "cache": False},
+        "whole": {"name": "val", "batch_size": 10, "features": ["id"]},
+    }
+    fit(workloads.shard_epochs, tmp_path, "columns", {"requests": requests, "epochs": 1},
+        {"train": train, "val": val}, raytf.DataConfig(datasets_to_split=["train"]))
+    r0, r1 = ranks(tmp_path)
+    for key in ("dict", "dict_streaming"):
+        spec = r0[key]["spec"]
+        assert "'b': TensorSpec(shape=(8, 3), dtype=tf.float32" in spec, (key, spec)
+        assert "'a': TensorSpec(shape=(8,), dtype=tf.float32" in spec, spec
+        assert spec.endswith("TensorSpec(shape=(8,), dtype=tf.int32, name=None))"), spec  # the label
+    for key in ("tensor", "tensor_streaming"):
+        assert r0[key]["spec"] == "TensorSpec(shape=(None, 3), dtype=tf.float32, name=None)", key
+    # 'val' is not split: every worker sees all 50 rows.
+    assert sorted(r0["whole"]["epochs"][0]["ids"]) == sorted(r1["whole"]["epochs"][0]["ids"]) == list(range(50))
+
+
+def write_parquet(directory, files=4, rows=512, dim=32):
+    directory.mkdir()
+    w = np.random.default_rng(0).standard_normal((dim, 4)).astype(np.float32)
+    for i in range(files):
+        x = np.random.default_rng(i + 1).standard_normal((rows, dim)).astype(np.float32)
+        table = pa.table({
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), dim),
+            "y": pa.array(np.argmax(x @ w, axis=1).astype(np.int64)),
+        })
+        pq.write_table(table, directory / f"part-{i}.parquet")
+
+
+def test_training_from_parquet_files(cluster, tmp_path, no_leaks):
+    import ray
+
+    write_parquet(tmp_path / "parquet")
+    data = ray.data.read_parquet(str(tmp_path / "parquet"))
+    result = fit(workloads.train_from_shards, tmp_path, "parquet", {"features": "x", "dim": 32}, {"train": data})
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert {h["steps"] for h in result.history} == {1024 // 32}  # 2048 rows / 2 workers / batch 32
+
+
+def test_training_from_csv_streaming(cluster, tmp_path, no_leaks):
+    import ray
+
+    dim = 8
+    w = np.random.default_rng(0).standard_normal((dim, 4))
+    x = np.random.default_rng(1).standard_normal((1200, dim))
+    lines = [",".join([f"f{i}" for i in range(dim)] + ["y"])]
+    lines += [",".join([f"{v:.5f}" for v in row] + [str(int(np.argmax(row @ w)))]) for row in x]
+    (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
+    data = ray.data.read_csv(str(tmp_path / "data.csv"))
+    features = [f"f{i}" for i in range(dim)]
+    result = fit(workloads.train_from_shards, tmp_path, "csv",
+                 {"features": features, "dim": dim, "cache": False}, {"train": data})
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_bad_requests_name_the_column_or_setting(cluster, tmp_path, no_leaks):
+    import ray
+
+    train = ray.data.range(40).map_batches(with_label, batch_size=None)
+    ragged = ray.data.from_items([{"v": [1.0] * (1 + i % 3), "y": i} for i in range(20)])
+    requests = {
+        "unknown_name": {"name": "test", "batch_size": 4},
+        "missing_column": {"name": "train", "batch_size": 4, "features": ["id", "nope"], "label": "y"},
+        "too_big": {"name": "train", "batch_size": 64, "features": "id"},
+        "ragged": {"name": "ragged", "batch_size": 4, "features": "v", "label": "y"},
+        "zero_batch": {"name": "train", "batch_size": 0},
+    }
+    fit(workloads.bad_requests, tmp_path, "bad", {"requests": requests}, {"train": train, "ragged": ragged},
+        raytf.DataConfig(datasets_to_split=["train"]))
+    messages = ranks(tmp_path)[0]
+    assert "no dataset named 'test' was passed to Trainer(datasets=...); passed: ragged, train" in messages["unknown_name"]
+    assert "column 'nope' is not in the dataset; its columns are id, f, y" in messages["missing_column"]
+    assert "batch_size=64 is larger than the worker's shard (20 rows" in messages["too_big"]
+    assert "column 'v' is ragged" in messages["ragged"]
+    assert "batch_size must be an int >= 1, got 0" in messages["zero_batch"]
+
+
+def test_an_unhandled_data_error_fails_the_run_with_its_message(cluster, tmp_path, no_leaks):
+    import ray
+
+    train = ray.data.range(200).map_batches(with_label, batch_size=None)
+    with pytest.raises(raytf.TrainingFailedError) as info:
+        fit(workloads.train_from_shards, tmp_path, "missing", {"features": ["id", "g"], "dim": 2}, {"train": train})
+    assert info.value.failure.error_type == "DatasetShardError"
+    assert "column 'g' is not in the dataset" in str(info.value)

@@ -1,0 +1,130 @@
+"""The ingest pieces that need no cluster: column checks, seeds, tf.data over arrays."""
+
+import numpy as np
+import pytest
+
+from raytf import ConfigError, DataConfig, DatasetShardError
+from raytf._ingest import (
+    ShardRequest,
+    check_request,
+    dataset_from_arrays,
+    shuffle_seed,
+    stack_column,
+)
+
+
+def request(**kw):
+    values = dict(name="train", batch_size=4, features=None, label="y", shuffle=False, seed=None, drop_remainder=False)
+    values.update(kw)
+    return ShardRequest(**values)
+
+
+def test_feature_columns_default_to_all_but_the_label_and_are_checked():
+    assert request().columns(["a", "b", "y"]) == (["a", "b"], "y")
+    assert request(features="b").columns(["a", "b", "y"]) == (["b"], "y")
+    assert request(features=["b", "a"], label=None).columns(["a", "b"]) == (["b", "a"], None)
+    with pytest.raises(DatasetShardError, match="column 'z' is not in the dataset; its columns are a, y"):
+        request(features=["a", "z"]).columns(["a", "y"])
+    with pytest.raises(DatasetShardError, match="column 'label' is not in the dataset"):
+        request(label="label").columns(["a"])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "8"])
+def test_batch_size_must_be_a_positive_int(bad):
+    with pytest.raises(DatasetShardError, match=f"batch_size must be an int >= 1, got {bad!r}"):
+        check_request(request(batch_size=bad))
+
+
+def test_features_must_name_columns():
+    with pytest.raises(DatasetShardError, match="features must be a column name or a non-empty list"):
+        check_request(request(features=[]))
+
+
+def test_columns_of_equal_length_lists_stack_and_ragged_ones_are_named():
+    values = np.empty(2, dtype=object)
+    values[:] = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
+    assert stack_column("v", "train", values).shape == (2, 2)
+    values[:] = [np.array([1.0]), np.array([3.0, 4.0])]
+    with pytest.raises(DatasetShardError, match="column 'v' is ragged"):
+        stack_column("v", "train", values)
+    words = np.array(["a", "b"], dtype=object)
+    assert stack_column("w", "train", words) is words
+
+
+def test_shuffle_seeds_are_stable_and_differ_per_rank_and_call():
+    assert shuffle_seed(None, "train", 0, 0) is None
+    assert shuffle_seed(7, "train", 0, 0) == shuffle_seed(7, "train", 0, 0)
+    assert len({shuffle_seed(7, "train", r, c) for r in range(3) for c in range(3)}) == 9
+
+
+def epochs(dataset, n=2):
+    return [[int(i) for batch in dataset for i in batch[0]["id"].numpy()] for _ in range(n)]
+
+
+def test_every_row_once_per_epoch_reshuffled_each_epoch_and_reproducible():
+    arrays = {"id": np.arange(23), "y": np.arange(23) % 2}
+    shuffled = request(features=["id"], shuffle=True)
+    run1 = epochs(dataset_from_arrays(arrays, shuffled, 23, seed=11), 3)
+    run2 = epochs(dataset_from_arrays(arrays, shuffled, 23, seed=11), 3)
+    assert run1 == run2  # same seed, same orders: a rerun sees the same data order
+    assert all(sorted(e) == list(range(23)) for e in run1)
+    assert run1[0] != run1[1] != run1[2]
+    assert epochs(dataset_from_arrays(arrays, shuffled, 23, seed=12), 1)[0] != run1[0]
+    plain = epochs(dataset_from_arrays(arrays, request(features=["id"]), 23, seed=None), 2)
+    assert plain == [list(range(23))] * 2
+
+
+def test_rows_past_the_agreed_count_and_the_remainder():
+    arrays = {"x": np.arange(10, dtype=np.float32), "y": np.arange(10)}
+    kept = dataset_from_arrays(arrays, request(features="x"), 9, seed=None)
+    assert [int(b[0].shape[0]) for b in kept] == [4, 4, 1]
+    dropped = dataset_from_arrays(arrays, request(features="x", drop_remainder=True), 9, seed=None)
+    assert [int(b[0].shape[0]) for b in dropped] == [4, 4]
+    assert dropped.element_spec[0].shape.as_list() == [4]
+
+
+def test_shards_are_split_with_each_ranks_node_as_locality_hint():
+    from raytf._topology import WorkerAddress
+    from raytf._worker_group import RayWorkerGroup
+    from raytf.config import ScalingConfig, TensorflowConfig
+
+    class FakeDataset:
+        def __init__(self):
+            self.calls = []
+
+        def streaming_split(self, n, *, equal, locality_hints):
+            self.calls.append((n, equal, locality_hints))
+            return [f"split{i}" for i in range(n)]
+
+        def iterator(self):
+            return "whole"
+
+    train, val = FakeDataset(), FakeDataset()
+    group = RayWorkerGroup(
+        ScalingConfig(num_workers=2), TensorflowConfig(), b"", "run", "/tmp/run",
+        datasets={"train": train, "val": val}, split=frozenset({"train"}),
+    )
+    by_rank = [WorkerAddress("node-b", "10.0.0.2", 1), WorkerAddress("node-a", "10.0.0.1", 2)]
+    assert group._shard_datasets(by_rank) == [
+        {"train": "split0", "val": "whole"},
+        {"train": "split1", "val": "whole"},
+    ]
+    assert train.calls == [(2, True, ["node-b", "node-a"])]
+
+
+def test_data_config_names_must_be_passed_datasets():
+    assert DataConfig().split(["train", "val"]) == {"train", "val"}
+    assert DataConfig(datasets_to_split=["train"]).split(["train", "val"]) == {"train"}
+    with pytest.raises(ConfigError, match="names 'test', but Trainer\\(datasets=...\\) has only 'train'"):
+        DataConfig(datasets_to_split=["test"]).split(["train"])
+    with pytest.raises(ConfigError, match="must be 'all' or a list of dataset names"):
+        DataConfig(datasets_to_split="some")
+
+
+def test_trainer_rejects_datasets_that_are_not_ray_datasets():
+    import raytf
+
+    with pytest.raises(ConfigError, match=r"datasets=\{'train': ...\}\) must be a ray.data.Dataset, got ndarray"):
+        raytf.Trainer(lambda: None, datasets={"train": np.zeros(3)})
+    with pytest.raises(ConfigError, match="datasets_to_split names 'val'"):
+        raytf.Trainer(lambda: None, datasets={}, data_config=DataConfig(datasets_to_split=["val"]))
