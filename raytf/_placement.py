@@ -61,3 +61,19 @@ def placement_timeout_message(
         "relax the placement strategy, add nodes, or raise placement_timeout_s "
         "(None waits forever)."
     )
+
+
+def data_starvation(
+    lazy_datasets: Sequence[str], cluster_cpus: float, worker_cpus: float
+) -> Optional[str]:
+    """Why Ray Data could never run a lazy dataset's tasks while the workers hold the CPUs."""
+    if not lazy_datasets or cluster_cpus - worker_cpus >= 1:
+        return None
+    names = ", ".join(repr(n) for n in lazy_datasets)
+    return (
+        f"Trainer(datasets=...): {names} must run Ray Data tasks while training, but the worker "
+        f"group takes {worker_cpus:g} of the cluster's {cluster_cpus:g} CPUs and leaves none for "
+        "them, so reading would wait forever. Call .materialize() on the dataset before fit(), "
+        "lower ScalingConfig.num_workers or cpus_per_worker, or add CPUs; on an autoscaling "
+        "cluster pass ScalingConfig(check_resources=False)."
+    )

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Optional
 from raytf import _env
 from raytf._controller import Controller
 from raytf._failure import FailurePolicy
-from raytf._placement import unfit_worker
+from raytf._placement import data_starvation, unfit_worker
 from raytf._progress import ProgressPrinter, format_metrics
 from raytf._status import Report
 from raytf._storage import RunStorage
@@ -151,13 +151,18 @@ class Trainer:
         and no retry was left. Ctrl-C stops every worker and frees the placement group."""
         import ray
         from ray import cloudpickle
+        from ray.data.dataset import MaterializedDataset
 
         from raytf._worker_group import RayWorkerGroup, live_node_resources
 
         if not ray.is_initialized():
             ray.init()
         if self.scaling.check_resources:
-            problem = unfit_worker(self.scaling.bundle(), live_node_resources())
+            problem = unfit_worker(self.scaling.bundle(), live_node_resources()) or data_starvation(
+                [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)],
+                ray.cluster_resources().get("CPU", 0.0),
+                self.scaling.num_workers * self.scaling.cpus_per_worker,
+            )
             if problem:
                 raise ConfigError(problem)
         name = self.run.name or _default_run_name()

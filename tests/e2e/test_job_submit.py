@@ -68,7 +68,7 @@ def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
     shutil.copytree(os.path.join(REPO, "jobs"), workdir)
     submitted = ray_cli(
         "job", "submit", "--address", address, "--working-dir", str(workdir), "--no-wait", "--",
-        "python", "train_mlp.py", "--epochs", "2", "--rows-per-worker", "2048",
+        "python", "train_mlp.py", "--epochs", "2", "--rows", "4096",
         "--name", "e2e", "--storage-path", str(tmp_path / "results"),
         env=env,
     )

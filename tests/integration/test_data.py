@@ -173,3 +173,18 @@ def test_an_unhandled_data_error_fails_the_run_with_its_message(cluster, tmp_pat
         fit(workloads.train_from_shards, tmp_path, "missing", {"features": ["id", "g"], "dim": 2}, {"train": train})
     assert info.value.failure.error_type == "DatasetShardError"
     assert "column 'g' is not in the dataset" in str(info.value)
+
+
+def test_a_lazy_dataset_that_could_never_run_is_refused_before_anything_starts(cluster, tmp_path):
+    import ray
+
+    lazy = ray.data.range(100).map_batches(with_label, batch_size=None)
+    pgs_before = len(ray.util.placement_group_table())
+    # Two workers of 2 CPUs take all 4 CPUs of the test cluster.
+    with pytest.raises(raytf.ConfigError, match="must run Ray Data tasks while training.*materialize"):
+        raytf.Trainer(
+            workloads.shard_epochs, config={}, datasets={"train": lazy},
+            scaling=raytf.ScalingConfig(num_workers=2, cpus_per_worker=2),
+            run=raytf.RunConfig(storage_path=str(tmp_path), verbose=0),
+        ).fit()
+    assert len(ray.util.placement_group_table()) == pgs_before

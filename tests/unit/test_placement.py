@@ -1,4 +1,4 @@
-from raytf._placement import placement_timeout_message, unfit_worker
+from raytf._placement import data_starvation, placement_timeout_message, unfit_worker
 
 NODES = [
     {"CPU": 8.0, "memory": 1e9, "node:10.0.0.1": 1.0},
@@ -37,3 +37,11 @@ def test_placement_timeout_message_says_what_was_asked_and_what_exists():
     assert "placement=STRICT_SPREAD" in message
     assert "2 node(s)" in message and "{CPU: 1} free" in message
     assert "placement_timeout_s" in message
+
+
+def test_lazy_datasets_need_a_cpu_outside_the_worker_group():
+    assert data_starvation([], 2.0, 2.0) is None
+    assert data_starvation(["train"], 4.0, 2.0) is None
+    message = data_starvation(["train", "val"], 2.0, 2.0)
+    assert "'train', 'val' must run Ray Data tasks" in message
+    assert "takes 2 of the cluster's 2 CPUs" in message and ".materialize()" in message
