@@ -7,8 +7,16 @@ Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 """
 
 from raytf._ingest import DatasetShardError
-from raytf._session import TrainContext, get_context, get_dataset_shard, report, strategy
-from raytf.config import DataConfig, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
+from raytf._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report, strategy
+from raytf.checkpoint import Checkpoint, CheckpointError
+from raytf.config import (
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TensorflowConfig,
+)
 from raytf.errors import (
     ConfigError,
     PlacementTimeoutError,
@@ -23,6 +31,9 @@ from raytf.trainer import Trainer
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointConfig",
+    "CheckpointError",
     "ConfigError",
     "DataConfig",
     "DatasetShardError",
@@ -38,6 +49,7 @@ __all__ = [
     "TrainingFailedError",
     "WorkerFailure",
     "WorkerStartError",
+    "get_checkpoint",
     "get_context",
     "get_dataset_shard",
     "report",

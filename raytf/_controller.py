@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Union
+from typing import Callable, Optional, Protocol, Union
 
 from raytf._failure import Decision, FailurePolicy, root_cause
 from raytf._status import GroupStatus, Report
@@ -25,6 +25,8 @@ class WorkerGroup(Protocol):
     def poll(self) -> GroupStatus: ...
 
     def shutdown(self) -> None: ...
+
+    def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,17 @@ TERMINAL = (Finished, Errored)
 
 
 class Controller:
-    """Runs one training run to the end: every attempt, every restart."""
+    """Runs one training run to the end: every attempt, every restart.
+
+    ``on_report`` records a report and commits its checkpoint, if any; it
+    returns None, or why the checkpoint could not be committed.
+    """
 
     def __init__(
         self,
         group: WorkerGroup,
         policy: FailurePolicy,
-        on_report: Callable[[Report], None],
+        on_report: Callable[[Report], Optional[str]],
         *,
         poll_interval_s: float = 0.1,
         sleep: Callable[[float], None] = time.sleep,
@@ -115,7 +121,10 @@ class Controller:
     def _watch(self, state: Running) -> State:
         status = self._group.poll()
         for report in status.reports:
-            self._on_report(report)
+            # on_report commits a reported checkpoint; the worker's report() returns on the ack.
+            error = self._on_report(report)
+            if report.checkpoint is not None:
+                self._group.acknowledge(report.rank, report.seq, error)
         if status.failures:
             self._group.shutdown()
             failure = root_cause(status.failures)

@@ -67,6 +67,8 @@ class WorkerSession:
         strategy: Any,
         sink: Callable[[Report], None],
         datasets: Optional[dict[str, Any]] = None,
+        resume: Optional[dict[str, Any]] = None,
+        next_checkpoint_seq: int = 0,
     ):
         self.context = context
         self.strategy = strategy
@@ -76,6 +78,43 @@ class WorkerSession:
         self._datasets = dict(datasets or {})  # name -> ray.data.DataIterator
         self._cached: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (arrays, agreed rows)
         self._calls: dict[str, int] = {}
+        self._resume = resume  # {"path": ..., "metadata": {...}} of the checkpoint to resume from
+        self._next_checkpoint_seq = next_checkpoint_seq
+        self._acks: dict[int, threading.Event] = {}
+        self._ack_errors: dict[int, str] = {}
+
+    def get_checkpoint(self) -> Any:
+        from raytf._storage import resolve_storage
+        from raytf.checkpoint import Checkpoint
+
+        if self._resume is None:
+            return None
+        filesystem, _, _ = resolve_storage(self.context.run_path)
+        return Checkpoint(self._resume["path"], filesystem, self._resume["metadata"])
+
+    def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
+        """The driver committed (or refused) the checkpoint of report ``seq``."""
+        if error is not None:
+            self._ack_errors[seq] = error
+        event = self._acks.get(seq)
+        if event is not None:
+            event.set()
+
+    def _upload(self, checkpoint: Any) -> dict[str, Any]:
+        from raytf._storage import resolve_storage
+        from raytf.checkpoint import Checkpoint, checkpoint_name, upload
+
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                "raytf.report(checkpoint=...) takes a raytf.Checkpoint, e.g. "
+                f"raytf.Checkpoint.from_directory(path); got {type(checkpoint).__name__}"
+            )
+        filesystem, root, _ = resolve_storage(self.context.run_path)
+        seq = self._next_checkpoint_seq
+        self._next_checkpoint_seq += 1
+        name = checkpoint_name(seq)
+        upload(checkpoint, filesystem, f"{root}/checkpoints", name)
+        return {"name": name, "seq": seq}
 
     def get_dataset_shard(
         self,
@@ -127,7 +166,7 @@ class WorkerSession:
             )
         return _ingest.dataset_from_arrays(arrays, request, rows, seed_here)
 
-    def report(self, metrics: dict[str, Any]) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"raytf.report(metrics): metrics must be a dict, got {type(metrics).__name__}")
         clean = {}
@@ -135,6 +174,9 @@ class WorkerSession:
             if not isinstance(key, str):
                 raise TypeError(f"raytf.report(metrics): metric names must be str, got {key!r}")
             clean[key] = to_plain(value, key)
+        # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
+        # only the chief's checkpoint is kept; the others' are dropped here.
+        uploaded = self._upload(checkpoint) if checkpoint is not None and self.context.is_chief else None
         with self._lock:
             report = Report(
                 rank=self.context.world_rank,
@@ -142,9 +184,17 @@ class WorkerSession:
                 metrics=clean,
                 time=time.time(),
                 attempt=self.context.attempt,
+                checkpoint=uploaded,
             )
             self._seq += 1
+            if uploaded is not None:
+                done = self._acks[report.seq] = threading.Event()
         self._sink(report)
+        if uploaded is not None:
+            done.wait()  # returns once the driver's index names the checkpoint
+            error = self._ack_errors.pop(report.seq, None)
+            if error is not None:
+                raise RaytfError(f"raytf.report: the checkpoint was not committed: {error}")
 
 
 def to_plain(value: Any, name: str) -> Any:
@@ -227,6 +277,19 @@ def get_dataset_shard(
     )
 
 
-def report(metrics: dict[str, Any]) -> None:
-    """Send metrics to the driver, which logs them and keeps rank 0's as the run's history."""
-    _current("report").report(metrics)
+def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
+    """Send metrics to the driver, which logs them and keeps rank 0's as the run's history.
+
+    With ``checkpoint=raytf.Checkpoint.from_directory(d)`` the chief's files are
+    uploaded to the run's storage and committed, and this returns only after
+    the commit: a checkpoint whose report returned is never lost. Other ranks
+    may pass their (identical) checkpoints too; only the chief's is kept.
+    Include ``epoch`` and ``step`` in ``metrics`` to resume from them.
+    """
+    _current("report").report(metrics, checkpoint)
+
+
+def get_checkpoint() -> Any:
+    """The committed checkpoint this attempt resumes from (with ``.epoch`` and
+    ``.step``), or None on a fresh start."""
+    return _current("get_checkpoint").get_checkpoint()

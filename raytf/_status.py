@@ -17,6 +17,7 @@ class Report:
     metrics: dict[str, Any]
     time: float
     attempt: int = 0
+    checkpoint: Optional[dict[str, Any]] = None  # a CheckpointEntry, uploaded and awaiting commit
 
 
 @dataclass(frozen=True)

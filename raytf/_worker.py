@@ -47,6 +47,8 @@ class WorkerSpec:
     gpu_memory_growth: bool = False
     env: dict[str, str] = field(default_factory=dict)
     datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator
+    resume: Optional[dict[str, Any]] = None  # the committed checkpoint to resume from
+    next_checkpoint_seq: int = 0
 
 
 def reserve_port() -> socket.socket:
@@ -140,6 +142,7 @@ class TrainWorker:
         self._phase = "created"
         self._failure: Optional[WorkerFailure] = None
         self._rank = -1
+        self._session: Optional[WorkerSession] = None
 
     def reserve(self) -> WorkerAddress:
         """Reserve a port for TensorFlow's server and say where this worker is."""
@@ -174,6 +177,10 @@ class TrainWorker:
         with self._lock:
             reports, self._reports = tuple(self._reports), []
         return WorkerStatus(rank=self._rank, phase=self._phase, reports=reports, failure=self._failure)
+
+    def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
+        if self._session is not None:
+            self._session.acknowledge(seq, error)
 
     def _sink(self, report: Report) -> None:
         with self._lock:
@@ -210,7 +217,10 @@ class TrainWorker:
                 run_path=spec.run_path,
                 tf_config=spec.tf_config,
             )
-            _session.install(WorkerSession(context, strategy, self._sink, spec.datasets))
+            self._session = WorkerSession(
+                context, strategy, self._sink, spec.datasets, spec.resume, spec.next_checkpoint_seq
+            )
+            _session.install(self._session)
             self._phase = "training"
             _call(train_fn, config)
             self._phase = "finished"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -45,6 +45,7 @@ class RayWorkerGroup:
         run_path: str,
         datasets: Optional[dict[str, Any]] = None,
         split: frozenset[str] = frozenset(),
+        resume_point: Optional[Callable[[], tuple[Optional[dict[str, Any]], int]]] = None,
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -55,6 +56,7 @@ class RayWorkerGroup:
         self._run_path = run_path
         self._datasets = dict(datasets or {})
         self._split = split
+        self._resume_point = resume_point or (lambda: (None, 0))
         self._pg: Optional[PlacementGroup] = None
         self._actors: list = []
         self._addresses: list[WorkerAddress] = []
@@ -121,6 +123,7 @@ class RayWorkerGroup:
         workers = worker_list(self._addresses, ranks)
         self._world_ranks = [r.world_rank for r in ranks]
         intra, inter = tensorflow.threads(scaling)
+        resume, next_seq = self._resume_point()
         by_rank = sorted(zip(ranks, self._addresses), key=lambda pair: pair[0].world_rank)
         shards = self._shard_datasets([address for _, address in by_rank])
         specs = [
@@ -138,6 +141,8 @@ class RayWorkerGroup:
                 gpu_memory_growth=tensorflow.gpu_memory_growth,
                 env=dict(tensorflow.worker_env),
                 datasets=shards[rank.world_rank],
+                resume=resume,
+                next_checkpoint_seq=next_seq,
             )
             for rank in ranks
         ]
@@ -205,6 +210,10 @@ class RayWorkerGroup:
         reports.sort(key=lambda r: (r.time, r.rank, r.seq))
         finished = bool(phases) and all(p == "finished" for p in phases.values())
         return GroupStatus(tuple(reports), tuple(failures), finished, phases)
+
+    def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None:
+        actor = self._actors[self._world_ranks.index(rank)]
+        actor.acknowledge.remote(seq, error)
 
     def shutdown(self) -> None:
         """Kill every actor, wait until they are gone, and remove the placement group."""

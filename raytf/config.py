@@ -131,18 +131,48 @@ class FailureConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """Which committed checkpoints to keep.
+
+    ``num_to_keep=None`` keeps all. With ``score_attribute`` the best
+    ``num_to_keep`` by that reported metric are kept (``mode`` "max" or "min");
+    the latest committed checkpoint is always kept, whatever its score,
+    because it is the one a restart resumes from.
+    """
+
+    num_to_keep: Optional[int] = None
+    score_attribute: Optional[str] = None
+    mode: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None:
+            _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+        if self.mode not in ("max", "min"):
+            raise ConfigError(f"CheckpointConfig.mode must be 'max' or 'min', got {self.mode!r}")
+        if self.score_attribute is not None and not isinstance(self.score_attribute, str):
+            raise ConfigError(
+                f"CheckpointConfig.score_attribute must be a metric name, got {self.score_attribute!r}"
+            )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Where a run keeps its results and how it reports progress.
 
     Results go to ``<storage_path>/<name>``. ``name`` is one path component of
     letters, digits, ``.``, ``_`` and ``-``, so it can never point outside the
     storage root. ``storage_path`` is a local directory or a ``pyarrow.fs`` URI
-    (``s3://bucket/prefix``). ``verbose=0`` silences the per-report progress lines.
+    (``s3://bucket/prefix``). ``resume="auto"`` continues a run of the same
+    name and storage path from its latest committed checkpoint (after a lost
+    driver, say); ``"never"`` refuses to reuse a run that has checkpoints.
+    ``verbose=0`` silences the per-report progress lines.
     """
 
     name: Optional[str] = None
     storage_path: Union[str, os.PathLike] = "~/raytf_results"
     failure_config: FailureConfig = field(default_factory=FailureConfig)
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str = "auto"
     verbose: int = 1
 
     def __post_init__(self) -> None:
@@ -164,6 +194,12 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}"
             )
+        if not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise ConfigError(
+                f"RunConfig.checkpoint_config must be a raytf.CheckpointConfig, got {self.checkpoint_config!r}"
+            )
+        if self.resume not in ("auto", "never"):
+            raise ConfigError(f"RunConfig.resume must be 'auto' or 'never', got {self.resume!r}")
         _check_int("RunConfig.verbose", self.verbose, minimum=0)
 
 

@@ -12,13 +12,15 @@ class Result:
 
     ``metrics`` is rank 0's last report, ``history`` every report rank 0 made
     (each with ``attempt`` and ``report_seq`` added), ``path`` the run's
-    directory or URI, ``attempts`` how many times the worker group started.
+    directory or URI, ``attempts`` how many times the worker group started,
+    ``checkpoint`` the latest committed checkpoint.
     """
 
     metrics: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     path: str = ""
     attempts: int = 1
+    checkpoint: Any = None  # the latest committed raytf.Checkpoint, or None
 
     @property
     def metrics_dataframe(self) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from dataclasses import asdict
 import logging
 import signal
 import threading
@@ -18,6 +19,7 @@ from raytf._progress import ProgressPrinter, format_metrics
 from raytf._status import Report
 from raytf._storage import RunStorage
 from raytf.config import DataConfig, RunConfig, ScalingConfig, TensorflowConfig
+from raytf.checkpoint import CheckpointError, CheckpointManager, new_entry
 from raytf.errors import ConfigError
 from raytf.result import Result
 
@@ -28,24 +30,38 @@ _HISTORY_WRITE_INTERVAL_S = 10.0
 
 
 class _History:
-    """Rank 0's reports: logged, shown, kept, and written to the run directory now and then."""
+    """Rank 0's reports: logged, shown, kept, written to the run directory now and
+    then, and their checkpoints committed."""
 
-    def __init__(self, storage: RunStorage, printer: ProgressPrinter):
+    def __init__(self, storage: RunStorage, printer: ProgressPrinter, checkpoints: CheckpointManager):
         self.entries: list[dict[str, Any]] = []
         self._storage = storage
         self._printer = printer
+        self._checkpoints = checkpoints
         self._last_write = time.monotonic()
         self._dirty = False
 
-    def on_report(self, report: Report) -> None:
+    def on_report(self, report: Report) -> Optional[str]:
+        """Record a report; commit its checkpoint. Returns why a commit failed, or None."""
         if report.rank != 0:
-            return
+            return None
         logger.debug("report from rank 0, attempt %d: %s", report.attempt, report.metrics)
         self._printer.report(report)
-        self.entries.append({**report.metrics, "attempt": report.attempt, "report_seq": report.seq})
+        entry = {**report.metrics, "attempt": report.attempt, "report_seq": report.seq}
+        error = None
+        if report.checkpoint is not None:
+            committed = new_entry(report.checkpoint["seq"], report.attempt, report.metrics)
+            try:
+                self._checkpoints.commit(committed)
+                entry["checkpoint"] = committed.name
+            except (CheckpointError, OSError) as failure:
+                error = str(failure)
+                logger.error("checkpoint %s was not committed: %s", committed.name, error)
+        self.entries.append(entry)
         self._dirty = True
         if time.monotonic() - self._last_write >= _HISTORY_WRITE_INTERVAL_S:
             self.flush()
+        return error
 
     def flush(self) -> None:
         if self._dirty:
@@ -57,7 +73,7 @@ class _History:
     def last_metrics(self) -> dict[str, Any]:
         if not self.entries:
             return {}
-        return {k: v for k, v in self.entries[-1].items() if k not in ("attempt", "report_seq")}
+        return {k: v for k, v in self.entries[-1].items() if k not in ("attempt", "report_seq", "checkpoint")}
 
 
 @contextlib.contextmanager
@@ -76,6 +92,17 @@ def _sigterm_raises_systemexit() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_point(checkpoints: CheckpointManager, printer: ProgressPrinter) -> tuple[Optional[dict[str, Any]], int]:
+    """Before each attempt: clear uncommitted debris, find the checkpoint to resume from."""
+    checkpoints.clean_debris()
+    latest = checkpoints.latest()
+    if latest is None:
+        return None, checkpoints.next_seq
+    entry, _ = latest
+    printer.message(f"resuming from {entry.name} (epoch={entry.epoch}, step={entry.step})")
+    return {"path": checkpoints.path_of(entry), "metadata": asdict(entry)}, checkpoints.next_seq
 
 
 def _check_datasets(datasets: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -167,12 +194,24 @@ class Trainer:
                 raise ConfigError(problem)
         name = self.run.name or _default_run_name()
         storage = RunStorage(self.run.storage_path, name)
+        kept = self.run.checkpoint_config
+        checkpoints = CheckpointManager(
+            storage.filesystem, storage.root, num_to_keep=kept.num_to_keep,
+            score_attribute=kept.score_attribute, mode=kept.mode,
+        )
+        if checkpoints.entries and self.run.resume == "never":
+            raise ConfigError(
+                f"RunConfig(resume='never'), but run {name!r} in {storage.uri} already has "
+                f"{len(checkpoints.entries)} committed checkpoint(s): pick a new RunConfig.name, or "
+                "resume='auto' to continue it"
+            )
         try:
             payload = cloudpickle.dumps((self.train_fn, self.config))
         except Exception as error:
             raise ConfigError(
                 f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
             ) from error
+        printer = ProgressPrinter(name, self.run.verbose)
         group = RayWorkerGroup(
             self.scaling,
             self.tensorflow,
@@ -181,9 +220,9 @@ class Trainer:
             storage.uri,
             datasets=self.datasets,
             split=frozenset(self.data_config.split(list(self.datasets))),
+            resume_point=lambda: _resume_point(checkpoints, printer),
         )
-        printer = ProgressPrinter(name, self.run.verbose)
-        history = _History(storage, printer)
+        history = _History(storage, printer, checkpoints)
         controller = Controller(
             group,
             FailurePolicy(self.run.failure_config),
@@ -205,4 +244,5 @@ class Trainer:
             history=list(history.entries),
             path=storage.uri,
             attempts=finished.attempt + 1,
+            checkpoint=latest[1] if (latest := checkpoints.latest()) else None,
         )

@@ -206,3 +206,54 @@ def train_from_shards(config: dict) -> None:
     for epoch in range(config.get("epochs", 4)):
         losses = [float(train_step(batch)) for batch in distributed]
         raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses), "steps": len(losses)})
+
+
+def checkpointed_train(config: dict) -> None:
+    """The small MLP with a tf.train.Checkpoint each epoch; resumes from raytf.get_checkpoint().
+
+    ``kill_after``: on attempt 0 the chief exits the instant its report of that
+    epoch returned, i.e. right after the checkpoint was committed.
+    """
+    import tempfile
+
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    x, y = make_data(512, seed=100 + ctx.world_rank)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    dist = strategy.distribute_datasets_from_function(lambda _: data)
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)]
+        )
+        optimizer = tf.keras.optimizers.Adam(0.01)
+    state = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function
+    def train_step(batch):
+        def step(features, labels):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(labels, model(features)), global_batch_size=64)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
+
+    start = 0
+    resumed = raytf.get_checkpoint()
+    if resumed is not None:
+        with resumed.as_directory() as directory:
+            state.read(os.path.join(directory, "state")).assert_existing_objects_matched()
+        start = resumed.epoch + 1
+    for epoch in range(start, config["epochs"]):
+        losses = [float(train_step(batch)) for batch in dist]
+        directory = tempfile.mkdtemp()
+        state.write(os.path.join(directory, "state"))  # every rank saves; only the chief's is kept
+        raytf.report(
+            {"epoch": epoch, "loss": sum(losses) / len(losses), "resumed_at": start},
+            checkpoint=raytf.Checkpoint.from_directory(directory),
+        )
+        if ctx.world_rank == 0 and ctx.attempt == 0 and epoch == config.get("kill_after"):
+            os._exit(1)

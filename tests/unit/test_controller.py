@@ -20,6 +20,7 @@ class FakeGroup:
         self.start_error = start_error
         self.started, self.shutdowns, self.attempt = [], 0, None
         self.live = False
+        self.acks = []
 
     def start(self, attempt):
         if self.start_error:
@@ -36,6 +37,9 @@ class FakeGroup:
     def shutdown(self):
         self.shutdowns += 1
         self.live = False
+
+    def acknowledge(self, rank, seq, error):
+        self.acks.append((rank, seq, error))
 
 
 def report(seq, attempt=0, rank=0):
@@ -146,3 +150,13 @@ def test_policy_counts():
     assert policy.decide(failure()) is Decision.RETRY
     assert policy.decide(failure()) is Decision.RAISE
     assert len(policy.failures) == 2
+
+
+def test_a_reported_checkpoint_is_acknowledged_with_the_commit_outcome():
+    ok = Report(rank=0, seq=0, metrics={}, time=0.0, checkpoint={"name": "checkpoint_000000", "seq": 0})
+    bad = Report(rank=0, seq=1, metrics={}, time=1.0, checkpoint={"name": "checkpoint_000001", "seq": 1})
+    plain = Report(rank=0, seq=2, metrics={}, time=2.0)
+    group = FakeGroup({0: [GroupStatus(reports=(ok, bad, plain), finished=True)]})
+    controller, _ = run(group, on_report=lambda r: "disk full" if r.seq == 1 else None)
+    controller.run()
+    assert group.acks == [(0, 0, None), (0, 1, "disk full")]

@@ -1,0 +1,307 @@
+"""Checkpoints: directories committed to the run's storage so that none is ever lost.
+
+Layout under ``<storage_path>/<run name>/checkpoints/``::
+
+    index.json                 the commit record: which checkpoints exist, newest last
+    checkpoint_000003/         one committed checkpoint (the user's files)
+        .raytf_manifest.json   every file's size and CRC32, written last into the staging copy
+    .staging-<uuid>/           a checkpoint being uploaded; never listed in the index
+
+The commit protocol: the chief uploads into a staging directory, writes the
+manifest, moves the directory to its final name, and tells the driver; the
+driver records it in ``index.json`` (written whole: a rename on a local disk,
+one object PUT on S3), and only then does ``raytf.report`` return. So the
+index never names a missing or partial checkpoint, a checkpoint whose report
+returned survives the reporting worker dying the instant after, and anything
+not in the index is debris to clean up. No pickle anywhere: files, and JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+import uuid
+import zlib
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Optional
+
+import pyarrow.fs as pafs
+
+from raytf.errors import RaytfError
+
+logger = logging.getLogger(__name__)
+
+INDEX = "index.json"
+MANIFEST = ".raytf_manifest.json"
+STAGING_PREFIX = ".staging-"
+_CHUNK = 1 << 20
+
+
+class CheckpointError(RaytfError):
+    """No usable checkpoint where one was expected (every committed one is corrupt)."""
+
+
+def _crc32(stream: Any) -> tuple[int, int]:
+    crc, size = 0, 0
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            return crc, size
+        crc = zlib.crc32(chunk, crc)
+        size += len(chunk)
+
+
+def _join(fs: pafs.FileSystem, *parts: str) -> str:
+    return os.path.join(*parts) if isinstance(fs, pafs.LocalFileSystem) else posixpath.join(*parts)
+
+
+class Checkpoint:
+    """A directory of files: the user's own, on local disk or in the run's storage."""
+
+    def __init__(self, path: str, filesystem: Optional[pafs.FileSystem] = None, metadata: Optional[dict] = None):
+        self.path = path
+        self.filesystem = filesystem or pafs.LocalFileSystem()
+        self.metadata: dict[str, Any] = dict(metadata or {})
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
+        """A checkpoint of the files in a local directory (they are copied at ``report``)."""
+        local = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(local):
+            raise ValueError(f"Checkpoint.from_directory: {local!r} is not a directory")
+        return cls(local)
+
+    @property
+    def epoch(self) -> Optional[int]:
+        return self.metadata.get("epoch")
+
+    @property
+    def step(self) -> Optional[int]:
+        return self.metadata.get("step")
+
+    @contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local directory with the checkpoint's files (downloaded if it lives remotely)."""
+        if isinstance(self.filesystem, pafs.LocalFileSystem):
+            yield self.path
+            return
+        scratch = tempfile.mkdtemp(prefix="raytf-checkpoint-")
+        try:
+            self.to_directory(scratch)
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def to_directory(self, path: str | os.PathLike) -> str:
+        """Copy the checkpoint's files into a local directory and return its path."""
+        local = os.fspath(path)
+        os.makedirs(local, exist_ok=True)
+        pafs.copy_files(self.path, local, source_filesystem=self.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+        return local
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={self.path!r}, epoch={self.epoch}, step={self.step})"
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One committed checkpoint as the index records it."""
+
+    name: str
+    seq: int
+    attempt: int
+    time: float
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _manifest(fs: pafs.FileSystem, root: str) -> dict[str, dict[str, int]]:
+    files = {}
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(root):].lstrip("/").lstrip(os.sep)
+        if relative == MANIFEST:
+            continue
+        with fs.open_input_stream(info.path) as stream:
+            crc, size = _crc32(stream)
+        files[relative.replace(os.sep, "/")] = {"size": size, "crc32": crc}
+    return files
+
+
+def upload(checkpoint: Checkpoint, fs: pafs.FileSystem, checkpoints_dir: str, name: str) -> str:
+    """Copy a local checkpoint into storage under ``name``, by way of a staging directory.
+
+    Returns the final path. The manifest is written last into the staging copy,
+    and describes what arrived, so a torn upload can never look complete.
+    """
+    final = _join(fs, checkpoints_dir, name)
+    # A local disk renames directories atomically; object stores cannot, so
+    # there the upload goes straight to its final name, and the index write
+    # (done by the driver afterwards) is the only commit point.
+    local = isinstance(fs, pafs.LocalFileSystem)
+    target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
+    if fs.get_file_info(final).type != pafs.FileType.NotFound:
+        fs.delete_dir(final)  # debris of an upload whose commit never happened
+    fs.create_dir(target, recursive=True)
+    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    manifest = {"files": _manifest(fs, target)}
+    with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
+        out.write(json.dumps(manifest, sort_keys=True).encode())
+    if local:
+        fs.move(target, final)
+    return final
+
+
+def verify(fs: pafs.FileSystem, path: str) -> Optional[str]:
+    """Why the checkpoint at ``path`` is unusable, or None if every file matches its manifest."""
+    try:
+        with fs.open_input_stream(_join(fs, path, MANIFEST)) as stream:
+            expected = json.loads(stream.read())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"its manifest is missing or unreadable ({error})"
+    found = _manifest(fs, path)
+    for relative, want in expected.items():
+        got = found.get(relative)
+        if got is None:
+            return f"file {relative!r} is missing"
+        if got["size"] != want["size"]:
+            return f"file {relative!r} has {got['size']} bytes, {want['size']} were written"
+        if got["crc32"] != want["crc32"]:
+            return f"file {relative!r} does not match its checksum"
+    return None
+
+
+class CheckpointManager:
+    """The driver's record of a run's checkpoints: commit, retention, what to resume from."""
+
+    def __init__(self, fs: pafs.FileSystem, run_root: str, *, num_to_keep: Optional[int] = None,
+                 score_attribute: Optional[str] = None, mode: str = "max"):
+        self.fs = fs
+        self.dir = _join(fs, run_root, "checkpoints")
+        self.num_to_keep = num_to_keep
+        self.score_attribute = score_attribute
+        self.mode = mode
+        fs.create_dir(self.dir, recursive=True)
+        self.entries: list[CheckpointEntry] = self._read_index()
+
+    @property
+    def next_seq(self) -> int:
+        return self.entries[-1].seq + 1 if self.entries else 0
+
+    def path_of(self, entry: CheckpointEntry) -> str:
+        return _join(self.fs, self.dir, entry.name)
+
+    def _read_index(self) -> list[CheckpointEntry]:
+        path = _join(self.fs, self.dir, INDEX)
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return []
+        try:
+            with self.fs.open_input_stream(path) as stream:
+                raw = json.loads(stream.read())
+            return [CheckpointEntry(**entry) for entry in raw["checkpoints"]]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(
+                f"the checkpoint index {path} is unreadable ({error}); move it aside to start over, "
+                "or restore it from a backup"
+            ) from None
+
+    def _write_index(self) -> None:
+        path = _join(self.fs, self.dir, INDEX)
+        data = json.dumps({"version": 1, "checkpoints": [asdict(e) for e in self.entries]},
+                          indent=1, sort_keys=True).encode()
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            os.replace(tmp, path)  # atomic on POSIX: readers see the old index or the new
+        else:
+            with self.fs.open_output_stream(path) as out:  # one PUT: the object appears whole
+                out.write(data)
+
+    def commit(self, entry: CheckpointEntry) -> None:
+        """Record an uploaded checkpoint; from here on it is the one to resume from."""
+        if verify(self.fs, self.path_of(entry)) is not None:
+            raise CheckpointError(f"checkpoint {entry.name} did not arrive whole; not committing it")
+        self.entries.append(entry)
+        self._write_index()
+        self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        if self.num_to_keep is None or len(self.entries) <= self.num_to_keep:
+            return
+        latest = self.entries[-1]
+        if self.score_attribute is None:
+            keep = self.entries[-self.num_to_keep:]
+        else:
+            scored = sorted(
+                self.entries[:-1],
+                key=lambda e: e.metrics.get(self.score_attribute, float("-inf") if self.mode == "max" else float("inf")),
+                reverse=self.mode == "max",
+            )
+            keep = [e for e in self.entries if e in scored[: self.num_to_keep - 1] or e is latest]
+        dropped = [e for e in self.entries if e not in keep]
+        self.entries = [e for e in self.entries if e in keep]
+        self._write_index()  # forget first, then delete: the index never names a deleted directory
+        for entry in dropped:
+            self.fs.delete_dir(self.path_of(entry))
+
+    def clean_debris(self) -> None:
+        """Delete staging directories and checkpoint directories the index does not name."""
+        named = {e.name for e in self.entries}
+        for info in self.fs.get_file_info(pafs.FileSelector(self.dir)):
+            base = posixpath.basename(info.path.rstrip("/"))
+            if info.type == pafs.FileType.Directory and base not in named and (
+                base.startswith(STAGING_PREFIX) or base.startswith("checkpoint_")
+            ):
+                logger.info("removing uncommitted checkpoint directory %s", info.path)
+                self.fs.delete_dir(info.path)
+
+    def latest(self) -> Optional[tuple[CheckpointEntry, Checkpoint]]:
+        """The newest committed checkpoint that verifies, falling back past corrupt ones.
+
+        None if nothing was ever committed. If checkpoints were committed but
+        none verifies, that is an error, never a silent restart from scratch.
+        """
+        problems = []
+        for entry in reversed(self.entries):
+            path = self.path_of(entry)
+            problem = verify(self.fs, path)
+            if problem is None:
+                if problems:
+                    logger.warning("resuming from %s; newer checkpoints are unusable: %s",
+                                   entry.name, "; ".join(problems))
+                return entry, Checkpoint(path, self.fs, asdict(entry))
+            problems.append(f"{entry.name}: {problem}")
+        if problems:
+            raise CheckpointError(
+                "every committed checkpoint is unusable, so the run cannot resume: "
+                + "; ".join(problems)
+                + ". Delete the run's checkpoints directory to start over."
+            )
+        return None
+
+
+def checkpoint_name(seq: int) -> str:
+    return f"checkpoint_{seq:06d}"
+
+
+def new_entry(seq: int, attempt: int, metrics: dict[str, Any]) -> CheckpointEntry:
+    epoch, step = metrics.get("epoch"), metrics.get("step")
+    return CheckpointEntry(
+        name=checkpoint_name(seq),
+        seq=seq,
+        attempt=attempt,
+        time=time.time(),
+        epoch=int(epoch) if isinstance(epoch, (int, float)) else None,
+        step=int(step) if isinstance(step, (int, float)) else None,
+        metrics=dict(metrics),
+    )

@@ -1,0 +1,55 @@
+"""Checkpoints committed through raytf.report and resumed from after failures."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import raytf
+from tests import workloads
+
+pytestmark = pytest.mark.integration
+
+
+def run_config(tmp_path, name, **kw):
+    return raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0, **kw)
+
+
+def trainer(tmp_path, name, config, **run):
+    return raytf.Trainer(
+        workloads.checkpointed_train,
+        config=config,
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=run_config(tmp_path, name, **run),
+    )
+
+
+def test_a_kill_right_after_a_commit_resumes_from_that_checkpoint(tmp_path, no_leaks):
+    result = trainer(
+        tmp_path, "kill-after-commit", {"epochs": 4, "kill_after": 1},
+        failure_config=raytf.FailureConfig(max_failures=1),
+    ).fit()
+    seen = [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history]
+    # The chief died the instant its epoch-1 report returned: epoch 1 was committed and used.
+    assert seen == [(0, 0, 0), (0, 1, 0), (1, 2, 2), (1, 3, 2)]
+    assert result.attempts == 2
+    # Weights were restored, not rebuilt: attempt 1 starts where attempt 0 ended.
+    losses = [h["loss"] for h in result.history]
+    assert losses[2] < losses[0]
+    assert result.checkpoint.epoch == 3
+    index = json.loads((tmp_path / "results" / "kill-after-commit" / "checkpoints" / "index.json").read_text())
+    assert [c["epoch"] for c in index["checkpoints"]] == [0, 1, 2, 3]
+    assert [c["attempt"] for c in index["checkpoints"]] == [0, 0, 1, 1]
+
+
+def test_a_new_driver_resumes_the_run_and_resume_never_refuses(tmp_path, no_leaks):
+    first = trainer(tmp_path, "driver-lost", {"epochs": 2}, checkpoint_config=raytf.CheckpointConfig(num_to_keep=1)).fit()
+    assert [h["epoch"] for h in first.history] == [0, 1]
+    with pytest.raises(raytf.ConfigError, match="resume='never'.*already has 1 committed checkpoint"):
+        trainer(tmp_path, "driver-lost", {"epochs": 4}, resume="never").fit()
+    second = trainer(tmp_path, "driver-lost", {"epochs": 4}, checkpoint_config=raytf.CheckpointConfig(num_to_keep=1)).fit()
+    assert [(h["epoch"], h["resumed_at"]) for h in second.history] == [(2, 2), (3, 2)]
+    checkpoints = sorted(os.listdir(tmp_path / "results" / "driver-lost" / "checkpoints"))
+    assert checkpoints == ["checkpoint_000003", "index.json"]  # num_to_keep=1 kept only the latest

@@ -1,0 +1,127 @@
+"""The checkpoint commit protocol on a temp dir: no Ray, no TensorFlow."""
+
+import json
+import logging
+import os
+
+import pyarrow.fs as pafs
+import pytest
+
+from raytf import Checkpoint, CheckpointError
+from raytf.checkpoint import CheckpointManager, checkpoint_name, new_entry, upload, verify
+
+FS = pafs.LocalFileSystem()
+
+
+def user_dir(tmp_path, label, size=100):
+    d = tmp_path / f"user-{label}"
+    d.mkdir()
+    (d / "weights.bin").write_bytes(bytes([label % 256]) * size)
+    (d / "sub").mkdir()
+    (d / "sub" / "meta.txt").write_text(f"epoch {label}")
+    return Checkpoint.from_directory(d)
+
+
+def save(manager, tmp_path, seq, **metrics):
+    upload(user_dir(tmp_path, seq), FS, manager.dir, checkpoint_name(seq))
+    manager.commit(new_entry(seq, 0, {"epoch": seq, **metrics}))
+
+
+def test_commit_then_resume_from_the_latest(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    assert manager.latest() is None
+    save(manager, tmp_path, 0)
+    save(manager, tmp_path, 1)
+    entry, checkpoint = manager.latest()
+    assert entry.name == "checkpoint_000001" and checkpoint.epoch == 1
+    with checkpoint.as_directory() as d:
+        assert open(os.path.join(d, "sub", "meta.txt")).read() == "epoch 1"
+    # A new driver reads the same index.
+    again = CheckpointManager(FS, str(tmp_path / "run"))
+    assert [e.name for e in again.entries] == ["checkpoint_000000", "checkpoint_000001"]
+    assert again.next_seq == 2
+
+
+def test_a_crash_between_upload_and_commit_leaves_debris_that_is_never_chosen(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    # Uploaded but the driver never recorded it (the worker died before its report arrived).
+    upload(user_dir(tmp_path, 1), FS, manager.dir, checkpoint_name(1))
+    # And a staging directory from an upload cut short.
+    os.makedirs(os.path.join(manager.dir, ".staging-deadbeef", "part"))
+    assert manager.latest()[0].name == "checkpoint_000000"
+    manager.clean_debris()
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000000", "index.json"]
+
+
+def test_the_index_is_replaced_whole(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    index = json.loads(open(os.path.join(manager.dir, "index.json")).read())
+    assert [c["name"] for c in index["checkpoints"]] == ["checkpoint_000000"]
+    assert not [f for f in os.listdir(manager.dir) if ".tmp-" in f]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete", "manifest"])
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path, caplog, damage):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    save(manager, tmp_path, 1)
+    newest = os.path.join(manager.path_of(manager.entries[-1]))
+    weights = os.path.join(newest, "weights.bin")
+    if damage == "truncate":
+        open(weights, "r+b").truncate(10)
+    elif damage == "garbage":
+        open(weights, "wb").write(os.urandom(100))
+    elif damage == "delete":
+        os.remove(weights)
+    else:
+        open(os.path.join(newest, ".raytf_manifest.json"), "w").write("{not json")
+    assert verify(FS, newest) is not None
+    with caplog.at_level(logging.WARNING):
+        entry, _ = manager.latest()
+    assert entry.name == "checkpoint_000000"
+    assert "checkpoint_000001" in caplog.text and "unusable" in caplog.text
+
+
+def test_when_every_checkpoint_is_corrupt_resuming_is_an_error_not_a_fresh_start(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    open(os.path.join(manager.path_of(manager.entries[0]), "weights.bin"), "wb").write(b"x")
+    with pytest.raises(CheckpointError, match="every committed checkpoint is unusable"):
+        manager.latest()
+
+
+def test_an_unreadable_index_is_an_error(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    open(os.path.join(manager.dir, "index.json"), "w").write("garbage")
+    with pytest.raises(CheckpointError, match="index .* is unreadable"):
+        CheckpointManager(FS, str(tmp_path / "run"))
+
+
+def test_a_checkpoint_that_did_not_arrive_whole_is_not_committed(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    upload(user_dir(tmp_path, 0), FS, manager.dir, checkpoint_name(0))
+    os.remove(os.path.join(manager.dir, "checkpoint_000000", "sub", "meta.txt"))
+    with pytest.raises(CheckpointError, match="did not arrive whole"):
+        manager.commit(new_entry(0, 0, {}))
+    assert manager.entries == []
+
+
+def test_keep_the_newest_n(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"), num_to_keep=2)
+    for seq in range(4):
+        save(manager, tmp_path, seq)
+    assert [e.name for e in manager.entries] == ["checkpoint_000002", "checkpoint_000003"]
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000002", "checkpoint_000003", "index.json"]
+
+
+@pytest.mark.parametrize("mode, kept", [("max", {"checkpoint_000001", "checkpoint_000003"}),
+                                        ("min", {"checkpoint_000002", "checkpoint_000003"})])
+def test_keep_the_best_by_score_and_always_the_latest(tmp_path, mode, kept):
+    manager = CheckpointManager(FS, str(tmp_path / "run"), num_to_keep=2, score_attribute="acc", mode=mode)
+    for seq, acc in enumerate([0.5, 0.9, 0.1, 0.2]):  # the latest scores badly but is kept
+        save(manager, tmp_path, seq, acc=acc)
+    assert {e.name for e in manager.entries} == kept
+    assert manager.latest()[0].name == "checkpoint_000003"
