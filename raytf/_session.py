@@ -69,8 +69,10 @@ class WorkerSession:
         datasets: Optional[dict[str, Any]] = None,
         resume: Optional[dict[str, Any]] = None,
         next_checkpoint_seq: int = 0,
+        storage: Any = None,
     ):
         self.context = context
+        self._storage = storage  # (pyarrow filesystem, run root), as the driver opened them
         self.strategy = strategy
         self._sink = sink
         self._seq = 0
@@ -84,13 +86,11 @@ class WorkerSession:
         self._ack_errors: dict[int, str] = {}
 
     def get_checkpoint(self) -> Any:
-        from raytf._storage import resolve_storage
         from raytf.checkpoint import Checkpoint
 
         if self._resume is None:
             return None
-        filesystem, _, _ = resolve_storage(self.context.run_path)
-        return Checkpoint(self._resume["path"], filesystem, self._resume["metadata"])
+        return Checkpoint(self._resume["path"], self._storage[0], self._resume["metadata"])
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
         """The driver committed (or refused) the checkpoint of report ``seq``."""
@@ -101,19 +101,18 @@ class WorkerSession:
             event.set()
 
     def _upload(self, checkpoint: Any) -> dict[str, Any]:
-        from raytf._storage import resolve_storage
-        from raytf.checkpoint import Checkpoint, checkpoint_name, upload
+        from raytf.checkpoint import Checkpoint, checkpoint_name, checkpoints_dir, upload
 
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(
                 "raytf.report(checkpoint=...) takes a raytf.Checkpoint, e.g. "
                 f"raytf.Checkpoint.from_directory(path); got {type(checkpoint).__name__}"
             )
-        filesystem, root, _ = resolve_storage(self.context.run_path)
+        filesystem, root = self._storage
         seq = self._next_checkpoint_seq
         self._next_checkpoint_seq += 1
         name = checkpoint_name(seq)
-        upload(checkpoint, filesystem, f"{root}/checkpoints", name)
+        upload(checkpoint, filesystem, checkpoints_dir(filesystem, root), name)
         return {"name": name, "seq": seq}
 
     def get_dataset_shard(

@@ -6,16 +6,21 @@ import json
 import os
 import posixpath
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 import pyarrow.fs as pafs
 
 from raytf.errors import ConfigError
 
 
-def resolve_storage(storage_path: str | os.PathLike) -> tuple[pafs.FileSystem, str, str]:
+def resolve_storage(
+    storage_path: str | os.PathLike, filesystem: Optional[pafs.FileSystem] = None
+) -> tuple[pafs.FileSystem, str, str]:
     """(filesystem, root path on it, root as the user should see it)."""
     text = os.fspath(storage_path)
+    if filesystem is not None:
+        root = text.rstrip("/")
+        return filesystem, root, f"{filesystem.type_name}://{root.lstrip('/')}"
     if "://" not in text:
         root = os.path.abspath(os.path.expanduser(text))
         return pafs.LocalFileSystem(), root, root
@@ -31,10 +36,12 @@ def resolve_storage(storage_path: str | os.PathLike) -> tuple[pafs.FileSystem, s
 class RunStorage:
     """The directory of one run, ``<storage_path>/<name>``."""
 
-    def __init__(self, storage_path: str | os.PathLike, name: str):
-        self.filesystem, root, shown_root = resolve_storage(storage_path)
-        self.root = posixpath.join(root, name) if "://" in shown_root else os.path.join(root, name)
-        self.uri = f"{shown_root}/{name}"
+    def __init__(self, storage_path: str | os.PathLike, name: str, filesystem: Optional[pafs.FileSystem] = None):
+        self.filesystem, root, shown_root = resolve_storage(storage_path, filesystem)
+        local = isinstance(self.filesystem, pafs.LocalFileSystem)
+        self.root = os.path.join(root, name) if local else posixpath.join(root, name)
+        base, _, query = shown_root.partition("?")  # s3://b/p?endpoint_override=... keeps its query last
+        self.uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
         self.filesystem.create_dir(self.root, recursive=True)
 
     def write_json(self, relpath: str, value: Any) -> None:

@@ -48,6 +48,7 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator
     resume: Optional[dict[str, Any]] = None  # the committed checkpoint to resume from
+    storage: Any = None  # (pyarrow filesystem, run root on it): where checkpoints go
     next_checkpoint_seq: int = 0
 
 
@@ -218,7 +219,8 @@ class TrainWorker:
                 tf_config=spec.tf_config,
             )
             self._session = WorkerSession(
-                context, strategy, self._sink, spec.datasets, spec.resume, spec.next_checkpoint_seq
+                context, strategy, self._sink, spec.datasets, spec.resume, spec.next_checkpoint_seq,
+                spec.storage,
             )
             _session.install(self._session)
             self._phase = "training"

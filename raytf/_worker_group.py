@@ -46,6 +46,7 @@ class RayWorkerGroup:
         datasets: Optional[dict[str, Any]] = None,
         split: frozenset[str] = frozenset(),
         resume_point: Optional[Callable[[], tuple[Optional[dict[str, Any]], int]]] = None,
+        storage: Any = None,
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -57,6 +58,7 @@ class RayWorkerGroup:
         self._datasets = dict(datasets or {})
         self._split = split
         self._resume_point = resume_point or (lambda: (None, 0))
+        self._storage = storage
         self._pg: Optional[PlacementGroup] = None
         self._actors: list = []
         self._addresses: list[WorkerAddress] = []
@@ -143,6 +145,7 @@ class RayWorkerGroup:
                 datasets=shards[rank.world_rank],
                 resume=resume,
                 next_checkpoint_seq=next_seq,
+                storage=self._storage,
             )
             for rank in ranks
         ]

@@ -180,13 +180,17 @@ def verify(fs: pafs.FileSystem, path: str) -> Optional[str]:
     return None
 
 
+def checkpoints_dir(fs: pafs.FileSystem, run_root: str) -> str:
+    return _join(fs, run_root, "checkpoints")
+
+
 class CheckpointManager:
     """The driver's record of a run's checkpoints: commit, retention, what to resume from."""
 
     def __init__(self, fs: pafs.FileSystem, run_root: str, *, num_to_keep: Optional[int] = None,
                  score_attribute: Optional[str] = None, mode: str = "max"):
         self.fs = fs
-        self.dir = _join(fs, run_root, "checkpoints")
+        self.dir = checkpoints_dir(fs, run_root)
         self.num_to_keep = num_to_keep
         self.score_attribute = score_attribute
         self.mode = mode

@@ -11,7 +11,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from raytf.errors import ConfigError
 
@@ -162,7 +162,9 @@ class RunConfig:
     Results go to ``<storage_path>/<name>``. ``name`` is one path component of
     letters, digits, ``.``, ``_`` and ``-``, so it can never point outside the
     storage root. ``storage_path`` is a local directory or a ``pyarrow.fs`` URI
-    (``s3://bucket/prefix``). ``resume="auto"`` continues a run of the same
+    (``s3://bucket/prefix``); or pass ``storage_filesystem`` (a
+    ``pyarrow.fs.FileSystem`` with your endpoint and credentials, as Ray Train
+    takes it) and make ``storage_path`` a path on it. ``resume="auto"`` continues a run of the same
     name and storage path from its latest committed checkpoint (after a lost
     driver, say); ``"never"`` refuses to reuse a run that has checkpoints.
     ``verbose=0`` silences the per-report progress lines.
@@ -170,6 +172,7 @@ class RunConfig:
 
     name: Optional[str] = None
     storage_path: Union[str, os.PathLike] = "~/raytf_results"
+    storage_filesystem: Any = None
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: str = "auto"
@@ -190,6 +193,19 @@ class RunConfig:
                 f"RunConfig.storage_path must be a directory or a URI such as s3://bucket/prefix, "
                 f"got {self.storage_path!r}"
             )
+        if self.storage_filesystem is not None:
+            import pyarrow.fs as pafs
+
+            if not isinstance(self.storage_filesystem, pafs.FileSystem):
+                raise ConfigError(
+                    "RunConfig.storage_filesystem must be a pyarrow.fs.FileSystem, got "
+                    f"{type(self.storage_filesystem).__name__}"
+                )
+            if "://" in str(self.storage_path):
+                raise ConfigError(
+                    "RunConfig.storage_path must be a plain path on storage_filesystem, not a URI, "
+                    f"got {self.storage_path!r}"
+                )
         if not isinstance(self.failure_config, FailureConfig):
             raise ConfigError(
                 f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}"

@@ -193,7 +193,7 @@ class Trainer:
             if problem:
                 raise ConfigError(problem)
         name = self.run.name or _default_run_name()
-        storage = RunStorage(self.run.storage_path, name)
+        storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
         kept = self.run.checkpoint_config
         checkpoints = CheckpointManager(
             storage.filesystem, storage.root, num_to_keep=kept.num_to_keep,
@@ -221,6 +221,7 @@ class Trainer:
             datasets=self.datasets,
             split=frozenset(self.data_config.split(list(self.datasets))),
             resume_point=lambda: _resume_point(checkpoints, printer),
+            storage=(storage.filesystem, storage.root),
         )
         history = _History(storage, printer, checkpoints)
         controller = Controller(

@@ -228,6 +228,9 @@ def checkpointed_train(config: dict) -> None:
             [tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)]
         )
         optimizer = tf.keras.optimizers.Adam(0.01)
+        # Create the optimizer's slots now: a restore into variables that do not
+        # exist yet is deferred, and would read the files after as_directory() is gone.
+        optimizer.build(model.trainable_variables)
     state = tf.train.Checkpoint(model=model, optimizer=optimizer)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 

@@ -64,3 +64,41 @@ def no_leaks(cluster):
     yield
     wait_for(lambda: not live_workers(), message="every TrainWorker actor to be dead")
     wait_for(lambda: not live_placement_groups(), message="every placement group to be removed")
+
+
+@pytest.fixture(scope="session")
+def s3_filesystem(tmp_path_factory):
+    """A real S3-compatible server (moto's server mode) on loopback, and a bucket on it."""
+    import socket
+    import subprocess
+    import sys
+
+    import pyarrow.fs as pafs
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+
+    def answers():
+        assert server.poll() is None, "moto_server exited; see moto.log"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(answers, timeout_s=60, message="the S3 server to listen")
+    fs = pafs.S3FileSystem(
+        access_key="raytf-test", secret_key="raytf-test", region="us-east-1",
+        endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True,
+    )
+    fs.create_dir("raytf-test")
+    yield fs
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()

@@ -53,3 +53,27 @@ def test_a_new_driver_resumes_the_run_and_resume_never_refuses(tmp_path, no_leak
     assert [(h["epoch"], h["resumed_at"]) for h in second.history] == [(2, 2), (3, 2)]
     checkpoints = sorted(os.listdir(tmp_path / "results" / "driver-lost" / "checkpoints"))
     assert checkpoints == ["checkpoint_000003", "index.json"]  # num_to_keep=1 kept only the latest
+
+
+def test_checkpoints_on_s3_are_committed_and_resumed_from(s3_filesystem, cluster, no_leaks):
+    import pyarrow.fs as pafs
+
+    result = raytf.Trainer(
+        workloads.checkpointed_train,
+        config={"epochs": 3, "kill_after": 0},
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(
+            name="on-s3", storage_path="raytf-test/runs", storage_filesystem=s3_filesystem, verbose=0,
+            failure_config=raytf.FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    assert [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history] == [(0, 0, 0), (1, 1, 1), (1, 2, 1)]
+    root = "raytf-test/runs/on-s3/checkpoints"
+    with s3_filesystem.open_input_stream(f"{root}/index.json") as stream:
+        index = json.loads(stream.read())
+    assert [c["name"] for c in index["checkpoints"]] == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002"]
+    listed = {info.base_name for info in s3_filesystem.get_file_info(pafs.FileSelector(root))}
+    assert listed == {"index.json", "checkpoint_000000", "checkpoint_000001", "checkpoint_000002"}
+    assert result.path == "s3://raytf-test/runs/on-s3"
+    with result.checkpoint.as_directory() as local:
+        assert os.path.exists(os.path.join(local, "state.index"))

@@ -23,3 +23,9 @@ def test_home_is_expanded(monkeypatch, tmp_path):
 def test_unknown_uri_scheme_is_a_config_error():
     with pytest.raises(ConfigError, match="RunConfig.storage_path='nope://x'"):
         RunStorage("nope://x", "r")
+
+
+def test_a_uri_keeps_its_query_after_the_run_name(tmp_path):
+    storage = RunStorage(f"file://{tmp_path}/root?unused=1", "run")
+    assert storage.uri == f"file://{tmp_path}/root/run?unused=1"
+    assert storage.root == f"{tmp_path}/root/run"
