@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ray import cloudpickle
@@ -207,12 +207,7 @@ class TrainWorker:
             self._release_port()
             strategy = make_strategy(spec)
             context = TrainContext(
-                world_rank=spec.rank.world_rank,
-                world_size=spec.rank.world_size,
-                local_rank=spec.rank.local_rank,
-                local_world_size=spec.rank.local_world_size,
-                node_rank=spec.rank.node_rank,
-                num_nodes=spec.rank.num_nodes,
+                **asdict(spec.rank),
                 attempt=spec.attempt,
                 run_name=spec.run_name,
                 run_path=spec.run_path,

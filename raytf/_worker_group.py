@@ -186,7 +186,7 @@ class RayWorkerGroup:
         reports: list[Report] = []
         failures: list[WorkerFailure] = []
         phases: dict[int, str] = {}
-        timeout = _env.get_float(_env.WORKER_START_TIMEOUT_S)
+        timeout = _env.get_float(_env.POLL_TIMEOUT_S)
         for index, ref in enumerate(refs):
             rank = self._world_ranks[index]
             try:

@@ -36,6 +36,14 @@ def _check_int(setting: str, value: object, *, minimum: int) -> int:
     return value
 
 
+def _check_choice(setting: str, value: object, choices: Sequence[str], *, upper: bool) -> str:
+    """``value`` normalised to the case of ``choices``, or an error listing them."""
+    normalised = (value.upper() if upper else value.lower()) if isinstance(value, str) else value
+    if normalised not in choices:
+        raise ConfigError(f"{setting} must be one of {', '.join(choices)}, got {value!r}")
+    return normalised
+
+
 def _check_timeout(setting: str, value: Optional[float]) -> None:
     if value is None:
         return
@@ -83,12 +91,7 @@ class ScalingConfig:
                     "cpus_per_worker and gpus_per_worker instead"
                 )
             _check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount)
-        placement = self.placement.upper() if isinstance(self.placement, str) else self.placement
-        if placement not in PLACEMENT_STRATEGIES:
-            raise ConfigError(
-                f"ScalingConfig.placement must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
-                f"got {self.placement!r}"
-            )
+        placement = _check_choice("ScalingConfig.placement", self.placement, PLACEMENT_STRATEGIES, upper=True)
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "resources_per_worker", dict(self.resources_per_worker))
         _check_timeout("ScalingConfig.placement_timeout_s", self.placement_timeout_s)
@@ -282,12 +285,7 @@ class TensorflowConfig:
     worker_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        comm = self.communication.lower() if isinstance(self.communication, str) else self.communication
-        if comm not in COMMUNICATIONS:
-            raise ConfigError(
-                f"TensorflowConfig.communication must be one of {', '.join(COMMUNICATIONS)}, "
-                f"got {self.communication!r}"
-            )
+        comm = _check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)
         object.__setattr__(self, "communication", comm)
         _check_timeout("TensorflowConfig.collective_timeout_s", self.collective_timeout_s)
         for name in ("intra_op_threads", "inter_op_threads"):
