@@ -208,6 +208,22 @@ def train_from_shards(config: dict) -> None:
         raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses), "steps": len(losses)})
 
 
+def _die_mid_upload(directory: str, checkpoints: str) -> None:
+    """Make the coming upload slow (64 MB to copy and checksum) and exit as soon as it has
+    begun writing: long before the driver could have recorded it in the index."""
+    import threading
+
+    with open(os.path.join(directory, "zz-padding.bin"), "wb") as padding:
+        padding.truncate(64 << 20)  # sparse on disk, 64 MB to read and write
+
+    def kill_when_staging_appears():
+        while not any(name.startswith(".staging-") for name in os.listdir(checkpoints)):
+            time.sleep(0.001)
+        os._exit(1)
+
+    threading.Thread(target=kill_when_staging_appears, daemon=True).start()
+
+
 def checkpointed_train(config: dict) -> None:
     """The small MLP with a tf.train.Checkpoint each epoch; resumes from raytf.get_checkpoint().
 
@@ -254,6 +270,8 @@ def checkpointed_train(config: dict) -> None:
         losses = [float(train_step(batch)) for batch in dist]
         directory = tempfile.mkdtemp()
         state.write(os.path.join(directory, "state"))  # every rank saves; only the chief's is kept
+        if ctx.world_rank == 0 and ctx.attempt == 0 and epoch == config.get("kill_during_save"):
+            _die_mid_upload(directory, os.path.join(ctx.run_path, "checkpoints"))
         raytf.report(
             {"epoch": epoch, "loss": sum(losses) / len(losses), "resumed_at": start},
             checkpoint=raytf.Checkpoint.from_directory(directory),

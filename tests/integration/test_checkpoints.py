@@ -44,6 +44,21 @@ def test_a_kill_right_after_a_commit_resumes_from_that_checkpoint(tmp_path, no_l
     assert [c["attempt"] for c in index["checkpoints"]] == [0, 0, 1, 1]
 
 
+def test_a_kill_during_a_checkpoint_save_resumes_from_the_previous_one(tmp_path, no_leaks):
+    result = trainer(
+        tmp_path, "kill-during-save", {"epochs": 3, "kill_during_save": 1},
+        failure_config=raytf.FailureConfig(max_failures=1),
+    ).fit()
+    # Epoch 1's upload was cut short: attempt 1 resumed from epoch 0's checkpoint.
+    seen = [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history]
+    assert seen[0] == (0, 0, 0) and seen[-2:] == [(1, 1, 1), (1, 2, 1)]
+    checkpoints = tmp_path / "results" / "kill-during-save" / "checkpoints"
+    index = json.loads((checkpoints / "index.json").read_text())
+    assert [(c["epoch"], c["attempt"]) for c in index["checkpoints"]] == [(0, 0), (1, 1), (2, 1)]
+    # The half-written upload never reached the index and was cleared before attempt 1.
+    assert sorted(os.listdir(checkpoints)) == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002", "index.json"]
+
+
 def test_a_new_driver_resumes_the_run_and_resume_never_refuses(tmp_path, no_leaks):
     first = trainer(tmp_path, "driver-lost", {"epochs": 2}, checkpoint_config=raytf.CheckpointConfig(num_to_keep=1)).fit()
     assert [h["epoch"] for h in first.history] == [0, 1]
