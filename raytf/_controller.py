@@ -36,7 +36,11 @@ class Scheduling:
 
 @dataclass(frozen=True)
 class Running:
+    """Training. ``failures`` seen so far this attempt, held for the grace period."""
+
     attempt: int
+    failures: tuple[WorkerFailure, ...] = ()
+    failing_since: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -74,13 +78,17 @@ class Controller:
         on_report: Callable[[Report], Optional[str]],
         *,
         poll_interval_s: float = 0.1,
+        failure_grace_s: float = 3.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._group = group
         self._policy = policy
         self._on_report = on_report
         self._poll_interval_s = poll_interval_s
+        self._failure_grace_s = failure_grace_s
         self._sleep = sleep
+        self._clock = clock
         self.state: State = Scheduling(attempt=0)
 
     def step(self) -> tuple[State, State]:
@@ -125,9 +133,15 @@ class Controller:
             error = self._on_report(report)
             if report.checkpoint is not None:
                 self._group.acknowledge(report.rank, report.seq, error)
-        if status.failures:
+        failures = state.failures + status.failures
+        if failures and not self._cause_is_clear(state, failures):
+            # A worker that raised may have done so because a peer died (its
+            # collective failed first); wait briefly for the loss to surface.
+            self._sleep(self._poll_interval_s)
+            return Running(state.attempt, failures, state.failing_since or self._clock())
+        if failures:
             self._group.shutdown()
-            failure = root_cause(status.failures)
+            failure = root_cause(failures)
             decision = self._policy.decide(failure)
             if decision is Decision.RETRY:
                 logger.warning(
@@ -143,3 +157,10 @@ class Controller:
             return Finished(state.attempt)
         self._sleep(self._poll_interval_s)
         return state
+
+    def _cause_is_clear(self, state: Running, failures: tuple[WorkerFailure, ...]) -> bool:
+        """A lost worker explains everything; an exception alone waits out the grace period."""
+        if any(f.kind != "exception" for f in failures):
+            return True
+        started = state.failing_since
+        return started is not None and self._clock() - started >= self._failure_grace_s

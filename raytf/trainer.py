@@ -229,6 +229,7 @@ class Trainer:
             FailurePolicy(self.run.failure_config),
             history.on_report,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
+            failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
         )
         printer.message(
             f"starting {self.scaling.num_workers} workers x {self.scaling.bundle()} "

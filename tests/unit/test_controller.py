@@ -46,10 +46,25 @@ def report(seq, attempt=0, rank=0):
     return Report(rank=rank, seq=seq, metrics={"step": seq}, time=float(seq), attempt=attempt)
 
 
-def run(group, config=FailureConfig(), on_report=None):
+class Clock:
+    """Time that moves only when the controller sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+    def __call__(self):
+        return self.now
+
+
+def run(group, config=FailureConfig(), on_report=None, grace=0.0):
     seen = []
+    clock = Clock()
     controller = Controller(
-        group, FailurePolicy(config), on_report or seen.append, poll_interval_s=0, sleep=lambda s: None
+        group, FailurePolicy(config), on_report or seen.append, poll_interval_s=0.5,
+        failure_grace_s=grace, sleep=clock.sleep, clock=clock,
     )
     return controller, seen
 
@@ -60,6 +75,25 @@ def test_success_passes_reports_through_and_shuts_down():
     assert isinstance(controller.run(), Finished)
     assert [r.seq for r in seen] == [0, 1]
     assert not group.live and group.started == [0]
+
+
+def test_an_exception_caused_by_a_peer_death_seen_a_poll_later_is_retried():
+    collective = failure(rank=0, kind="exception", time=1.0, message="UnavailableError: peer gone")
+    death = failure(rank=1, kind="died", time=1.5)
+    group = FakeGroup({0: [GroupStatus(failures=(collective,)), GroupStatus(failures=(death,))],
+                       1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1), grace=3.0)
+    assert controller.run() == Finished(attempt=1)
+    assert controller._policy.failures == [death]
+
+
+def test_an_exception_with_no_lost_peer_is_raised_after_the_grace_period():
+    boom = failure(rank=1, kind="exception", message="boom")
+    group = FakeGroup({0: [GroupStatus(failures=(boom,)), GroupStatus()]})
+    controller, _ = run(group, FailureConfig(max_failures=3), grace=3.0)
+    with pytest.raises(TrainingFailedError, match="boom"):
+        controller.run()
+    assert group.polls >= 6  # it kept watching for about 3 s of (fake) time first
 
 
 def test_states_move_one_step_at_a_time():
