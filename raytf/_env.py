@@ -8,7 +8,6 @@ import os
 POLL_INTERVAL_S = "RAYTF_POLL_INTERVAL_S"  # how often the driver polls workers
 WORKER_START_TIMEOUT_S = "RAYTF_WORKER_START_TIMEOUT_S"  # actor up and port reserved
 SHUTDOWN_TIMEOUT_S = "RAYTF_SHUTDOWN_TIMEOUT_S"  # wait for killed actors to be gone
-POLL_TIMEOUT_S = "RAYTF_POLL_TIMEOUT_S"  # a worker that does not answer a poll this long is lost
 FAILURE_GRACE_S = "RAYTF_FAILURE_GRACE_S"  # after an exception, how long to look for a dead peer
 
 # Set in each worker before TensorFlow is imported.
@@ -24,7 +23,6 @@ _DEFAULTS = {
     POLL_INTERVAL_S: 0.1,
     WORKER_START_TIMEOUT_S: 120.0,
     SHUTDOWN_TIMEOUT_S: 30.0,
-    POLL_TIMEOUT_S: 60.0,
     FAILURE_GRACE_S: 3.0,
 }
 

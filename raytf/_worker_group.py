@@ -22,6 +22,7 @@ from raytf.errors import PlacementTimeoutError, WorkerFailure, WorkerStartError
 logger = logging.getLogger(__name__)
 
 _RemoteTrainWorker = ray.remote(TrainWorker)
+_POLL_WAIT_S = 0.05  # how long one poll waits for answers before returning what it has
 
 
 def live_node_resources() -> list[dict[str, float]]:
@@ -47,6 +48,7 @@ class RayWorkerGroup:
         split: frozenset[str] = frozenset(),
         resume_point: Optional[Callable[[], tuple[Optional[dict[str, Any]], int]]] = None,
         storage: Any = None,
+        worker_timeout_s: float = 30.0,
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -63,6 +65,9 @@ class RayWorkerGroup:
         self._actors: list = []
         self._addresses: list[WorkerAddress] = []
         self._world_ranks: list[int] = []
+        self._in_flight: dict[int, tuple[Any, float]] = {}  # actor index -> (poll ref, sent at)
+        self._phases: dict[int, str] = {}  # world rank -> last phase heard
+        self._worker_timeout_s = worker_timeout_s
 
     @property
     def placement_group(self) -> Optional[PlacementGroup]:
@@ -182,36 +187,51 @@ class RayWorkerGroup:
         return shards
 
     def poll(self) -> GroupStatus:
-        refs = [a.poll.remote() for a in self._actors]
+        """Collect what every worker has to say, without waiting on any one of them.
+
+        Each actor has at most one poll in flight. A poll that has not come
+        back after ``worker_timeout_s`` makes that worker lost; the others'
+        reports keep flowing meanwhile.
+        """
+        now = time.monotonic()
+        for index, actor in enumerate(self._actors):
+            if index not in self._in_flight:
+                self._in_flight[index] = (actor.poll.remote(), now)
+        refs = [ref for ref, _ in self._in_flight.values()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)
+        ready_set = set(ready)
         reports: list[Report] = []
         failures: list[WorkerFailure] = []
-        phases: dict[int, str] = {}
-        timeout = _env.get_float(_env.POLL_TIMEOUT_S)
-        for index, ref in enumerate(refs):
+        for index, (ref, sent) in list(self._in_flight.items()):
             rank = self._world_ranks[index]
+            node_ip = self._addresses[index].node_ip
+            if ref not in ready_set:
+                if now - sent > self._worker_timeout_s:
+                    failures.append(WorkerFailure(
+                        rank=rank, kind="unresponsive", error_type="WorkerTimeout",
+                        message=f"no answer to the driver for {self._worker_timeout_s:g} s "
+                                "(FailureConfig.worker_timeout_s)",
+                        traceback="", time=time.time(), node_ip=node_ip,
+                    ))
+                    self._phases[rank] = "lost"
+                continue
+            del self._in_flight[index]
             try:
-                status = ray.get(ref, timeout=timeout)
-            except (RayActorError, GetTimeoutError) as error:
-                lost = isinstance(error, RayActorError)
-                failures.append(
-                    WorkerFailure(
-                        rank=rank,
-                        kind="died" if lost else "unresponsive",
-                        error_type=type(error).__name__,
-                        message=_first_line(error) if lost else f"no answer to a poll in {timeout:g} s",
-                        traceback="",
-                        time=time.time(),
-                        node_ip=self._addresses[index].node_ip,
-                    )
-                )
-                phases[rank] = "lost"
+                status = ray.get(ref)
+            except RayActorError as error:
+                failures.append(WorkerFailure(
+                    rank=rank, kind="died", error_type=type(error).__name__,
+                    message=_first_line(error), traceback="", time=time.time(), node_ip=node_ip,
+                ))
+                self._phases[rank] = "lost"
                 continue
             reports.extend(status.reports)
-            phases[rank] = status.phase
+            self._phases[rank] = status.phase
             if status.failure is not None:
                 failures.append(status.failure)
         reports.sort(key=lambda r: (r.time, r.rank, r.seq))
-        finished = bool(phases) and all(p == "finished" for p in phases.values())
+        phases = dict(self._phases)
+        finished = len(phases) == len(self._actors) and all(p == "finished" for p in phases.values())
         return GroupStatus(tuple(reports), tuple(failures), finished, phases)
 
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None:
@@ -221,6 +241,7 @@ class RayWorkerGroup:
     def shutdown(self) -> None:
         """Kill every actor, wait until they are gone, and remove the placement group."""
         actors, self._actors = self._actors, []
+        self._in_flight, self._phases = {}, {}
         for actor in actors:
             ray.kill(actor, no_restart=True)
         deadline = time.monotonic() + _env.get_float(_env.SHUTDOWN_TIMEOUT_S)

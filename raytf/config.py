@@ -119,14 +119,19 @@ class FailureConfig:
     A worker that dies (process killed, node lost) is retried while failures
     remain; ``max_failures=-1`` retries forever. An exception raised by
     ``train_fn`` is a bug, not bad luck: it is raised from ``fit()`` at once
-    unless ``retry_on_exception`` is set.
+    unless ``retry_on_exception`` is set. A worker that does not answer the
+    driver for ``worker_timeout_s`` (stopped, swapping, wedged in native code)
+    counts as lost, so a stall costs seconds, not TensorFlow's long defaults.
     """
 
     max_failures: int = 0
     retry_on_exception: bool = False
+    worker_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
+        if _check_number("FailureConfig.worker_timeout_s", self.worker_timeout_s) <= 0:
+            raise ConfigError(f"FailureConfig.worker_timeout_s must be > 0, got {self.worker_timeout_s!r}")
         if not isinstance(self.retry_on_exception, bool):
             raise ConfigError(
                 f"FailureConfig.retry_on_exception must be True or False, got {self.retry_on_exception!r}"

@@ -222,6 +222,7 @@ class Trainer:
             split=frozenset(self.data_config.split(list(self.datasets))),
             resume_point=lambda: _resume_point(checkpoints, printer),
             storage=(storage.filesystem, storage.root),
+            worker_timeout_s=self.run.failure_config.worker_timeout_s,
         )
         history = _History(storage, printer, checkpoints)
         controller = Controller(

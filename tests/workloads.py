@@ -278,3 +278,15 @@ def checkpointed_train(config: dict) -> None:
         )
         if ctx.world_rank == 0 and ctx.attempt == 0 and epoch == config.get("kill_after"):
             os._exit(1)
+
+
+def stall_on_first_attempt(config: dict) -> None:
+    """Rank 1 stops its own process (SIGSTOP) on attempt 0: alive, but silent. Attempt 1 trains."""
+    import signal
+
+    ctx = raytf.get_context()
+    if ctx.world_rank == 1 and ctx.attempt == 0:
+        raytf.report({"epoch": -1})
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    small_train(config)

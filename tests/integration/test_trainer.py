@@ -124,6 +124,18 @@ def test_a_dead_worker_is_restarted_while_failures_remain(tmp_path, no_leaks):
     assert result.history[-1]["attempt"] == 1 and result.history[-1]["epoch"] == 3
 
 
+def test_a_stalled_worker_is_found_by_the_worker_timeout_and_the_group_restarted(tmp_path, no_leaks):
+    run = trainer(workloads.stall_on_first_attempt, tmp_path, "stalled")
+    run.run = raytf.RunConfig(
+        name="stalled", storage_path=str(tmp_path / "results"), verbose=0,
+        failure_config=raytf.FailureConfig(max_failures=1, worker_timeout_s=5),
+    )
+    result = run.fit()
+    assert result.attempts == 2
+    assert {info["attempt"] for info in read_ranks(tmp_path, 2)} == {1}
+    assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
+
+
 def test_a_dead_worker_with_no_retries_left_fails_the_run(tmp_path, no_leaks):
     with pytest.raises(raytf.TrainingFailedError) as info:
         trainer(workloads.exit_on_first_attempt, tmp_path, "no-retry").fit()
