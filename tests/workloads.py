@@ -290,3 +290,17 @@ def stall_on_first_attempt(config: dict) -> None:
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGSTOP)
     small_train(config)
+
+
+def slow_train_recording_nodes(config: dict) -> None:
+    """Records this worker's node, then trains slowly enough for a node to be removed under it."""
+    import ray
+
+    ctx = raytf.get_context()
+    _write(config["out_dir"], f"node{ctx.world_rank}_attempt{ctx.attempt}.json",
+           {"node_id": ray.get_runtime_context().get_node_id()})
+    if ctx.attempt == 0:
+        for step in range(600):  # until the test removes a node (at most a minute)
+            raytf.report({"epoch": -1, "step": step})
+            time.sleep(0.1)
+    small_train(config)
