@@ -105,6 +105,9 @@ class RayWorkerGroup:
         custom = {k: v for k, v in scaling.bundle().items() if k not in ("CPU", "GPU")}
         self._actors = [
             _RemoteTrainWorker.options(
+                # Named for the dashboard and `ray.get_actor`; a second driver running the
+                # same run at the same time fails here instead of sharing its checkpoints.
+                name=f"raytf:{self._run_name}:{attempt}:{index}",
                 num_cpus=scaling.cpus_per_worker,
                 num_gpus=scaling.gpus_per_worker,
                 resources=custom,

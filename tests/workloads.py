@@ -298,7 +298,8 @@ def slow_train_recording_nodes(config: dict) -> None:
 
     ctx = raytf.get_context()
     _write(config["out_dir"], f"node{ctx.world_rank}_attempt{ctx.attempt}.json",
-           {"node_id": ray.get_runtime_context().get_node_id()})
+           {"node_id": ray.get_runtime_context().get_node_id(),
+            "actor_name": ray.get_runtime_context().get_actor_name()})
     if ctx.attempt == 0:
         for step in range(600):  # until the test removes a node (at most a minute)
             raytf.report({"epoch": -1, "step": step})

@@ -169,6 +169,27 @@ def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left(cluste
     assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
 
 
+def test_a_worker_killed_with_ray_kill_is_restarted(tmp_path, no_leaks):
+    import ray
+
+    def kill_rank_1():
+        marker = tmp_path / "node1_attempt0.json"
+        wait_for(marker.exists, timeout_s=120, message="rank 1 to start")
+        name = json.loads(marker.read_text())["actor_name"]
+        assert name.startswith("raytf:ray-kill:0:")
+        ray.kill(ray.get_actor(name))
+
+    threading.Thread(target=kill_rank_1, daemon=True).start()
+    run = trainer(workloads.slow_train_recording_nodes, tmp_path, "ray-kill")
+    run.run = raytf.RunConfig(
+        name="ray-kill", storage_path=str(tmp_path / "results"), verbose=0,
+        failure_config=raytf.FailureConfig(max_failures=1),
+    )
+    result = run.fit()
+    assert result.attempts == 2
+    assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
+
+
 def test_a_dead_worker_with_no_retries_left_fails_the_run(tmp_path, no_leaks):
     with pytest.raises(raytf.TrainingFailedError) as info:
         trainer(workloads.exit_on_first_attempt, tmp_path, "no-retry").fit()
