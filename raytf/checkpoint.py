@@ -123,7 +123,8 @@ class CheckpointEntry:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def _manifest(fs: pafs.FileSystem, root: str) -> dict[str, dict[str, int]]:
+def _manifest(fs: pafs.FileSystem, root: str, *, checksums: bool = True) -> dict[str, dict[str, int]]:
+    """Every file under ``root``: its size, and with ``checksums`` its CRC32 (which reads it)."""
     files = {}
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
         if info.type != pafs.FileType.File:
@@ -131,17 +132,20 @@ def _manifest(fs: pafs.FileSystem, root: str) -> dict[str, dict[str, int]]:
         relative = info.path[len(root):].lstrip("/").lstrip(os.sep)
         if relative == MANIFEST:
             continue
-        with fs.open_input_stream(info.path) as stream:
-            crc, size = _crc32(stream)
-        files[relative.replace(os.sep, "/")] = {"size": size, "crc32": crc}
+        entry = {"size": info.size}
+        if checksums:
+            with fs.open_input_stream(info.path) as stream:
+                entry["crc32"], entry["size"] = _crc32(stream)
+        files[relative.replace(os.sep, "/")] = entry
     return files
 
 
 def upload(checkpoint: Checkpoint, fs: pafs.FileSystem, checkpoints_dir: str, name: str) -> str:
     """Copy a local checkpoint into storage under ``name``, by way of a staging directory.
 
-    Returns the final path. The manifest is written last into the staging copy,
-    and describes what arrived, so a torn upload can never look complete.
+    Returns the final path. The manifest is computed from the source files
+    (so nothing is read back from storage) and written last, so a torn upload
+    can never look complete.
     """
     final = _join(fs, checkpoints_dir, name)
     # A local disk renames directories atomically; object stores cannot, so
@@ -151,9 +155,9 @@ def upload(checkpoint: Checkpoint, fs: pafs.FileSystem, checkpoints_dir: str, na
     target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
     if fs.get_file_info(final).type != pafs.FileType.NotFound:
         fs.delete_dir(final)  # debris of an upload whose commit never happened
+    manifest = {"files": _manifest(checkpoint.filesystem, checkpoint.path)}
     fs.create_dir(target, recursive=True)
     pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
-    manifest = {"files": _manifest(fs, target)}
     with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
         out.write(json.dumps(manifest, sort_keys=True).encode())
     if local:
@@ -161,21 +165,26 @@ def upload(checkpoint: Checkpoint, fs: pafs.FileSystem, checkpoints_dir: str, na
     return final
 
 
-def verify(fs: pafs.FileSystem, path: str) -> Optional[str]:
-    """Why the checkpoint at ``path`` is unusable, or None if every file matches its manifest."""
+def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True) -> Optional[str]:
+    """Why the checkpoint at ``path`` is unusable, or None if every file matches its manifest.
+
+    ``checksums=False`` compares sizes from one listing (missing or truncated
+    files) without reading the data: enough to commit a fresh upload. Resuming
+    reads everything and checks the CRC32s too.
+    """
     try:
         with fs.open_input_stream(_join(fs, path, MANIFEST)) as stream:
             expected = json.loads(stream.read())["files"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"its manifest is missing or unreadable ({error})"
-    found = _manifest(fs, path)
+    found = _manifest(fs, path, checksums=checksums)
     for relative, want in expected.items():
         got = found.get(relative)
         if got is None:
             return f"file {relative!r} is missing"
         if got["size"] != want["size"]:
             return f"file {relative!r} has {got['size']} bytes, {want['size']} were written"
-        if got["crc32"] != want["crc32"]:
+        if checksums and got["crc32"] != want["crc32"]:
             return f"file {relative!r} does not match its checksum"
     return None
 
@@ -233,7 +242,7 @@ class CheckpointManager:
 
     def commit(self, entry: CheckpointEntry) -> None:
         """Record an uploaded checkpoint; from here on it is the one to resume from."""
-        if verify(self.fs, self.path_of(entry)) is not None:
+        if verify(self.fs, self.path_of(entry), checksums=False) is not None:
             raise CheckpointError(f"checkpoint {entry.name} did not arrive whole; not committing it")
         self.entries.append(entry)
         self._write_index()
@@ -268,6 +277,12 @@ class CheckpointManager:
             ):
                 logger.info("removing uncommitted checkpoint directory %s", info.path)
                 self.fs.delete_dir(info.path)
+
+    def newest(self) -> Optional[Checkpoint]:
+        """The last committed checkpoint, as recorded (not re-read)."""
+        if not self.entries:
+            return None
+        return Checkpoint(self.path_of(self.entries[-1]), self.fs, asdict(self.entries[-1]))
 
     def latest(self) -> Optional[tuple[CheckpointEntry, Checkpoint]]:
         """The newest committed checkpoint that verifies, falling back past corrupt ones.

@@ -247,5 +247,5 @@ class Trainer:
             history=list(history.entries),
             path=storage.uri,
             attempts=finished.attempt + 1,
-            checkpoint=latest[1] if (latest := checkpoints.latest()) else None,
+            checkpoint=checkpoints.newest(),
         )
