@@ -7,7 +7,15 @@ Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 """
 
 from raytf._ingest import DatasetShardError
-from raytf._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report, strategy
+from raytf._session import (
+    TrainContext,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    preemption_requested,
+    report,
+    strategy,
+)
 from raytf.checkpoint import Checkpoint, CheckpointError
 from raytf.config import (
     CheckpointConfig,
@@ -52,6 +60,7 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "preemption_requested",
     "report",
     "strategy",
 ]

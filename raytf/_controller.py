@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Union
 
-from raytf._failure import Decision, FailurePolicy, root_cause
+from raytf._failure import LOST, Decision, FailurePolicy, root_cause
 from raytf._status import GroupStatus, Report
-from raytf.errors import TrainingFailedError, WorkerFailure
+from raytf.errors import TrainingFailedError, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +36,14 @@ class Scheduling:
 
 @dataclass(frozen=True)
 class Running:
-    """Training. ``failures`` seen so far this attempt, held for the grace period."""
+    """Training. ``failures`` seen so far this attempt, held for the grace period;
+    ``preempting``, why, once a preemption was requested (it ends the attempt
+    without counting as a failure)."""
 
     attempt: int
     failures: tuple[WorkerFailure, ...] = ()
     failing_since: Optional[float] = None
+    preempting: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,12 @@ class Controller:
         if isinstance(state, Scheduling):
             try:
                 self._group.start(state.attempt)
-            except Exception as error:  # placement timeout, a worker that never came up
+            except WorkerStartError as error:  # an actor that never came up: retried like a loss
+                return self._end_attempt(state.attempt, WorkerFailure(
+                    rank=-1, kind="not_started", error_type=type(error).__name__, message=str(error),
+                    traceback="", time=time.time(),
+                ))
+            except Exception as error:  # the group could not be placed: no retry would help
                 return Errored(state.attempt, error)
             return Running(state.attempt)
         if isinstance(state, Running):
@@ -134,33 +142,44 @@ class Controller:
             if report.checkpoint is not None:
                 self._group.acknowledge(report.rank, report.seq, error)
         failures = state.failures + status.failures
-        if failures and not self._cause_is_clear(state, failures):
+        preempting = state.preempting or (
+            (status.preempt_reason or "preemption requested") if status.preempting else None
+        )
+        if failures and not preempting and not self._cause_is_clear(state, failures):
             # A worker that raised may have done so because a peer died (its
             # collective failed first); wait briefly for the loss to surface.
             self._sleep(self._poll_interval_s)
-            return Running(state.attempt, failures, state.failing_since or self._clock())
-        if failures:
-            self._group.shutdown()
-            failure = root_cause(failures)
-            decision = self._policy.decide(failure)
-            if decision is Decision.RETRY:
-                logger.warning(
-                    "attempt %d failed (%s); restarting the worker group",
-                    state.attempt,
-                    failure.describe(),
+            return Running(state.attempt, failures, state.failing_since or self._clock(), preempting)
+        if failures or (preempting and status.stopped):
+            if preempting:
+                # A node drained or a worker got SIGTERM: whatever followed (a clean
+                # stop after the checkpoint, or the node going away) is the preemption.
+                cause = root_cause(failures) if failures else None
+                failure = WorkerFailure(
+                    rank=cause.rank if cause else -1, kind="preempted", error_type="Preempted",
+                    message=preempting + (f"; then {cause.describe()}" if cause else ""),
+                    traceback="", time=time.time(), node_ip=cause.node_ip if cause else "",
                 )
-                return Restarting(state.attempt, failure)
-            return Errored(
-                state.attempt, TrainingFailedError(failure, tuple(self._policy.failures))
-            )
+            else:
+                failure = root_cause(failures)
+            return self._end_attempt(state.attempt, failure)
         if status.finished:
             return Finished(state.attempt)
         self._sleep(self._poll_interval_s)
-        return state
+        return Running(state.attempt, failures, state.failing_since, preempting)
+
+    def _end_attempt(self, attempt: int, failure: WorkerFailure) -> State:
+        """Shut the group down and restart it, or stop, as the policy decides."""
+        self._group.shutdown()
+        decision = self._policy.decide(failure)
+        if decision is Decision.RETRY:
+            logger.warning("attempt %d ended (%s); restarting the worker group", attempt, failure.describe())
+            return Restarting(attempt, failure)
+        return Errored(attempt, TrainingFailedError(failure, tuple(self._policy.failures)))
 
     def _cause_is_clear(self, state: Running, failures: tuple[WorkerFailure, ...]) -> bool:
         """A lost worker explains everything; an exception alone waits out the grace period."""
-        if any(f.kind != "exception" for f in failures):
+        if any(f.kind in LOST for f in failures):
             return True
         started = state.failing_since
         return started is not None and self._clock() - started >= self._failure_grace_s

@@ -6,7 +6,6 @@ import os
 
 # Read on the driver.
 POLL_INTERVAL_S = "RAYTF_POLL_INTERVAL_S"  # how often the driver polls workers
-WORKER_START_TIMEOUT_S = "RAYTF_WORKER_START_TIMEOUT_S"  # actor up and port reserved
 SHUTDOWN_TIMEOUT_S = "RAYTF_SHUTDOWN_TIMEOUT_S"  # wait for killed actors to be gone
 FAILURE_GRACE_S = "RAYTF_FAILURE_GRACE_S"  # after an exception, how long to look for a dead peer
 
@@ -21,7 +20,6 @@ DEFAULT_TF_CPP_MIN_LOG_LEVEL = "2"  # TensorFlow's oneDNN/CUDA notices, once per
 
 _DEFAULTS = {
     POLL_INTERVAL_S: 0.1,
-    WORKER_START_TIMEOUT_S: 120.0,
     SHUTDOWN_TIMEOUT_S: 30.0,
     FAILURE_GRACE_S: 3.0,
 }

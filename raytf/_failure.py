@@ -14,18 +14,27 @@ class Decision(enum.Enum):
     RAISE = "raise"
 
 
+LOST = ("died", "unresponsive", "not_started")
+# Raised on the side of a collective whose peer went away: a loss, not a bug in train_fn.
+PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
+
+
 def root_cause(failures: Sequence[WorkerFailure]) -> WorkerFailure:
     """The failure that ended an attempt, out of everything the ranks reported.
 
-    A lost worker (dead or unresponsive) takes its peers down with it: their
-    collectives fail within a second. So a loss is the cause whenever there is
-    one; otherwise the earliest exception is, since later ones on other ranks
-    are usually the collective errors it triggered.
+    A lost worker (dead, unresponsive, never started) takes its peers down
+    with it: their collectives fail within a second. So a loss is the cause
+    whenever there is one; then an exception from ``train_fn`` (a peer's
+    collective errors are what it triggered); then the collective errors
+    themselves. Within a kind, the earliest.
     """
     if not failures:
         raise ValueError("root_cause needs at least one failure")
-    lost = [f for f in failures if f.kind != "exception"]
-    return min(lost or failures, key=lambda f: (f.time, f.rank))
+    for kinds in (LOST, ("exception",)):
+        found = [f for f in failures if f.kind in kinds]
+        if found:
+            return min(found, key=lambda f: (f.time, f.rank))
+    return min(failures, key=lambda f: (f.time, f.rank))
 
 
 class FailurePolicy:
@@ -35,12 +44,19 @@ class FailurePolicy:
         self._config = config
         self.failures: list[WorkerFailure] = []
 
+    @property
+    def counted(self) -> int:
+        """Failures that count against ``max_failures`` (preemptions do not)."""
+        return sum(1 for f in self.failures if f.kind != "preempted")
+
     def _exhausted(self) -> bool:
         limit = self._config.max_failures
-        return limit != -1 and len(self.failures) > limit
+        return limit != -1 and self.counted > limit
 
     def decide(self, failure: WorkerFailure) -> Decision:
         self.failures.append(failure)
+        if failure.kind == "preempted":
+            return Decision.RETRY
         if failure.kind == "exception" and not self._config.retry_on_exception:
             return Decision.RAISE
         if self._exhausted():

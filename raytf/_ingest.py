@@ -137,6 +137,26 @@ def shuffle_seed(seed: Optional[int], name: str, world_rank: int, call: int) -> 
     return int.from_bytes(digest[:7], "little")
 
 
+class EpochOrders:
+    """The row order of each pass over a shard: epoch ``e``'s is a permutation
+    seeded by ``(seed, e)``, so it depends on the epoch, not on how many passes
+    this process has made. A run resumed at epoch 3 shuffles epoch 3 as a run
+    without a failure did, which is what makes resumed training reproducible."""
+
+    def __init__(self, rows: int, seed: Optional[int], first_epoch: int = 0):
+        self.rows = rows
+        self.seed = seed
+        self.epoch = first_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng(None if self.seed is None else (self.seed, epoch))
+        return rng.permutation(self.rows).astype(np.int64)
+
+    def next(self) -> np.ndarray:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return self.order(epoch)
+
+
 def agree_on_rows(strategy: Any, rows: int, world_rank: int, world_size: int) -> list[int]:
     """Every worker's row count, through one all-reduce, so all can take the smallest."""
     import tensorflow as tf
@@ -155,6 +175,7 @@ def dataset_from_arrays(
     request: ShardRequest,
     rows: int,
     seed: Optional[int],
+    first_epoch: int = 0,
 ) -> Any:
     """tf.data over in-memory columns: batches of shuffled row indices, one gather per column."""
     import tensorflow as tf
@@ -163,9 +184,16 @@ def dataset_from_arrays(
     needed = features + ([label] if label is not None else [])
     with tf.device("/cpu:0"):
         tensors = {c: tf.convert_to_tensor(arrays[c][:rows]) for c in needed}
-    indices = tf.data.Dataset.range(rows)
     if request.shuffle:
-        indices = indices.shuffle(rows, seed=seed, reshuffle_each_iteration=True)
+        orders = EpochOrders(rows, seed, first_epoch)
+        # One Python call per pass over the data (when its iterator is made), none per batch.
+        indices = tf.data.Dataset.range(1).flat_map(
+            lambda _: tf.data.Dataset.from_tensor_slices(
+                tf.reshape(tf.py_function(orders.next, [], tf.int64), [rows])
+            )
+        )
+    else:
+        indices = tf.data.Dataset.range(rows)
     indices = indices.batch(request.batch_size, drop_remainder=request.drop_remainder)
     single = isinstance(request.features, str)
 

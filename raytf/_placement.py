@@ -77,3 +77,22 @@ def data_starvation(
         "lower ScalingConfig.num_workers or cpus_per_worker, or add CPUs; on an autoscaling "
         "cluster pass ScalingConfig(check_resources=False)."
     )
+
+
+def unseen_storage(root: str, seen: Mapping[str, Optional[bool]]) -> Optional[str]:
+    """Why a local storage path will not work on this cluster, or None.
+
+    ``seen`` maps each node that could hold a worker (by address) to whether
+    it found the probe file the driver wrote under ``root``; None means the
+    node did not answer in time, which says nothing either way.
+    """
+    blind = sorted(node for node, found in seen.items() if found is False)
+    if not blind:
+        return None
+    return (
+        f"RunConfig.storage_path={root!r} is a local directory, but the workers on "
+        f"{', '.join(blind)} cannot see what the driver writes there, so checkpoints would be "
+        "lost with the node that wrote them. Use storage every node shares: a URI such as "
+        "s3://bucket/prefix or gs://bucket/prefix, or a path on a network filesystem (NFS, EFS) "
+        "mounted at the same place on every node."
+    )

@@ -70,6 +70,9 @@ class WorkerSession:
         resume: Optional[dict[str, Any]] = None,
         next_checkpoint_seq: int = 0,
         storage: Any = None,
+        *,
+        checkpoint_every: Optional[tuple[str, int]] = None,
+        preempt_requested: Callable[[], bool] = lambda: False,
     ):
         self.context = context
         self._storage = storage  # (pyarrow filesystem, run root), as the driver opened them
@@ -84,6 +87,19 @@ class WorkerSession:
         self._next_checkpoint_seq = next_checkpoint_seq
         self._acks: dict[int, threading.Event] = {}
         self._ack_errors: dict[int, str] = {}
+        self._checkpoint_every = checkpoint_every
+        metadata = (resume or {}).get("metadata", {})
+        # Where the last saved checkpoint was, for CheckpointConfig.every_n_*.
+        self._last_saved = {
+            "epoch": metadata.get("epoch") if metadata.get("epoch") is not None else -1,
+            "step": metadata.get("step") if metadata.get("step") is not None else 0,
+        }
+        # The epoch a fresh pass over a shuffled shard starts at: the one after the
+        # checkpoint's, so a resumed run sees the orders a run without a failure saw.
+        self.first_epoch = self._last_saved["epoch"] + 1
+        self._preempt_requested = preempt_requested
+        self._preempt_check: Any = None
+        self.preempted = False
 
     def get_checkpoint(self) -> Any:
         from raytf.checkpoint import Checkpoint
@@ -101,13 +117,8 @@ class WorkerSession:
             event.set()
 
     def _upload(self, checkpoint: Any) -> dict[str, Any]:
-        from raytf.checkpoint import Checkpoint, checkpoint_name, checkpoints_dir, upload
+        from raytf.checkpoint import checkpoint_name, checkpoints_dir, upload
 
-        if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(
-                "raytf.report(checkpoint=...) takes a raytf.Checkpoint, e.g. "
-                f"raytf.Checkpoint.from_directory(path); got {type(checkpoint).__name__}"
-            )
         filesystem, root = self._storage
         seq = self._next_checkpoint_seq
         self._next_checkpoint_seq += 1
@@ -119,7 +130,8 @@ class WorkerSession:
         self,
         name: str,
         *,
-        batch_size: int,
+        batch_size: Optional[int] = None,
+        global_batch_size: Optional[int] = None,
         features: Any = None,
         label: Optional[str] = None,
         shuffle: bool = False,
@@ -135,6 +147,7 @@ class WorkerSession:
                 f"raytf.get_dataset_shard({name!r}): no dataset named {name!r} was passed to "
                 f"Trainer(datasets=...); passed: {passed}"
             )
+        batch_size = self._batch_size(name, batch_size, global_batch_size)
         request = _ingest.ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
         _ingest.check_request(request)
         call = self._calls.get(name, 0)
@@ -163,7 +176,96 @@ class WorkerSession:
                 f"worker's shard ({rows} rows, the smallest across {ctx.world_size} workers); "
                 "lower batch_size or pass more data"
             )
-        return _ingest.dataset_from_arrays(arrays, request, rows, seed_here)
+        return _ingest.dataset_from_arrays(arrays, request, rows, seed_here, first_epoch=self.first_epoch)
+
+    def _batch_size(self, name: str, batch_size: Optional[int], global_batch_size: Optional[int]) -> Any:
+        """The per-worker batch, given directly or as this worker's share of a global batch."""
+        from raytf import _ingest
+
+        if (batch_size is None) == (global_batch_size is None):
+            raise _ingest.DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): pass batch_size (per worker; the global batch "
+                "grows and shrinks with the group) or global_batch_size (kept; each worker gets its "
+                "share), not both and not neither"
+            )
+        if global_batch_size is None:
+            return batch_size
+        world = self.context.world_size
+        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < world:
+            raise _ingest.DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): global_batch_size must be an int of at least the "
+                f"number of workers ({world}), got {global_batch_size!r}"
+            )
+        if global_batch_size % world:
+            logger.warning(
+                "dataset %r: global_batch_size=%d does not divide among %d workers; each takes %d "
+                "(a global batch of %d)", name, global_batch_size, world, global_batch_size // world,
+                global_batch_size // world * world,
+            )
+        return global_batch_size // world
+
+    def preemption_requested(self) -> bool:
+        """True on every rank once any rank was asked to stop for a preemption (one all-reduce)."""
+        import tensorflow as tf
+
+        local = 1.0 if self._preempt_requested() else 0.0
+        if self.context.world_size > 1:
+            if self._preempt_check is None:
+                strategy = self.strategy
+
+                @tf.function
+                def any_rank(flag: Any) -> Any:
+                    per_replica = strategy.run(tf.identity, args=(flag,))
+                    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+                self._preempt_check = any_rank
+            local = float(self._preempt_check(tf.constant(local)))
+        if local > 0:
+            self.preempted = True
+        return self.preempted
+
+    def _due(self, metrics: dict[str, Any]) -> bool:
+        """Whether CheckpointConfig.every_n_* says to save the checkpoint of this report."""
+        if self._checkpoint_every is None or self.preempted:
+            return True
+        kind, every = self._checkpoint_every
+        value = metrics.get(kind)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RaytfError(
+                f"CheckpointConfig.every_n_{kind}s is set, so raytf.report(metrics, checkpoint=...) needs "
+                f"a number under {kind!r} in metrics to decide whether to save; got {value!r}"
+            )
+        return value - self._last_saved[kind] >= every
+
+    def _save(self, metrics: dict[str, Any], checkpoint: Any) -> Optional[dict[str, Any]]:
+        """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint."""
+        import shutil
+        import tempfile
+
+        from raytf.checkpoint import Checkpoint, StateCheckpoint
+
+        if not isinstance(checkpoint, (Checkpoint, StateCheckpoint)):
+            raise TypeError(
+                "raytf.report(checkpoint=...) takes raytf.Checkpoint.from_directory(path) or "
+                f"raytf.Checkpoint.from_state(model=..., optimizer=...); got {type(checkpoint).__name__}"
+            )
+        if not self._due(metrics):
+            return None
+        for kind in ("epoch", "step"):
+            if isinstance(metrics.get(kind), (int, float)):
+                self._last_saved[kind] = metrics[kind]
+        if not isinstance(checkpoint, StateCheckpoint):
+            # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
+            # only the chief's checkpoint is kept; the others' are dropped here.
+            return self._upload(checkpoint) if self.context.is_chief else None
+        directory = tempfile.mkdtemp(prefix="raytf-state-")
+        try:
+            checkpoint.write(directory)  # every rank: saving may run collectives
+            if not self.context.is_chief:
+                return None
+            return self._upload(Checkpoint.from_directory(directory))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
         if not isinstance(metrics, dict):
@@ -173,9 +275,7 @@ class WorkerSession:
             if not isinstance(key, str):
                 raise TypeError(f"raytf.report(metrics): metric names must be str, got {key!r}")
             clean[key] = to_plain(value, key)
-        # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
-        # only the chief's checkpoint is kept; the others' are dropped here.
-        uploaded = self._upload(checkpoint) if checkpoint is not None and self.context.is_chief else None
+        uploaded = self._save(clean, checkpoint) if checkpoint is not None else None
         with self._lock:
             report = Report(
                 rank=self.context.world_rank,
@@ -247,7 +347,8 @@ def strategy() -> Any:
 def get_dataset_shard(
     name: str = "train",
     *,
-    batch_size: int,
+    batch_size: Optional[int] = None,
+    global_batch_size: Optional[int] = None,
     features: Any = None,
     label: Optional[str] = None,
     shuffle: bool = False,
@@ -257,7 +358,10 @@ def get_dataset_shard(
 ) -> Any:
     """This worker's shard of ``Trainer(datasets={name: ...})`` as a ``tf.data.Dataset``.
 
-    ``batch_size`` is per worker. ``features`` is one column (a tensor), a list
+    ``batch_size`` is per worker; or pass ``global_batch_size`` and each of
+    the ``world_size`` workers takes ``global_batch_size // world_size`` (for
+    elastic runs that must keep the global batch when the group shrinks).
+    ``features`` is one column (a tensor), a list
     of columns (a dict of tensors, for multi-input models) or None for every
     column but the label; ``label`` is optional. ``shuffle`` reshuffles every
     epoch, reproducibly when ``seed`` is set. ``cache=True`` reads the shard
@@ -267,6 +371,7 @@ def get_dataset_shard(
     return _current("get_dataset_shard").get_dataset_shard(
         name,
         batch_size=batch_size,
+        global_batch_size=global_batch_size,
         features=features,
         label=label,
         shuffle=shuffle,
@@ -286,6 +391,20 @@ def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
     Include ``epoch`` and ``step`` in ``metrics`` to resume from them.
     """
     _current("report").report(metrics, checkpoint)
+
+
+def preemption_requested() -> bool:
+    """Whether this run was asked to stop for a preemption, agreed by every rank.
+
+    True once any rank's node is draining (Ray's drain notice, as autoscalers
+    and spot-instance handlers send it) or any worker got SIGTERM. It runs one
+    small all-reduce, so every rank must call it at the same points: every few
+    dozen steps, or at each epoch's end. When it returns True, report a
+    checkpoint (it is saved whatever CheckpointConfig.every_n_* says) and
+    return from ``train_fn``: raytf restarts the group from that checkpoint,
+    without counting a failure.
+    """
+    return _current("preemption_requested").preemption_requested()
 
 
 def get_checkpoint() -> Any:

@@ -28,6 +28,7 @@ class WorkerStatus:
     phase: str
     reports: tuple[Report, ...] = ()
     failure: Optional[WorkerFailure] = None
+    preempt_reason: Optional[str] = None  # set once this worker was asked to stop for a preemption
 
     @property
     def finished(self) -> bool:
@@ -36,9 +37,18 @@ class WorkerStatus:
 
 @dataclass(frozen=True)
 class GroupStatus:
-    """The whole group's answer to a poll."""
+    """The whole group's answer to a poll.
+
+    ``finished``: every worker's ``train_fn`` returned. ``stopped``: every
+    worker is done, some because they stopped for a preemption.
+    ``preempting``: a preemption was requested (a node is draining, a worker
+    got SIGTERM), with ``preempt_reason``.
+    """
 
     reports: tuple[Report, ...] = ()
     failures: tuple[WorkerFailure, ...] = ()
     finished: bool = False
     phases: dict[int, str] = field(default_factory=dict)
+    preempting: bool = False
+    preempt_reason: Optional[str] = None
+    stopped: bool = False

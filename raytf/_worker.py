@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -50,6 +51,7 @@ class WorkerSpec:
     resume: Optional[dict[str, Any]] = None  # the committed checkpoint to resume from
     storage: Any = None  # (pyarrow filesystem, run root on it): where checkpoints go
     next_checkpoint_seq: int = 0
+    checkpoint_every: Optional[tuple[str, int]] = None  # ("epoch" | "step", n) from CheckpointConfig
 
 
 def reserve_port() -> socket.socket:
@@ -122,6 +124,19 @@ def _configure_tensorflow(spec: WorkerSpec) -> None:
         logger.warning("could not apply TensorFlow settings before start-up: %s", error)
 
 
+def failure_kind(error: BaseException) -> str:
+    """"collective" for TensorFlow's errors from a collective whose peer went away, else "exception"."""
+    from raytf._failure import PEER_ERRORS
+
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    if tf_errors is not None and isinstance(error, tf_errors.OpError):
+        if type(error).__name__ in PEER_ERRORS:
+            return "collective"
+        if "Collective ops is aborted" in str(error):  # an InternalError after a peer failed
+            return "collective"
+    return "exception"
+
+
 def _call(train_fn: Any, config: dict[str, Any]) -> Any:
     """Call ``train_fn(config)``, or ``train_fn()`` when it takes no argument (as Ray Train allows)."""
     try:
@@ -144,6 +159,42 @@ class TrainWorker:
         self._failure: Optional[WorkerFailure] = None
         self._rank = -1
         self._session: Optional[WorkerSession] = None
+        self._preempt_reason: Optional[str] = None
+        self._go = threading.Event()  # set by connect(): every peer is ready to build the strategy
+        self._catch_sigterm()
+
+    def _catch_sigterm(self) -> None:
+        """A node about to go away (a cloud preemption, `ray stop`) sends its
+        processes SIGTERM: ask train_fn to save and stop rather than dying.
+
+        Handlers can only be set from the main thread, where actor methods run.
+        TensorFlow's coordination service puts its own C-level SIGTERM handler
+        in place when the strategy is created (for its PreemptionCheckpointHandler),
+        which silently replaces this one, so every poll puts it back: one
+        sigaction call.
+        """
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.preempt("the worker process got SIGTERM")
+
+    def connect(self) -> None:
+        """Every worker is ready: build the strategy now.
+
+        Creating MultiWorkerMirroredStrategy blocks until every peer's server
+        is up, and holds the GIL while it waits (this actor answers nothing
+        meanwhile). The driver therefore releases all workers together once
+        each says it is ready, so that wait is short, and a worker that never
+        gets ready is named as such instead of hiding behind peers that wait
+        for it.
+        """
+        self._go.set()
+
+    def preempt(self, reason: str) -> None:
+        """Ask ``train_fn`` to checkpoint and stop: ``raytf.preemption_requested()`` turns True."""
+        if self._preempt_reason is None:
+            self._preempt_reason = reason
 
     def reserve(self) -> WorkerAddress:
         """Reserve a port for TensorFlow's server and say where this worker is."""
@@ -175,9 +226,14 @@ class TrainWorker:
         self._thread.start()
 
     def poll(self) -> WorkerStatus:
+        if self._phase == "training":
+            self._catch_sigterm()
         with self._lock:
             reports, self._reports = tuple(self._reports), []
-        return WorkerStatus(rank=self._rank, phase=self._phase, reports=reports, failure=self._failure)
+        return WorkerStatus(
+            rank=self._rank, phase=self._phase, reports=reports, failure=self._failure,
+            preempt_reason=self._preempt_reason,
+        )
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
         if self._session is not None:
@@ -203,6 +259,8 @@ class TrainWorker:
             os.environ.update(worker_environment(spec))
             train_fn, config = cloudpickle.loads(payload)
             _configure_tensorflow(spec)
+            self._phase = "ready"
+            self._go.wait()
             self._phase = "connecting"
             self._release_port()
             strategy = make_strategy(spec)
@@ -215,24 +273,31 @@ class TrainWorker:
             )
             self._session = WorkerSession(
                 context, strategy, self._sink, spec.datasets, spec.resume, spec.next_checkpoint_seq,
-                spec.storage,
+                spec.storage, checkpoint_every=spec.checkpoint_every,
+                preempt_requested=lambda: self._preempt_reason is not None,
             )
             _session.install(self._session)
             self._phase = "training"
             _call(train_fn, config)
-            self._phase = "finished"
+            self._phase = self._ended()
         except SystemExit as exit_:
             if exit_.code in (None, 0):
-                self._phase = "finished"
+                self._phase = self._ended()
             else:
                 self._fail(spec, exit_)
         except BaseException as error:  # noqa: BLE001 - every error goes to the driver as data
             self._fail(spec, error)
 
+    def _ended(self) -> str:
+        """"preempted" when train_fn returned because raytf.preemption_requested() said so."""
+        if self._session is not None and self._session.preempted:
+            return "preempted"
+        return "finished"
+
     def _fail(self, spec: WorkerSpec, error: BaseException) -> None:
         self._failure = WorkerFailure(
             rank=spec.rank.world_rank,
-            kind="exception",
+            kind=failure_kind(error),
             error_type=type(error).__qualname__,
             message=str(error),
             traceback="".join(traceback.format_exception(error)),

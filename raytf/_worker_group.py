@@ -23,10 +23,28 @@ logger = logging.getLogger(__name__)
 
 _RemoteTrainWorker = ray.remote(TrainWorker)
 _POLL_WAIT_S = 0.05  # how long one poll waits for answers before returning what it has
+_DRAIN_CHECK_INTERVAL_S = 1.0  # how often the driver asks Ray which nodes are draining
+_SHRINK_TRY_S = 5.0  # elastic: how long each smaller group gets to be placed
+_PHASE_ORDER = ("created", "starting", "ready", "connecting")  # before a worker has joined the group
 
 
 def live_node_resources() -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def draining_nodes() -> dict[str, int]:
+    """Node id -> drain deadline (ms since the epoch, 0 for none) of every node Ray is draining.
+
+    Autoscalers and spot-instance handlers drain a node before taking it away
+    (``ray drain-node``, autoscaler v2, KubeRay). Ray has no public API for
+    this yet, so a Ray without it reads as "nothing draining".
+    """
+    try:
+        from ray._private.state import state
+
+        return dict(state.get_draining_nodes())
+    except Exception:  # noqa: BLE001 - an optional signal; training goes on without it
+        return {}
 
 
 def _first_line(error: BaseException) -> str:
@@ -49,6 +67,8 @@ class RayWorkerGroup:
         resume_point: Optional[Callable[[], tuple[Optional[dict[str, Any]], int]]] = None,
         storage: Any = None,
         worker_timeout_s: float = 30.0,
+        start_timeout_s: float = 120.0,
+        checkpoint_every: Optional[tuple[str, int]] = None,
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -68,37 +88,72 @@ class RayWorkerGroup:
         self._in_flight: dict[int, tuple[Any, float]] = {}  # actor index -> (poll ref, sent at)
         self._phases: dict[int, str] = {}  # world rank -> last phase heard
         self._worker_timeout_s = worker_timeout_s
+        self._start_timeout_s = start_timeout_s
+        self._checkpoint_every = checkpoint_every
+        self.num_workers = scaling.max_workers  # this attempt's, once placed
+        self._started_at: Optional[float] = None
+        self._preempt_reason: Optional[str] = None
+        self._drain_checked_at = 0.0
+        self._connected = False
 
     @property
     def placement_group(self) -> Optional[PlacementGroup]:
         return self._pg
 
     def start(self, attempt: int) -> None:
+        self._preempt_reason = None
+        self._started_at = None
+        self._connected = False
         try:
             self._place()
             self._start_actors(attempt)
         except BaseException:
             self.shutdown()
             raise
+        self._started_at = time.monotonic()
+
+    def _try_place(self, workers: int, timeout: Optional[float]) -> bool:
+        scaling = self._scaling
+        self._pg = placement_group([scaling.bundle()] * workers, strategy=scaling.placement)
+        try:
+            ray.get(self._pg.ready(), timeout=timeout)
+        except GetTimeoutError:
+            remove_placement_group(self._pg)
+            self._pg = None
+            return False
+        self.num_workers = workers
+        return True
 
     def _place(self) -> None:
+        """Place ``max`` workers; an elastic group that cannot have them within
+        ``resize_timeout_s`` takes the largest size that fits, down to ``min``."""
         scaling = self._scaling
-        bundle = scaling.bundle()
-        self._pg = placement_group([bundle] * scaling.num_workers, strategy=scaling.placement)
-        try:
-            ray.get(self._pg.ready(), timeout=scaling.placement_timeout_s)
-        except GetTimeoutError:
-            raise PlacementTimeoutError(
-                placement_timeout_message(
-                    bundle,
-                    scaling.num_workers,
-                    scaling.placement,
-                    scaling.placement_timeout_s or 0.0,
-                    ray.cluster_resources(),
-                    ray.available_resources(),
-                    live_node_resources(),
-                )
-            ) from None
+        high, low = scaling.max_workers, scaling.min_workers
+        if not scaling.elastic:
+            if self._try_place(high, scaling.placement_timeout_s):
+                return
+        else:
+            if self._try_place(high, scaling.resize_timeout_s):
+                return
+            for workers in range(high - 1, low - 1, -1):
+                timeout = scaling.placement_timeout_s if workers == low else _SHRINK_TRY_S
+                if self._try_place(workers, timeout):
+                    logger.warning(
+                        "%d workers could not be placed within %g s (ScalingConfig.resize_timeout_s); "
+                        "training with %d", high, scaling.resize_timeout_s, workers,
+                    )
+                    return
+        raise PlacementTimeoutError(
+            placement_timeout_message(
+                scaling.bundle(),
+                low,
+                scaling.placement,
+                scaling.placement_timeout_s or 0.0,
+                ray.cluster_resources(),
+                ray.available_resources(),
+                live_node_resources(),
+            )
+        )
 
     def _start_actors(self, attempt: int) -> None:
         scaling, tensorflow = self._scaling, self._tensorflow
@@ -116,14 +171,14 @@ class RayWorkerGroup:
                     placement_group=self._pg, placement_group_bundle_index=index
                 ),
             ).remote()
-            for index in range(scaling.num_workers)
+            for index in range(self.num_workers)
         ]
-        timeout = _env.get_float(_env.WORKER_START_TIMEOUT_S)
+        timeout = self._start_timeout_s
         try:
             self._addresses = ray.get([a.reserve.remote() for a in self._actors], timeout=timeout)
         except GetTimeoutError:
             raise WorkerStartError(
-                f"worker actors did not start within {timeout:g} s ({_env.WORKER_START_TIMEOUT_S}); "
+                f"worker actors did not start within {timeout:g} s (FailureConfig.start_timeout_s); "
                 "check the actors' logs for import errors or a slow runtime environment"
             ) from None
         except RayActorError as error:
@@ -154,6 +209,7 @@ class RayWorkerGroup:
                 resume=resume,
                 next_checkpoint_seq=next_seq,
                 storage=self._storage,
+                checkpoint_every=self._checkpoint_every,
             )
             for rank in ranks
         ]
@@ -232,10 +288,67 @@ class RayWorkerGroup:
             self._phases[rank] = status.phase
             if status.failure is not None:
                 failures.append(status.failure)
+            if status.preempt_reason and self._preempt_reason is None:
+                self._request_preemption(f"rank {rank}: {status.preempt_reason}")
+        failures.extend(self._not_joined(now))
+        self._watch_drains(now)
+        if not self._connected and len(self._phases) == len(self._actors) and all(
+            p not in ("created", "starting") for p in self._phases.values()
+        ):
+            self._connected = True
+            for actor in self._actors:
+                actor.connect.remote()
         reports.sort(key=lambda r: (r.time, r.rank, r.seq))
         phases = dict(self._phases)
-        finished = len(phases) == len(self._actors) and all(p == "finished" for p in phases.values())
-        return GroupStatus(tuple(reports), tuple(failures), finished, phases)
+        done = len(phases) == len(self._actors)
+        finished = done and all(p == "finished" for p in phases.values())
+        stopped = done and all(p in ("finished", "preempted") for p in phases.values()) and not finished
+        return GroupStatus(
+            tuple(reports), tuple(failures), finished, phases,
+            preempting=self._preempt_reason is not None, preempt_reason=self._preempt_reason,
+            stopped=stopped,
+        )
+
+    def _not_joined(self, now: float) -> list[WorkerFailure]:
+        """After start_timeout_s, the workers furthest from joining the group (a peer that never arrives)."""
+        if self._started_at is None or now - self._started_at <= self._start_timeout_s:
+            return []
+        behind = {r: p for r, p in self._phases.items() if p in _PHASE_ORDER}
+        if not behind:
+            self._started_at = None  # everyone joined: stop checking
+            return []
+        slowest = min(_PHASE_ORDER.index(p) for p in behind.values())
+        return [
+            WorkerFailure(
+                rank=rank, kind="not_started", error_type="StartTimeout",
+                message=f"did not join the worker group within {self._start_timeout_s:g} s "
+                        f"(FailureConfig.start_timeout_s); it was still {phase} "
+                        + {"starting": "(loading train_fn and its modules, importing TensorFlow)",
+                           "ready": "(waiting for the others)"}.get(phase, "(connecting to its peers)"),
+                traceback="", time=time.time(), node_ip=self._addresses[self._world_ranks.index(rank)].node_ip,
+            )
+            for rank, phase in sorted(behind.items())
+            if _PHASE_ORDER.index(phase) == slowest
+        ]
+
+    def _watch_drains(self, now: float) -> None:
+        if self._preempt_reason is not None or now - self._drain_checked_at < _DRAIN_CHECK_INTERVAL_S:
+            return
+        self._drain_checked_at = now
+        draining = draining_nodes()
+        for rank, address in sorted(zip(self._world_ranks, self._addresses)):
+            if address.node_id in draining:
+                deadline_ms = draining[address.node_id]
+                left = f"; it goes in {max(0.0, deadline_ms / 1000 - time.time()):.0f} s" if deadline_ms else ""
+                self._request_preemption(f"node {address.node_ip} of rank {rank} is draining{left}")
+                return
+
+    def _request_preemption(self, reason: str) -> None:
+        """Tell every worker, so ``raytf.preemption_requested()`` agrees at once everywhere."""
+        logger.warning("preemption: %s; asking the workers to checkpoint and stop", reason)
+        self._preempt_reason = reason
+        for actor in self._actors:
+            actor.preempt.remote(reason)
 
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None:
         actor = self._actors[self._world_ranks.index(rank)]
@@ -245,6 +358,7 @@ class RayWorkerGroup:
         """Kill every actor, wait until they are gone, and remove the placement group."""
         actors, self._actors = self._actors, []
         self._in_flight, self._phases = {}, {}
+        self._started_at = None
         for actor in actors:
             ray.kill(actor, no_restart=True)
         deadline = time.monotonic() + _env.get_float(_env.SHUTDOWN_TIMEOUT_S)

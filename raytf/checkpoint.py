@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 INDEX = "index.json"
 MANIFEST = ".raytf_manifest.json"
+STATE_PREFIX = "state"  # the tf.train.Checkpoint files of Checkpoint.from_state: state.index, state.data-*
 STAGING_PREFIX = ".staging-"
 _CHUNK = 1 << 20
 
@@ -77,6 +78,40 @@ class Checkpoint:
             raise ValueError(f"Checkpoint.from_directory: {local!r} is not a directory")
         return cls(local)
 
+    @staticmethod
+    def from_state(**trackables: Any) -> "StateCheckpoint":
+        """A checkpoint of TensorFlow objects, written when it is reported.
+
+        ``raytf.report(metrics, checkpoint=raytf.Checkpoint.from_state(model=model,
+        optimizer=optimizer))`` saves them as one ``tf.train.Checkpoint`` (any
+        trackable works: Keras 3 or tf-keras models and optimizers, variables,
+        ``tf.data`` iterators). Every rank writes, since saving variables under
+        MultiWorkerMirroredStrategy may run collectives; only the chief's copy
+        is kept. Restore with :meth:`restore_state`.
+        """
+        if not trackables:
+            raise ValueError("Checkpoint.from_state needs the objects to save, e.g. model=model, optimizer=optimizer")
+        return StateCheckpoint(trackables)
+
+    def restore_state(self, **trackables: Any) -> None:
+        """Load a checkpoint made by :meth:`from_state` into the same objects, by the same names.
+
+        Every object passed must be found in the checkpoint. Variables that do
+        not exist yet (an optimizer's slots before its first step) are
+        restored when they are created, so the files are kept until then.
+        """
+        import tensorflow as tf
+
+        local = self.path if isinstance(self.filesystem, pafs.LocalFileSystem) else _kept_copy(self)
+        prefix = os.path.join(local, STATE_PREFIX)
+        if not os.path.exists(prefix + ".index"):
+            raise CheckpointError(
+                f"{self!r} holds no Checkpoint.from_state files ({STATE_PREFIX}.index); it was made "
+                "with Checkpoint.from_directory, so read its files with as_directory()"
+            )
+        status = tf.train.Checkpoint(**trackables).read(prefix)
+        status.assert_existing_objects_matched().expect_partial()
+
     @property
     def epoch(self) -> Optional[int]:
         return self.metadata.get("epoch")
@@ -108,6 +143,30 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.path!r}, epoch={self.epoch}, step={self.step})"
+
+
+def _kept_copy(checkpoint: Checkpoint) -> str:
+    """A local copy of a remote checkpoint that lives as long as the process (for deferred restores)."""
+    import atexit
+
+    scratch = tempfile.mkdtemp(prefix="raytf-restore-")
+    atexit.register(shutil.rmtree, scratch, True)
+    return checkpoint.to_directory(scratch)
+
+
+class StateCheckpoint:
+    """TensorFlow objects to save as a ``tf.train.Checkpoint`` at ``raytf.report`` time."""
+
+    def __init__(self, trackables: dict[str, Any]):
+        self.trackables = dict(trackables)
+
+    def write(self, directory: str) -> None:
+        import tensorflow as tf
+
+        tf.train.Checkpoint(**self.trackables).write(os.path.join(directory, STATE_PREFIX))
+
+    def __repr__(self) -> str:
+        return f"Checkpoint.from_state({', '.join(self.trackables)})"
 
 
 @dataclass(frozen=True)

@@ -61,18 +61,42 @@ class ScalingConfig:
     ``check_resources`` rejects, before anything is scheduled, a worker that no
     live node could ever hold; turn it off on an autoscaling cluster whose
     bigger nodes are not up yet.
+
+    Elastic training: ``num_workers=(min, max)``. Every attempt first asks for
+    ``max`` workers; when the cluster cannot place them within
+    ``resize_timeout_s`` (a lost node's capacity has not come back), it starts
+    with as many as fit, never fewer than ``min``. The per-worker batch of
+    ``get_dataset_shard(batch_size=...)`` stays fixed (the global batch shrinks
+    with the group); ``get_dataset_shard(global_batch_size=...)`` keeps the
+    global batch and gives each worker its share instead.
     """
 
-    num_workers: int = 1
+    num_workers: Union[int, tuple[int, int]] = 1
     cpus_per_worker: float = 1
     gpus_per_worker: float = 0
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     placement: str = "PACK"
     placement_timeout_s: Optional[float] = 120.0
     check_resources: bool = True
+    resize_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1)
+        if isinstance(self.num_workers, (tuple, list)):
+            if len(self.num_workers) != 2:
+                raise ConfigError(
+                    f"ScalingConfig.num_workers must be an int or a (min, max) pair, got {self.num_workers!r}"
+                )
+            low = _check_int("ScalingConfig.num_workers[0] (min)", self.num_workers[0], minimum=1)
+            high = _check_int("ScalingConfig.num_workers[1] (max)", self.num_workers[1], minimum=1)
+            if low > high:
+                raise ConfigError(
+                    f"ScalingConfig.num_workers=(min, max) needs min <= max, got {tuple(self.num_workers)!r}"
+                )
+            object.__setattr__(self, "num_workers", (low, high))
+        else:
+            _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1)
+        if _check_number("ScalingConfig.resize_timeout_s", self.resize_timeout_s) <= 0:
+            raise ConfigError(f"ScalingConfig.resize_timeout_s must be > 0 seconds, got {self.resize_timeout_s!r}")
         _check_number("ScalingConfig.cpus_per_worker", self.cpus_per_worker)
         _check_number("ScalingConfig.gpus_per_worker", self.gpus_per_worker)
         if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
@@ -111,6 +135,18 @@ class ScalingConfig:
     def use_gpu(self) -> bool:
         return self.gpus_per_worker > 0
 
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
 
 @dataclass(frozen=True)
 class FailureConfig:
@@ -122,16 +158,31 @@ class FailureConfig:
     unless ``retry_on_exception`` is set. A worker that does not answer the
     driver for ``worker_timeout_s`` (stopped, swapping, wedged in native code)
     counts as lost, so a stall costs seconds, not TensorFlow's long defaults.
+    A worker that has not joined the group ``start_timeout_s`` after the group
+    was placed (its actor never came up, or it hangs importing or connecting)
+    fails the attempt the same way, instead of leaving its peers waiting.
+
+    Some failures are retried whatever ``retry_on_exception`` says: a
+    collective that failed because a peer went away (TensorFlow's
+    Unavailable, DeadlineExceeded, Cancelled and Aborted errors), and
+    preemptions, which do not count against ``max_failures`` at all.
     """
 
     max_failures: int = 0
     retry_on_exception: bool = False
     worker_timeout_s: float = 30.0
+    start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int):
+            raise ConfigError(
+                f"FailureConfig.max_failures must be an int (-1 retries forever), got {self.max_failures!r}"
+            )
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
-        if _check_number("FailureConfig.worker_timeout_s", self.worker_timeout_s) <= 0:
-            raise ConfigError(f"FailureConfig.worker_timeout_s must be > 0, got {self.worker_timeout_s!r}")
+        for name in ("worker_timeout_s", "start_timeout_s"):
+            value = getattr(self, name)
+            if _check_number(f"FailureConfig.{name}", value) <= 0:
+                raise ConfigError(f"FailureConfig.{name} must be > 0 seconds, got {value!r}")
         if not isinstance(self.retry_on_exception, bool):
             raise ConfigError(
                 f"FailureConfig.retry_on_exception must be True or False, got {self.retry_on_exception!r}"
@@ -146,15 +197,32 @@ class CheckpointConfig:
     ``num_to_keep`` by that reported metric are kept (``mode`` "max" or "min");
     the latest committed checkpoint is always kept, whatever its score,
     because it is the one a restart resumes from.
+
+    ``every_n_epochs`` or ``every_n_steps`` thins out what is saved: a
+    checkpoint passed to ``raytf.report`` is written only when the reported
+    ``epoch`` (or ``step``) is at least n past the last one saved, so a
+    training loop can pass one every epoch and let the config decide. Every
+    rank makes the same decision from the same metrics, so saves that need
+    every rank (``Checkpoint.from_state``) stay in step.
     """
 
     num_to_keep: Optional[int] = None
     score_attribute: Optional[str] = None
     mode: str = "max"
+    every_n_epochs: Optional[int] = None
+    every_n_steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None:
             _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+        for name in ("every_n_epochs", "every_n_steps"):
+            if getattr(self, name) is not None:
+                _check_int(f"CheckpointConfig.{name}", getattr(self, name), minimum=1)
+        if self.every_n_epochs is not None and self.every_n_steps is not None:
+            raise ConfigError(
+                "CheckpointConfig: set every_n_epochs or every_n_steps, not both "
+                f"(got every_n_epochs={self.every_n_epochs}, every_n_steps={self.every_n_steps})"
+            )
         if self.mode not in ("max", "min"):
             raise ConfigError(f"CheckpointConfig.mode must be 'max' or 'min', got {self.mode!r}")
         if self.score_attribute is not None and not isinstance(self.score_attribute, str):

@@ -29,10 +29,19 @@ class WorkerStartError(RaytfError):
 class WorkerFailure:
     """What went wrong on one rank, as plain data that crosses the actor boundary.
 
-    ``kind`` is ``"exception"`` (``train_fn`` raised), ``"died"`` (the worker
-    process or its node went away) or ``"unresponsive"`` (it stopped answering
-    the driver). ``time`` is when the worker caught the error, or when the
-    driver noticed the loss.
+    ``kind`` is one of:
+
+    - ``"exception"``: ``train_fn`` raised;
+    - ``"collective"``: a TensorFlow collective failed because a peer did not
+      answer (Unavailable, DeadlineExceeded, Cancelled, Aborted): the loss of a
+      peer seen from this side;
+    - ``"died"``: the worker process or its node went away;
+    - ``"unresponsive"``: it stopped answering the driver;
+    - ``"not_started"``: it never joined the group (start timeout);
+    - ``"preempted"``: its node was drained or it got SIGTERM; not a failure,
+      and not counted against ``max_failures``.
+
+    ``time`` is when the worker caught the error, or when the driver noticed.
     """
 
     rank: int
@@ -44,9 +53,13 @@ class WorkerFailure:
     node_ip: str = ""
 
     def describe(self) -> str:
-        where = f"rank {self.rank}" + (f" on {self.node_ip}" if self.node_ip else "")
-        if self.kind != "exception":
-            return f"{where}: worker {self.kind}: {self.message}"
+        where = (f"rank {self.rank}" if self.rank >= 0 else "a worker") + (
+            f" on {self.node_ip}" if self.node_ip else ""
+        )
+        if self.kind == "preempted" and self.rank < 0:
+            return f"preempted: {self.message}"
+        if self.kind not in ("exception", "collective"):
+            return f"{where}: worker {self.kind.replace('_', ' ')}: {self.message}"
         return f"{where}: {self.error_type}: {self.message}"
 
 

@@ -13,7 +13,9 @@ class Result:
     ``metrics`` is rank 0's last report, ``history`` every report rank 0 made
     (each with ``attempt`` and ``report_seq`` added), ``path`` the run's
     directory or URI, ``attempts`` how many times the worker group started,
-    ``checkpoint`` the latest committed checkpoint.
+    ``checkpoint`` the latest committed checkpoint, ``failures`` what ended
+    each attempt before the last (a ``WorkerFailure`` each; preemptions have
+    kind ``"preempted"``).
     """
 
     metrics: dict[str, Any]
@@ -21,6 +23,7 @@ class Result:
     path: str = ""
     attempts: int = 1
     checkpoint: Any = None  # the latest committed raytf.Checkpoint, or None
+    failures: list[Any] = field(default_factory=list)
 
     @property
     def metrics_dataframe(self) -> Any:

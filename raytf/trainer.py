@@ -6,6 +6,7 @@ import contextlib
 import datetime
 from dataclasses import asdict
 import logging
+import os
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 from raytf import _env
 from raytf._controller import Controller
 from raytf._failure import FailurePolicy
-from raytf._placement import data_starvation, unfit_worker
+from raytf._placement import data_starvation, unfit_worker, unseen_storage
 from raytf._progress import ProgressPrinter, format_metrics
 from raytf._status import Report
 from raytf._storage import RunStorage
@@ -125,6 +126,55 @@ def _check_datasets(datasets: Optional[dict[str, Any]]) -> dict[str, Any]:
     return dict(datasets)
 
 
+def _check_storage_is_shared(storage: RunStorage, bundle: dict[str, float]) -> None:
+    """On a multi-node cluster, refuse a local storage path that some worker node cannot see.
+
+    The driver writes a probe file under the run directory and a tiny task on
+    every node that could hold a worker looks for it.
+    """
+    import uuid
+
+    import pyarrow.fs as pafs
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not isinstance(storage.filesystem, pafs.LocalFileSystem):
+        return
+    nodes = [
+        n for n in ray.nodes()
+        if n.get("Alive") and all(n["Resources"].get(k, 0.0) >= v for k, v in bundle.items())
+    ]
+    if len(nodes) < 2:
+        return
+    token = uuid.uuid4().hex
+    probe = f"{storage.root}/.raytf-probe-{token}"
+    with open(probe, "w") as out:
+        out.write(token)
+
+    def sees(path: str, expected: str) -> bool:
+        try:
+            with open(path) as f:
+                return f.read() == expected
+        except OSError:
+            return False
+
+    task = ray.remote(num_cpus=0, max_retries=0)(sees)
+    refs = {
+        n["NodeManagerAddress"] + f" (node {n['NodeID'][:8]})": task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(probe, token)
+        for n in nodes
+    }
+    try:
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=60)
+        seen = {node: (ray.get(ref) if ref in ready else None) for node, ref in refs.items()}
+    finally:
+        os.remove(probe)
+    problem = unseen_storage(storage.root, seen)
+    if problem:
+        raise ConfigError(problem)
+
+
 def _default_run_name() -> str:
     return "raytf_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
@@ -173,6 +223,10 @@ class Trainer:
         self.tensorflow.resolve_communication(self.scaling)
         self.data_config.split(list(self.datasets))
 
+    def _workers_text(self) -> str:
+        scaling = self.scaling
+        return f"{scaling.min_workers} to {scaling.max_workers}" if scaling.elastic else str(scaling.max_workers)
+
     def fit(self) -> Result:
         """Train to the end and return the result; raise TrainingFailedError if a worker failed
         and no retry was left. Ctrl-C stops every worker and frees the placement group."""
@@ -188,12 +242,13 @@ class Trainer:
             problem = unfit_worker(self.scaling.bundle(), live_node_resources()) or data_starvation(
                 [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)],
                 ray.cluster_resources().get("CPU", 0.0),
-                self.scaling.num_workers * self.scaling.cpus_per_worker,
+                self.scaling.min_workers * self.scaling.cpus_per_worker,
             )
             if problem:
                 raise ConfigError(problem)
         name = self.run.name or _default_run_name()
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
+        _check_storage_is_shared(storage, self.scaling.bundle())
         kept = self.run.checkpoint_config
         checkpoints = CheckpointManager(
             storage.filesystem, storage.root, num_to_keep=kept.num_to_keep,
@@ -223,17 +278,23 @@ class Trainer:
             resume_point=lambda: _resume_point(checkpoints, printer),
             storage=(storage.filesystem, storage.root),
             worker_timeout_s=self.run.failure_config.worker_timeout_s,
+            start_timeout_s=self.run.failure_config.start_timeout_s,
+            checkpoint_every=(
+                ("epoch", kept.every_n_epochs) if kept.every_n_epochs
+                else ("step", kept.every_n_steps) if kept.every_n_steps else None
+            ),
         )
         history = _History(storage, printer, checkpoints)
+        policy = FailurePolicy(self.run.failure_config)
         controller = Controller(
             group,
-            FailurePolicy(self.run.failure_config),
+            policy,
             history.on_report,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
         )
         printer.message(
-            f"starting {self.scaling.num_workers} workers x {self.scaling.bundle()} "
+            f"starting {self._workers_text()} workers x {self.scaling.bundle()} "
             f"({self.scaling.placement}); results in {storage.uri}"
         )
         try:
@@ -248,4 +309,5 @@ class Trainer:
             path=storage.uri,
             attempts=finished.attempt + 1,
             checkpoint=checkpoints.newest(),
+            failures=list(policy.failures),
         )

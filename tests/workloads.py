@@ -305,3 +305,128 @@ def slow_train_recording_nodes(config: dict) -> None:
             raytf.report({"epoch": -1, "step": step})
             time.sleep(0.1)
     small_train(config)
+
+
+def mlp_features(batch):
+    """Ray Data batch -> the small MLP's inputs: 32 features and 4 classes from each row's id."""
+    import numpy as np
+
+    w = np.random.default_rng(0).standard_normal((32, 4)).astype("float32")
+    x = np.stack([np.random.default_rng(int(i)).standard_normal(32).astype("float32") for i in batch["id"]])
+    return {"x": x, "y": np.argmax(x @ w, axis=1).astype("int64")}
+
+
+def resumable_train(config: dict) -> None:
+    """The small MLP on this worker's shard of "train", written the way raytf's docs advise.
+
+    Deterministic (seeded, op determinism on, a seeded per-epoch shuffle); one
+    ``Checkpoint.from_state`` per epoch (CheckpointConfig decides which are
+    kept); ``raytf.preemption_requested()`` every ``check_every`` steps, which
+    saves at the current step and returns. On resume it restores the model
+    and optimizer and skips what the checkpoint's step says was done.
+    Metrics name ``epoch`` the last *completed* epoch and ``step`` the global step.
+
+    Test hooks, on attempt 0 only: ``mark_step`` (write running<rank>.json with
+    the pid and node), ``step_sleep`` (seconds per step), ``kill`` ({rank, step}:
+    that rank exits at that step).
+    """
+    import itertools
+
+    import numpy as np
+    import ray
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    tf.keras.utils.set_random_seed(config.get("seed", 0))
+    tf.config.experimental.enable_op_determinism()
+    global_batch = config.get("global_batch", 32)
+    dataset = raytf.get_dataset_shard(
+        "train", global_batch_size=global_batch, features="x", label="y", shuffle=True, seed=5,
+        drop_remainder=True,
+    )
+    per_worker = global_batch // ctx.world_size
+    steps_per_epoch = (config["rows"] // ctx.world_size) // per_worker
+    distributed = strategy.distribute_datasets_from_function(lambda _: dataset)
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)]
+        )
+        optimizer = tf.keras.optimizers.Adam(0.01)
+        optimizer.build(model.trainable_variables)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function
+    def train_step(batch):
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=global_batch)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
+
+    step, start_epoch, resumed_at = 0, 0, None
+    resumed = raytf.get_checkpoint()
+    if resumed is not None:
+        resumed.restore_state(model=model, optimizer=optimizer)
+        step, start_epoch, resumed_at = resumed.step, resumed.epoch + 1, resumed.step
+    first_attempt = ctx.attempt == 0
+    for epoch in range(start_epoch, config["epochs"]):
+        losses = []
+        skip = step - epoch * steps_per_epoch  # steps of this epoch done before a mid-epoch checkpoint
+        for batch in itertools.islice(distributed, skip, None):
+            losses.append(float(train_step(batch)))
+            step += 1
+            if first_attempt and step == config.get("mark_step"):
+                _write(config["out_dir"], f"running{ctx.world_rank}.json",
+                       {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
+            if first_attempt and config.get("step_sleep"):
+                time.sleep(config["step_sleep"])
+            kill = config.get("kill")
+            if first_attempt and kill and kill["rank"] == ctx.world_rank and kill["step"] == step:
+                os._exit(1)
+            if step % config.get("check_every", 4) == 0 and raytf.preemption_requested():
+                raytf.report(
+                    {"epoch": epoch - 1, "step": step, "preempted_at": step},
+                    checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer),
+                )
+                return
+        raytf.report(
+            {"epoch": epoch, "step": step, "loss": float(np.mean(losses)), "resumed_at": resumed_at,
+             "world_size": ctx.world_size, "per_worker_batch": per_worker},
+            checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer),
+        )
+    if ctx.world_rank == 0:
+        np.savez(os.path.join(config["out_dir"], "weights.npz"), *[v.numpy() for v in model.trainable_variables])
+
+
+class StallOnce:
+    """Unpickles normally, except the first time on rank ``rank``: there it hangs, as a
+    worker stuck importing a module or reaching a dead filesystem would, before it
+    ever joins the group."""
+
+    def __init__(self, marker: str, rank: int):
+        self.marker, self.rank = marker, rank
+
+    def __reduce__(self):
+        return (_unpickle_stall, (self.marker, self.rank))
+
+
+def _unpickle_stall(marker: str, rank: int) -> "StallOnce":
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    if task.get("index") == rank and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(600)
+    return StallOnce(marker, rank)
+
+
+def collective_error_on_first_attempt(config: dict) -> None:
+    """Rank 0 fails attempt 0 with the error a collective raises when a peer is unreachable."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    if ctx.attempt == 0 and ctx.world_rank == 0:
+        raytf.report({"epoch": -1})
+        raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer 1 is unreachable")
+    small_train(config)

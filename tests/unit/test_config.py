@@ -1,6 +1,6 @@
 import pytest
 
-from raytf import ConfigError, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
+from raytf import CheckpointConfig, ConfigError, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,10 @@ from raytf import ConfigError, FailureConfig, RunConfig, ScalingConfig, Tensorfl
         ({"placement": "SCATTER"}, "placement must be one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"),
         ({"cpus_per_worker": 0}, "reserves nothing per worker"),
         ({"placement_timeout_s": 0}, "placement_timeout_s must be > 0"),
+        ({"num_workers": (3, 2)}, "needs min <= max, got (3, 2)"),
+        ({"num_workers": (0, 2)}, "num_workers[0] (min) must be >= 1"),
+        ({"num_workers": (1, 2, 3)}, "an int or a (min, max) pair"),
+        ({"num_workers": (1, 2), "resize_timeout_s": 0}, "resize_timeout_s must be > 0"),
     ],
 )
 def test_bad_scaling_names_the_setting(kwargs, fragment):
@@ -44,10 +48,37 @@ def test_good_run_config():
         RunConfig(storage_path="")
 
 
-@pytest.mark.parametrize("value", [-2, 1.0, "3", None])
+@pytest.mark.parametrize("value", [-2, 1.0, "3", None, True])
 def test_bad_max_failures(value):
     with pytest.raises(ConfigError, match="FailureConfig.max_failures"):
         FailureConfig(max_failures=value)
+
+
+def test_elastic_scaling_bounds():
+    fixed, elastic = ScalingConfig(num_workers=3), ScalingConfig(num_workers=[2, 4])
+    assert (fixed.elastic, fixed.min_workers, fixed.max_workers) == (False, 3, 3)
+    assert (elastic.elastic, elastic.num_workers, elastic.min_workers, elastic.max_workers) == (True, (2, 4), 2, 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"num_to_keep": 0}, "num_to_keep must be >= 1"),
+        ({"every_n_epochs": 0}, "every_n_epochs must be >= 1"),
+        ({"every_n_steps": 2.5}, "every_n_steps must be an int"),
+        ({"every_n_epochs": 1, "every_n_steps": 100}, "every_n_epochs or every_n_steps, not both"),
+        ({"mode": "best"}, "mode must be 'max' or 'min'"),
+    ],
+)
+def test_bad_checkpoint_config(kwargs, fragment):
+    with pytest.raises(ConfigError) as info:
+        CheckpointConfig(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_start_timeout_must_be_positive():
+    with pytest.raises(ConfigError, match="FailureConfig.start_timeout_s must be > 0"):
+        FailureConfig(start_timeout_s=0)
 
 
 def test_communication_defaults_follow_the_hardware():

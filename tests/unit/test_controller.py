@@ -194,3 +194,64 @@ def test_a_reported_checkpoint_is_acknowledged_with_the_commit_outcome():
     controller, _ = run(group, on_report=lambda r: "disk full" if r.seq == 1 else None)
     controller.run()
     assert group.acks == [(0, 0, None), (0, 1, "disk full")]
+
+
+def test_collective_errors_alone_are_a_lost_peer_retried_without_retry_on_exception():
+    timeout = failure(rank=0, kind="collective", message="DeadlineExceededError: collective timed out")
+    group = FakeGroup({0: [GroupStatus(failures=(timeout,)), GroupStatus()], 1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1), grace=1.0)
+    assert controller.run() == Finished(attempt=1)
+    assert [f.kind for f in controller._policy.failures] == ["collective"]
+
+
+def test_root_cause_ranks_losses_then_exceptions_then_collective_errors():
+    bug = failure(rank=1, kind="exception", time=3.0, message="bug")
+    echo = failure(rank=0, kind="collective", time=1.0)
+    never = failure(rank=1, kind="not_started", time=9.0)
+    assert root_cause([echo, bug]) is bug  # the peer's collective error is the bug's echo
+    assert root_cause([echo, bug, never]) is never
+
+
+def test_a_worker_that_never_started_is_retried_like_a_loss():
+    from raytf import WorkerStartError
+
+    class StartsLate(FakeGroup):
+        def start(self, attempt):
+            if attempt == 0:
+                raise WorkerStartError("worker actors did not start within 5 s")
+            super().start(attempt)
+
+    group = StartsLate({1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1))
+    assert controller.run() == Finished(attempt=1)
+    assert controller._policy.failures[0].kind == "not_started"
+    assert "did not start" in controller._policy.failures[0].describe()
+
+
+def test_a_preemption_restarts_without_counting_a_failure():
+    # Attempt 0: preemption requested, then every worker stops after its checkpoint.
+    # Attempt 1: preempted again, and the node goes before the workers stop.
+    # Attempt 2: finishes. max_failures=0 all along.
+    asked = GroupStatus(preempting=True, preempt_reason="node 10.0.0.2 is draining")
+    script = {
+        0: [GroupStatus(), asked, GroupStatus(preempting=True, stopped=True)],
+        1: [asked, GroupStatus(preempting=True, failures=(failure(rank=1, kind="died"),))],
+        2: [GroupStatus(finished=True)],
+    }
+    controller, _ = run(FakeGroup(script), FailureConfig(max_failures=0))
+    assert controller.run() == Finished(attempt=2)
+    kinds = [(f.kind, f.message) for f in controller._policy.failures]
+    assert kinds[0] == ("preempted", "node 10.0.0.2 is draining")
+    assert kinds[1][0] == "preempted" and "then rank 1" in kinds[1][1] and "died" in kinds[1][1]
+    assert controller._policy.counted == 0
+
+
+def test_a_real_failure_after_preemptions_still_counts():
+    script = {
+        0: [GroupStatus(preempting=True, preempt_reason="SIGTERM", stopped=True)],
+        1: [GroupStatus(failures=(failure(),))],
+    }
+    controller, _ = run(FakeGroup(script), FailureConfig(max_failures=0))
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert [f.kind for f in info.value.attempts] == ["preempted", "died"]

@@ -74,6 +74,15 @@ def test_every_row_once_per_epoch_reshuffled_each_epoch_and_reproducible():
     assert plain == [list(range(23))] * 2
 
 
+def test_a_resumed_shard_shuffles_each_epoch_as_the_uninterrupted_run_did():
+    arrays = {"id": np.arange(23), "y": np.arange(23) % 2}
+    shuffled = request(features=["id"], shuffle=True)
+    uninterrupted = epochs(dataset_from_arrays(arrays, shuffled, 23, seed=11), 4)
+    # Resumed after the epoch-1 checkpoint: its first pass is epoch 2.
+    resumed = epochs(dataset_from_arrays(arrays, shuffled, 23, seed=11, first_epoch=2), 2)
+    assert resumed == uninterrupted[2:]
+
+
 def test_rows_past_the_agreed_count_and_the_remainder():
     arrays = {"x": np.arange(10, dtype=np.float32), "y": np.arange(10)}
     kept = dataset_from_arrays(arrays, request(features="x"), 9, seed=None)

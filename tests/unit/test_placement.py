@@ -45,3 +45,13 @@ def test_lazy_datasets_need_a_cpu_outside_the_worker_group():
     message = data_starvation(["train", "val"], 2.0, 2.0)
     assert "'train', 'val' must run Ray Data tasks" in message
     assert "takes 2 of the cluster's 2 CPUs" in message and ".materialize()" in message
+
+
+def test_a_local_storage_path_some_node_cannot_see_is_refused():
+    from raytf._placement import unseen_storage
+
+    assert unseen_storage("/data/results", {"10.0.0.1": True, "10.0.0.2": True}) is None
+    assert unseen_storage("/data/results", {"10.0.0.1": True, "10.0.0.2": None}) is None  # no answer: unknown
+    message = unseen_storage("/data/results", {"10.0.0.1": True, "10.0.0.2": False, "10.0.0.3": False})
+    assert "RunConfig.storage_path='/data/results'" in message
+    assert "10.0.0.2, 10.0.0.3" in message and "s3://" in message

@@ -98,3 +98,60 @@ def test_context_speaks_ray_train():
     assert (context.get_world_rank(), context.get_world_size(), context.get_local_rank()) == (3, 4, 1)
     assert (context.get_local_world_size(), context.get_node_rank(), context.get_experiment_name()) == (2, 1, "run")
     assert not context.is_chief
+
+
+def chief_session(tmp_path, resume=None, **kw):
+    import pyarrow.fs as pafs
+
+    seen = []
+    context = TrainContext(0, 1, 0, 1, 0, 1, 0, "run", str(tmp_path), "{}")
+    session = WorkerSession(
+        context, strategy=None, sink=lambda r: (seen.append(r), session.acknowledge(r.seq)),
+        resume=resume, storage=(pafs.LocalFileSystem(), str(tmp_path)), **kw,
+    )
+    return session, seen
+
+
+def test_every_n_epochs_saves_only_the_due_checkpoints_counting_from_the_resumed_one(tmp_path):
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "w").write_text("weights")
+    checkpoint = raytf.Checkpoint.from_directory(tmp_path / "files")
+    session, seen = chief_session(tmp_path, checkpoint_every=("epoch", 2))
+    for epoch in range(6):
+        session.report({"epoch": epoch}, checkpoint=checkpoint)
+    assert [r.metrics["epoch"] for r in seen if r.checkpoint] == [1, 3, 5]
+    resumed, seen = chief_session(
+        tmp_path, resume={"path": "x", "metadata": {"epoch": 3, "step": 40}}, checkpoint_every=("epoch", 2)
+    )
+    assert resumed.first_epoch == 4
+    for epoch in range(4, 8):
+        resumed.report({"epoch": epoch}, checkpoint=checkpoint)
+    assert [r.metrics["epoch"] for r in seen if r.checkpoint] == [5, 7]
+    with pytest.raises(RaytfError, match="every_n_epochs is set.*needs a number under 'epoch'"):
+        resumed.report({"loss": 1.0}, checkpoint=checkpoint)
+
+
+def test_every_n_steps_and_a_preemption_save_whatever_the_frequency(tmp_path):
+    (tmp_path / "files").mkdir()
+    checkpoint = raytf.Checkpoint.from_directory(tmp_path / "files")
+    session, seen = chief_session(tmp_path, checkpoint_every=("step", 100))
+    for step in (30, 60, 100, 150, 210):
+        session.report({"step": step}, checkpoint=checkpoint)
+    assert [r.metrics["step"] for r in seen if r.checkpoint] == [100, 210]
+    session.preempted = True
+    session.report({"step": 220}, checkpoint=checkpoint)
+    assert seen[-1].checkpoint is not None
+    with pytest.raises(TypeError, match="takes raytf.Checkpoint.from_directory"):
+        session.report({"step": 230}, checkpoint=str(tmp_path))
+
+
+def test_collective_errors_are_told_apart_from_bugs():
+    import tensorflow as tf
+
+    from raytf._worker import failure_kind
+
+    assert failure_kind(tf.errors.UnavailableError(None, None, "peer down")) == "collective"
+    assert failure_kind(tf.errors.DeadlineExceededError(None, None, "timed out")) == "collective"
+    assert failure_kind(tf.errors.InternalError(None, None, "Collective ops is aborted by: ...")) == "collective"
+    assert failure_kind(tf.errors.InvalidArgumentError(None, None, "bad shape")) == "exception"
+    assert failure_kind(ValueError("bad batch")) == "exception"

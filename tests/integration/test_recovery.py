@@ -1,0 +1,209 @@
+"""Recovery on a real cluster: peers that never start, collective errors, preemption
+(SIGTERM and Ray's drain notice), elastic shrinking, and a deterministic resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import raytf
+from tests import workloads
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROWS = 1024
+
+
+def mlp_data(rows=ROWS):
+    import ray
+
+    return ray.data.range(rows, override_num_blocks=8).map_batches(workloads.mlp_features, batch_size=None).materialize()
+
+
+def resumable(tmp_path, name, config, *, scaling=None, **run):
+    return raytf.Trainer(
+        workloads.resumable_train,
+        config={"out_dir": str(tmp_path), "rows": ROWS, "epochs": 3, **config},
+        datasets={"train": mlp_data()},
+        scaling=scaling or raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0, **run),
+    )
+
+
+def in_background(trainer):
+    """fit() in a thread, so the test can act on the cluster meanwhile."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as error:  # noqa: BLE001 - re-raised by the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+
+    def join():
+        thread.join(timeout=300)
+        assert not thread.is_alive(), "fit() did not return"
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    return join
+
+
+def test_a_peer_that_never_arrives_fails_the_attempt_after_start_timeout(cluster, tmp_path, no_leaks):
+    stall = workloads.StallOnce(str(tmp_path / "stalled-once"), rank=1)
+    started = time.monotonic()
+    result = raytf.Trainer(
+        workloads.small_train,
+        config={"out_dir": str(tmp_path), "epochs": 1, "stall": stall},
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(
+            name="never-arrives", storage_path=str(tmp_path / "results"), verbose=0,
+            failure_config=raytf.FailureConfig(max_failures=1, start_timeout_s=20),
+        ),
+    ).fit()
+    assert result.attempts == 2
+    [cause] = result.failures
+    assert (cause.kind, cause.rank) == ("not_started", 1)
+    assert "start_timeout_s" in cause.message and "still starting" in cause.message
+    assert (tmp_path / "stalled-once").exists()
+    assert time.monotonic() - started < 120  # found after seconds, not TensorFlow's defaults
+
+
+def test_a_collective_error_is_a_lost_peer_and_is_retried(cluster, tmp_path, no_leaks):
+    result = raytf.Trainer(
+        workloads.collective_error_on_first_attempt,
+        config={"out_dir": str(tmp_path), "epochs": 1},
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(
+            name="collective-error", storage_path=str(tmp_path / "results"), verbose=0,
+            failure_config=raytf.FailureConfig(max_failures=1),  # retry_on_exception stays False
+        ),
+    ).fit()
+    assert result.attempts == 2
+    [cause] = result.failures
+    assert (cause.kind, cause.rank, cause.error_type) == ("collective", 0, "UnavailableError")
+
+
+def weights(path):
+    with np.load(path) as saved:
+        return [saved[k] for k in sorted(saved.files)]
+
+
+def test_a_run_with_one_kill_ends_with_the_weights_of_a_run_with_none(cluster, tmp_path, no_leaks):
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    preserve = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True  # the same rows to the same rank in every run
+    try:
+        clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+        clean_dir.mkdir(), killed_dir.mkdir()
+        every_2 = raytf.CheckpointConfig(every_n_epochs=2)
+        steps_per_epoch = ROWS // 32
+        clean = resumable(clean_dir, "deterministic", {"epochs": 4}, checkpoint_config=every_2).fit()
+        killed = resumable(
+            killed_dir, "deterministic", {"epochs": 4, "kill": {"rank": 1, "step": 2 * steps_per_epoch + 5}},
+            checkpoint_config=every_2, failure_config=raytf.FailureConfig(max_failures=1),
+        ).fit()
+    finally:
+        context.execution_options.preserve_order = preserve
+    assert (clean.attempts, killed.attempts) == (1, 2)
+    # Checkpoints every 2 epochs: epochs 1 and 3. The kill in epoch 2 resumed from epoch 1's.
+    assert [h["epoch"] for h in killed.history] == [0, 1, 2, 3]
+    assert [h["resumed_at"] for h in killed.history] == [None, None, 2 * steps_per_epoch, 2 * steps_per_epoch]
+    for directory in (clean_dir, killed_dir):
+        index = json.loads((directory / "results" / "deterministic" / "checkpoints" / "index.json").read_text())
+        assert [c["epoch"] for c in index["checkpoints"]] == [1, 3]
+    assert [h["loss"] for h in killed.history] == [h["loss"] for h in clean.history]
+    for a, b in zip(weights(clean_dir / "weights.npz"), weights(killed_dir / "weights.npz")):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_to_a_worker_checkpoints_the_current_step_and_is_not_a_failure(cluster, tmp_path, no_leaks):
+    join = in_background(resumable(
+        tmp_path, "sigterm", {"mark_step": 6, "step_sleep": 0.2},
+        failure_config=raytf.FailureConfig(max_failures=0),
+    ))
+    running = wait_for(lambda: (tmp_path / "running1.json").exists() and tmp_path / "running1.json", 120, "rank 1 to train")
+    os.kill(json.loads(running.read_text())["pid"], signal.SIGTERM)
+    result = join()
+    assert result.attempts == 2
+    [cause] = result.failures
+    assert cause.kind == "preempted" and "SIGTERM" in cause.message
+    preempted = [h for h in result.history if "preempted_at" in h]
+    assert len(preempted) == 1 and preempted[0]["attempt"] == 0
+    at = preempted[0]["preempted_at"]
+    assert 8 <= at <= 16  # saved in epoch 0, at the step where the ranks agreed
+    resumed = [h for h in result.history if h["attempt"] == 1]
+    assert resumed[0]["resumed_at"] == at and resumed[-1]["epoch"] == 2
+
+
+def test_a_draining_node_checkpoints_and_the_run_moves_to_a_new_node(cluster, tmp_path, no_leaks):
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import autoscaler_pb2
+
+    spot = cluster.add_node(num_cpus=2, resources={"spot": 2})
+    replacement = None
+    try:
+        join = in_background(resumable(
+            tmp_path, "drained", {"mark_step": 6, "step_sleep": 0.2},
+            scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"spot": 1}),
+            failure_config=raytf.FailureConfig(max_failures=0),
+        ))
+        running = wait_for(lambda: (tmp_path / "running0.json").exists() and tmp_path / "running0.json", 120, "training")
+        assert json.loads(running.read_text())["node_id"] == spot.node_id
+        # What an autoscaler does before taking a spot node away: drain it, then bring up another.
+        accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
+            spot.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "spot instance reclaimed", int((time.time() + 60) * 1000),
+        )
+        assert accepted, why
+        assert spot.node_id in state.get_draining_nodes()
+        replacement = cluster.add_node(num_cpus=2, resources={"spot": 2})
+        result = join()
+    finally:
+        cluster.remove_node(spot)
+        if replacement is not None:
+            cluster.remove_node(replacement)
+    assert result.attempts == 2
+    [cause] = result.failures
+    assert cause.kind == "preempted" and "draining" in cause.message
+    at = [h["preempted_at"] for h in result.history if "preempted_at" in h]
+    assert len(at) == 1 and [h for h in result.history if h["attempt"] == 1][0]["resumed_at"] == at[0]
+
+
+def test_elastic_group_shrinks_when_a_lost_node_does_not_come_back(cluster, tmp_path, no_leaks):
+    nodes = [cluster.add_node(num_cpus=1, resources={"elastic": 1}) for _ in range(2)]
+    removed = []
+    try:
+        join = in_background(resumable(
+            tmp_path, "elastic", {"mark_step": 20, "step_sleep": 0.2, "global_batch": 64},
+            scaling=raytf.ScalingConfig(num_workers=(1, 2), resources_per_worker={"elastic": 1}, resize_timeout_s=3),
+            failure_config=raytf.FailureConfig(max_failures=1),
+        ))
+        running = wait_for(lambda: (tmp_path / "running1.json").exists() and tmp_path / "running1.json", 120, "training")
+        node_id = json.loads(running.read_text())["node_id"]
+        lost = next(n for n in nodes if n.node_id == node_id)
+        cluster.remove_node(lost)
+        removed.append(lost)
+        result = join()
+    finally:
+        for node in nodes:
+            if node not in removed:
+                cluster.remove_node(node)
+    assert result.attempts == 2 and result.failures[0].kind in ("died", "collective", "unresponsive")
+    seen = [(h["attempt"], h["epoch"], h["world_size"], h["per_worker_batch"], h["resumed_at"]) for h in result.history]
+    # global_batch_size=64 kept: 2 workers x 32, then (from epoch 0's checkpoint) 1 worker x 64.
+    assert seen == [(0, 0, 2, 32, None), (1, 1, 1, 64, 16), (1, 2, 1, 64, 16)]
