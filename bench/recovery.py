@@ -1,0 +1,245 @@
+"""Recovery from a killed worker on W1: raytf against Ray Train's TensorflowTrainer, in one invocation.
+
+    python bench/recovery.py [--systems raytf,ray_train] [--kill-step 351]
+
+Each system trains W1 (tf-keras ``model.fit``, a checkpoint of the model and
+optimizer at every epoch end, resuming from the latest one) twice: once
+without a fault, once with rank 1 killed (``os._exit``) in the middle of
+epoch 1. Prints one JSON line per run and a summary line:
+
+- ``resume_s``: seconds from the kill to the first training step of the retry;
+- ``steps_redone``: steps trained twice (the kill's step minus the step the
+  retry resumed from; the work since the last checkpoint is the least possible);
+- ``retries``: attempts after the first;
+- ``wall_s`` and ``wall_vs_fault_free``: fit() wall time, and its ratio to the
+  same system's fault-free run.
+
+Target here: raytf resumes within 10 s of the kill, redoes at most the work
+since the last checkpoint, and uses one retry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import w1  # noqa: E402
+
+KILL_STEP = w1.STEPS_PER_EPOCH + w1.STEPS_PER_EPOCH // 2  # the middle of epoch 1
+
+
+def _mark(marks: str, name: str, value: dict) -> None:
+    with open(os.path.join(marks, name), "a") as f:
+        f.write(json.dumps(value) + "\n")
+
+
+def _read_marks(marks: str, name: str) -> list[dict]:
+    path = os.path.join(marks, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_w1(strategy, dataset, *, rank: int, restore, save, marks: str, kill_step: int | None) -> None:
+    """W1 with tf-keras model.fit, one checkpoint per epoch, resumed by ``restore``.
+
+    ``restore(trackables) -> initial_epoch`` loads the latest checkpoint, if
+    any; ``save(trackables, epoch, step, loss)`` checkpoints and reports. Marks
+    written for the driver: ``start`` (each attempt), ``resumed`` (the first
+    step after a resume), ``killed`` (the step and time of the kill).
+    """
+    import tensorflow as tf
+
+    keras = tf.keras  # tf-keras: TF_USE_LEGACY_KERAS=1 is set before TensorFlow loads
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((w1.DIM,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(w1.CLASSES)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    trackables = {"model": model, "optimizer": model.optimizer}
+    initial_epoch = restore(trackables)
+    if rank == 0:
+        _mark(marks, "start", {"time": time.time(), "initial_epoch": initial_epoch})
+
+    class Hooks(keras.callbacks.Callback):
+        step = initial_epoch * w1.STEPS_PER_EPOCH
+        first = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+            if self.first and initial_epoch > 0 and rank == 0:
+                _mark(marks, "resumed", {"time": time.time(), "from_step": initial_epoch * w1.STEPS_PER_EPOCH})
+            self.first = False
+            if kill_step is not None and rank == 1 and self.step == kill_step:
+                if not _read_marks(marks, "killed"):
+                    _mark(marks, "killed", {"time": time.time(), "step": self.step})
+                    os._exit(1)
+
+        def on_epoch_end(self, epoch, logs=None):
+            save(trackables, epoch, self.step, float(logs["loss"]))
+
+    distributed = strategy.distribute_datasets_from_function(lambda _: dataset.repeat())
+    model.fit(
+        distributed, epochs=w1.EPOCHS, initial_epoch=initial_epoch, steps_per_epoch=w1.STEPS_PER_EPOCH,
+        callbacks=[Hooks()], verbose=0,
+    )
+
+
+def _raytf_train(config):
+    import raytf
+
+    ctx = raytf.get_context()
+
+    def restore(trackables):
+        checkpoint = raytf.get_checkpoint()
+        if checkpoint is None:
+            return 0
+        checkpoint.restore_state(**trackables)
+        return checkpoint.epoch + 1
+
+    def save(trackables, epoch, step, loss):
+        raytf.report({"epoch": epoch, "step": step, "loss": loss},
+                     checkpoint=raytf.Checkpoint.from_state(**trackables))
+
+    dataset = raytf.get_dataset_shard("train", batch_size=w1.WORKER_BATCH, features="x", label="y",
+                                      drop_remainder=True)
+    train_w1(raytf.strategy(), dataset, rank=ctx.world_rank, restore=restore, save=save,
+          marks=config["marks"], kill_step=config["kill_step"])
+
+
+def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
+    import raytf
+
+    start = time.perf_counter()
+    result = raytf.Trainer(
+        _raytf_train,
+        config={"marks": marks, "kill_step": kill_step},
+        datasets={"train": dataset},
+        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        run=raytf.RunConfig(name=f"recovery-raytf-{kill_step}", storage_path=workdir, verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=3)),
+        tensorflow=raytf.TensorflowConfig(communication="ring", worker_env={"TF_USE_LEGACY_KERAS": "1"}),
+    ).fit()
+    return {"wall_s": time.perf_counter() - start, "loss": result.metrics["loss"], "failed": None}
+
+
+def _ray_train_train(config):
+    import tensorflow as tf
+    from ray import train
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
+    )
+    rank = train.get_context().get_world_rank()
+
+    def restore(trackables):
+        checkpoint = train.get_checkpoint()
+        if checkpoint is None:
+            return 0
+        local = checkpoint.to_directory(tempfile.mkdtemp())  # kept: slots restore on first use
+        tf.train.Checkpoint(**trackables).read(os.path.join(local, "state"))
+        with open(os.path.join(local, "epoch.json")) as f:
+            return json.load(f)["epoch"] + 1
+
+    def save(trackables, epoch, step, loss):
+        directory = tempfile.mkdtemp()
+        tf.train.Checkpoint(**trackables).write(os.path.join(directory, "state"))  # every rank
+        with open(os.path.join(directory, "epoch.json"), "w") as f:
+            json.dump({"epoch": epoch}, f)
+        checkpoint = train.Checkpoint.from_directory(directory) if rank == 0 else None
+        train.report({"epoch": epoch, "step": step, "loss": loss}, checkpoint=checkpoint)
+
+    dataset = train.get_dataset_shard("train").to_tf("x", "y", batch_size=w1.WORKER_BATCH, drop_last=True)
+    train_w1(strategy, dataset, rank=rank, restore=restore, save=save,
+             marks=config["marks"], kill_step=config["kill_step"])
+
+
+def run_ray_train(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    start = time.perf_counter()
+    result = TensorflowTrainer(
+        _ray_train_train,
+        train_loop_config={"marks": marks, "kill_step": kill_step},
+        datasets={"train": dataset},
+        scaling_config=ScalingConfig(num_workers=w1.WORKERS, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=f"recovery-ray-train-{kill_step}", storage_path=workdir,
+                             failure_config=FailureConfig(max_failures=3)),
+    ).fit()
+    wall = time.perf_counter() - start
+    failed = None if result.error is None else repr(result.error)[:300]
+    loss = (result.metrics or {}).get("loss")
+    return {"wall_s": wall, "loss": loss, "failed": failed}
+
+
+SYSTEMS = {"raytf": run_raytf, "ray_train": run_ray_train}
+
+
+def measure(system: str, dataset, workdir: str, kill_step: int | None) -> dict:
+    marks = tempfile.mkdtemp(dir=workdir, prefix=f"marks-{system}-")
+    outcome = SYSTEMS[system](dataset, workdir, marks, kill_step)
+    starts = _read_marks(marks, "start")
+    line = {"system": system, "fault": kill_step is not None, **outcome, "retries": len(starts) - 1}
+    killed, resumed = _read_marks(marks, "killed"), _read_marks(marks, "resumed")
+    if killed:
+        line["killed_at_step"] = killed[0]["step"]
+        if resumed:
+            line["resume_s"] = round(resumed[0]["time"] - killed[0]["time"], 2)
+            line["resumed_from_step"] = resumed[0]["from_step"]
+            line["steps_redone"] = killed[0]["step"] - resumed[0]["from_step"]
+        else:
+            # No resumed step: the retry started from scratch (or never started).
+            line["resumed_from_step"] = 0 if len(starts) > 1 else None
+            line["steps_redone"] = killed[0]["step"] if len(starts) > 1 else None
+            later = [s for s in starts if s["time"] > killed[0]["time"]]
+            if later:
+                line["restart_s"] = round(later[0]["time"] - killed[0]["time"], 2)
+        # The least that must be redone: the steps since the last epoch-end checkpoint.
+        line["steps_since_checkpoint"] = killed[0]["step"] % w1.STEPS_PER_EPOCH
+    return line
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--kill-step", type=int, default=KILL_STEP)
+    args = parser.parse_args()
+
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(w1)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False, include_dashboard=False)
+    dataset = w1.ray_dataset()
+    summary = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for system in args.systems.split(","):
+            clean = measure(system, dataset, workdir, None)
+            print(json.dumps(clean), flush=True)
+            faulty = measure(system, dataset, workdir, args.kill_step)
+            faulty["wall_vs_fault_free"] = round(faulty["wall_s"] / clean["wall_s"], 2)
+            print(json.dumps(faulty), flush=True)
+            summary[system] = {k: faulty.get(k) for k in (
+                "resume_s", "restart_s", "steps_redone", "steps_since_checkpoint", "retries", "wall_vs_fault_free", "failed",
+            ) if k in faulty}
+    print(json.dumps({"summary": summary}))
+
+
+if __name__ == "__main__":
+    main()
