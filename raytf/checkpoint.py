@@ -279,12 +279,22 @@ class CheckpointManager:
         try:
             with self.fs.open_input_stream(path) as stream:
                 raw = json.loads(stream.read())
-            return [CheckpointEntry(**entry) for entry in raw["checkpoints"]]
+            entries = [CheckpointEntry(**entry) for entry in raw["checkpoints"]]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise CheckpointError(
                 f"the checkpoint index {path} is unreadable ({error}); move it aside to start over, "
                 "or restore it from a backup"
             ) from None
+        for entry in entries:
+            # Names are raytf's own; one that is not (say "../../other-run") would make
+            # restore and retention read or delete outside this run's directory.
+            if entry.name != checkpoint_name(entry.seq):
+                raise CheckpointError(
+                    f"the checkpoint index {path} names {entry.name!r}, which is not a checkpoint of "
+                    f"this run (expected {checkpoint_name(entry.seq)!r}); the index was edited or "
+                    "corrupted: restore it from a backup or move it aside to start over"
+                )
+        return entries
 
     def _write_index(self) -> None:
         path = _join(self.fs, self.dir, INDEX)

@@ -100,6 +100,17 @@ def test_an_unreadable_index_is_an_error(tmp_path):
         CheckpointManager(FS, str(tmp_path / "run"))
 
 
+def test_an_index_naming_a_path_outside_the_run_is_refused(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    index = os.path.join(manager.dir, "index.json")
+    raw = json.loads(open(index).read())
+    raw["checkpoints"][0]["name"] = "../../other-run/checkpoints/checkpoint_000000"
+    open(index, "w").write(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="names '../../other-run.*not a checkpoint of this run"):
+        CheckpointManager(FS, str(tmp_path / "run"))
+
+
 def test_a_checkpoint_that_did_not_arrive_whole_is_not_committed(tmp_path):
     manager = CheckpointManager(FS, str(tmp_path / "run"))
     upload(user_dir(tmp_path, 0), FS, manager.dir, checkpoint_name(0))
