@@ -195,6 +195,9 @@ def dataset_from_arrays(
     else:
         indices = tf.data.Dataset.range(rows)
     indices = indices.batch(request.batch_size, drop_remainder=request.drop_remainder)
+    batches = rows // request.batch_size + (0 if request.drop_remainder or rows % request.batch_size == 0 else 1)
+    # Known cardinality: Keras can count steps and size its progress without a pass.
+    indices = indices.apply(tf.data.experimental.assert_cardinality(batches))
     single = isinstance(request.features, str)
 
     def take(index: Any) -> Any:

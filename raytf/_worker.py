@@ -52,6 +52,8 @@ class WorkerSpec:
     storage: Any = None  # (pyarrow filesystem, run root on it): where checkpoints go
     next_checkpoint_seq: int = 0
     checkpoint_every: Optional[tuple[str, int]] = None  # ("epoch" | "step", n) from CheckpointConfig
+    keras: str = "auto"
+    mixed_precision: Optional[str] = None
 
 
 def reserve_port() -> socket.socket:
@@ -89,6 +91,9 @@ def worker_environment(spec: WorkerSpec) -> dict[str, str]:
         env[_env.CUDA_VISIBLE_DEVICES] = ""
     if _env.TF_CPP_MIN_LOG_LEVEL not in os.environ:
         env[_env.TF_CPP_MIN_LOG_LEVEL] = _env.DEFAULT_TF_CPP_MIN_LOG_LEVEL
+    if spec.keras != "auto":
+        # TensorFlow reads it once, on import: tf.keras is then tf-keras 2 or Keras 3.
+        env[_env.TF_USE_LEGACY_KERAS] = "1" if spec.keras == "tf_keras" else "0"
     env.update(spec.env)
     return env
 
@@ -109,6 +114,26 @@ def make_strategy(spec: WorkerSpec) -> Any:
         cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
         communication_options=options,
     )
+
+
+def _configure_keras(spec: WorkerSpec) -> None:
+    """Check that tf.keras is the Keras asked for, and set the mixed-precision policy."""
+    import tensorflow as tf
+
+    legacy = tf.keras.Sequential.__module__.startswith("tf_keras")
+    if spec.keras == "tf_keras" and not legacy:
+        raise RuntimeError(
+            "TensorflowConfig(keras='tf_keras'), but tf.keras on this worker is Keras 3: install "
+            "tf-keras (pip install tf-keras) in the workers' environment, and do not import "
+            "TensorFlow before raytf sets TF_USE_LEGACY_KERAS"
+        )
+    if spec.keras == "keras3" and legacy:
+        raise RuntimeError(
+            "TensorflowConfig(keras='keras3'), but tf.keras on this worker is tf-keras: TensorFlow "
+            "was imported before raytf could set TF_USE_LEGACY_KERAS=0"
+        )
+    if spec.mixed_precision is not None:
+        tf.keras.mixed_precision.set_global_policy(spec.mixed_precision)
 
 
 def _configure_tensorflow(spec: WorkerSpec) -> None:
@@ -259,6 +284,7 @@ class TrainWorker:
             os.environ.update(worker_environment(spec))
             train_fn, config = cloudpickle.loads(payload)
             _configure_tensorflow(spec)
+            _configure_keras(spec)
             self._phase = "ready"
             self._go.wait()
             self._phase = "connecting"

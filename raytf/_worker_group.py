@@ -210,6 +210,8 @@ class RayWorkerGroup:
                 next_checkpoint_seq=next_seq,
                 storage=self._storage,
                 checkpoint_every=self._checkpoint_every,
+                keras=tensorflow.keras,
+                mixed_precision=tensorflow.mixed_precision,
             )
             for rank in ranks
         ]

@@ -17,6 +17,8 @@ from raytf.errors import ConfigError
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 COMMUNICATIONS = ("auto", "ring", "nccl")
+KERAS_VERSIONS = ("auto", "keras3", "tf_keras")
+MIXED_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -348,6 +350,14 @@ class TensorflowConfig:
     instead of hanging it. Thread counts default to the worker's CPUs.
     ``worker_env`` is put into each worker's environment before TensorFlow is
     imported (for example ``NCCL_DEBUG`` or ``TF_GPU_THREAD_MODE``).
+
+    ``keras`` picks what ``tf.keras`` is on the workers: ``"tf_keras"`` sets
+    ``TF_USE_LEGACY_KERAS=1`` before TensorFlow is imported (setting it inside
+    ``train_fn`` is too late), for tf-keras 2 and its ``model.fit``;
+    ``"keras3"`` makes sure it is Keras 3 (train with ``raytf.keras.fit``);
+    ``"auto"`` leaves the environment as it is. ``mixed_precision``
+    (``"mixed_float16"`` or ``"mixed_bfloat16"``) sets that Keras global dtype
+    policy on every worker before ``train_fn`` runs.
     """
 
     communication: str = "auto"
@@ -356,10 +366,23 @@ class TensorflowConfig:
     inter_op_threads: Optional[int] = None
     gpu_memory_growth: bool = False
     worker_env: Mapping[str, str] = field(default_factory=dict)
+    keras: str = "auto"
+    mixed_precision: Optional[str] = None
 
     def __post_init__(self) -> None:
         comm = _check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)
         object.__setattr__(self, "communication", comm)
+        keras = self.keras.replace("-", "_").lower() if isinstance(self.keras, str) else self.keras
+        if keras not in KERAS_VERSIONS:
+            raise ConfigError(
+                f"TensorflowConfig.keras must be one of {', '.join(KERAS_VERSIONS)}, got {self.keras!r}"
+            )
+        object.__setattr__(self, "keras", keras)
+        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_POLICIES:
+            raise ConfigError(
+                f"TensorflowConfig.mixed_precision must be None, 'mixed_float16' or 'mixed_bfloat16', "
+                f"got {self.mixed_precision!r}"
+            )
         _check_timeout("TensorflowConfig.collective_timeout_s", self.collective_timeout_s)
         for name in ("intra_op_threads", "inter_op_threads"):
             value = getattr(self, name)
@@ -374,6 +397,11 @@ class TensorflowConfig:
                 raise ConfigError(
                     "TensorflowConfig.worker_env must not set TF_CONFIG: raytf builds it from each "
                     "worker's rank"
+                )
+            if key == "TF_USE_LEGACY_KERAS" and keras != "auto":
+                raise ConfigError(
+                    f"TensorflowConfig: worker_env sets TF_USE_LEGACY_KERAS and keras={keras!r} sets it "
+                    "too; keep only keras=..."
                 )
         object.__setattr__(self, "worker_env", dict(self.worker_env))
 

@@ -430,3 +430,144 @@ def collective_error_on_first_attempt(config: dict) -> None:
         raytf.report({"epoch": -1})
         raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer 1 is unreachable")
     small_train(config)
+
+
+def keras_train(config: dict) -> None:
+    """The small MLP through one of raytf's Keras paths, reporting with ReportCallback.
+
+    ``path``: "keras3" (raytf.keras.fit) or "tf_keras" (tf-keras's own model.fit
+    on raytf.keras.distribute, resumed with raytf.keras.restore). On attempt 0,
+    rank 1 exits right after epoch ``kill_after_epoch`` was reported. Writes
+    rank<r>.json: the Keras version, dtypes, the optimizer class and the history.
+    """
+    import tensorflow as tf
+
+    import raytf.keras
+
+    keras = tf.keras
+    ctx = raytf.get_context()
+    train = raytf.get_dataset_shard("train", batch_size=32, features="x", label="y", shuffle=True, seed=1,
+                                    drop_remainder=True)
+    val = raytf.get_dataset_shard("val", batch_size=64, features="x", label="y")
+    with raytf.strategy().scope():
+        model = keras.Sequential(
+            [keras.Input((32,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4),
+             keras.layers.Activation("linear", dtype="float32")]  # logits in float32 under mixed precision
+        )
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+    class KillAfter(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if ctx.attempt == 0 and ctx.world_rank == 1 and epoch == config.get("kill_after_epoch"):
+                time.sleep(1.0)  # rank 0's report (and its checkpoint's commit) comes first
+                os._exit(1)
+
+    callbacks = [raytf.keras.ReportCallback(), KillAfter()]
+    if config["path"] == "keras3":
+        history = raytf.keras.fit(model, train, epochs=config["epochs"], validation_data=val, callbacks=callbacks,
+                                  steps_per_execution=config.get("steps_per_execution", 1))
+    else:
+        history = model.fit(
+            raytf.keras.distribute(train.repeat()), steps_per_epoch=int(train.cardinality()),
+            validation_data=raytf.keras.distribute(val.repeat()), validation_steps=int(val.cardinality()),
+            epochs=config["epochs"], initial_epoch=raytf.keras.restore(model), callbacks=callbacks, verbose=0,
+        )
+    version = _keras_version(keras)
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", {
+        "keras_version": version,
+        "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+        "compute_dtype": model.layers[0].compute_dtype,
+        "variable_dtype": model.layers[0].variable_dtype if hasattr(model.layers[0], "variable_dtype") else model.layers[0].dtype,
+        "optimizer": type(model.optimizer).__name__,
+        "attempt": ctx.attempt,
+    })
+
+
+def keras_callbacks_and_metrics(config: dict) -> None:
+    """Keras 3 through raytf.keras.fit on data whose labels are this worker's rank.
+
+    A metric of the mean label is 0 on rank 0 and 1 on rank 1 locally; aggregated
+    over both workers it is 0.5. EarlyStopping (patience 0 on a metric that
+    never improves) must stop both ranks after the second epoch; the learning
+    rate schedule halves the rate each epoch.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    import raytf.keras
+
+    keras = tf.keras
+    ctx = raytf.get_context()
+    x = np.random.default_rng(ctx.world_rank).standard_normal((256, 8)).astype("float32")
+    y = np.full((256,), ctx.world_rank, dtype="int64")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
+    def mean_label(y_true, y_pred):
+        return tf.cast(tf.reshape(y_true, [-1]), tf.float32)
+
+    with raytf.strategy().scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.MeanMetricWrapper(mean_label, name="mean_label")])
+    rates = []
+
+    class Rates(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+    history = raytf.keras.fit(model, data, epochs=10, validation_data=data, callbacks=[
+        keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 * 0.5 ** epoch),
+        keras.callbacks.EarlyStopping(monitor="mean_label", mode="max", patience=0),
+        Rates(),
+    ])
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", {
+        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+        "rates": rates,
+    })
+
+
+def gradient_accumulation(config: dict) -> None:
+    """Two copies of one model, one step each on the same batch of 64 rows per worker:
+    one accumulates over 4 micro-batches of 16, the other takes the batch whole.
+    Writes both models' weights after ``steps`` steps."""
+    import numpy as np
+    import tensorflow as tf
+
+    import raytf.keras
+
+    keras = tf.keras
+    ctx = raytf.get_context()
+    keras.utils.set_random_seed(7)
+    x = np.random.default_rng(10 + ctx.world_rank).standard_normal((64 * config["steps"], 8)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True)
+
+    def build():
+        with raytf.strategy().scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(2)])
+            model.compile(optimizer=keras.optimizers.SGD(0.5, momentum=0.9),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    whole, parts = build(), build()
+    initial = whole.get_weights()
+    parts.set_weights(initial)
+    raytf.keras.accumulate_gradients(parts, 4)
+    for model in (whole, parts):
+        if config["path"] == "keras3":
+            raytf.keras.fit(model, data, epochs=1)
+        else:
+            model.fit(raytf.keras.distribute(data.repeat()), steps_per_epoch=config["steps"], epochs=1, verbose=0)
+    if ctx.world_rank == 0:
+        np.savez(os.path.join(config["out_dir"], "whole.npz"), *whole.get_weights())
+        np.savez(os.path.join(config["out_dir"], "parts.npz"), *parts.get_weights())
+        _write(config["out_dir"], "moved.json", {"moved": float(np.abs(whole.get_weights()[0] - initial[0]).max())})
+
+
+def _keras_version(keras) -> str:
+    """The version of the Keras package ``tf.keras`` is here (tf-keras's lazy loader has no __version__)."""
+    import importlib
+
+    return importlib.import_module(keras.Sequential.__module__.split(".")[0]).__version__

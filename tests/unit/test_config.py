@@ -107,3 +107,13 @@ def test_worker_env_may_not_override_tf_config():
         TensorflowConfig(worker_env={"NCCL_DEBUG": 1})
     with pytest.raises(ConfigError, match="collective_timeout_s"):
         TensorflowConfig(collective_timeout_s=-1)
+
+
+def test_keras_and_mixed_precision_options():
+    assert TensorflowConfig(keras="tf-keras").keras == "tf_keras"
+    with pytest.raises(ConfigError, match="keras must be one of auto, keras3, tf_keras, got 'keras2'"):
+        TensorflowConfig(keras="keras2")
+    with pytest.raises(ConfigError, match="mixed_precision must be None, 'mixed_float16' or 'mixed_bfloat16'"):
+        TensorflowConfig(mixed_precision="float16")
+    with pytest.raises(ConfigError, match="keep only keras="):
+        TensorflowConfig(keras="tf_keras", worker_env={"TF_USE_LEGACY_KERAS": "1"})

@@ -137,3 +137,12 @@ def test_trainer_rejects_datasets_that_are_not_ray_datasets():
         raytf.Trainer(lambda: None, datasets={"train": np.zeros(3)})
     with pytest.raises(ConfigError, match="datasets_to_split names 'val'"):
         raytf.Trainer(lambda: None, datasets={}, data_config=DataConfig(datasets_to_split=["val"]))
+
+
+@pytest.mark.parametrize("drop, batches", [(False, 3), (True, 2)])
+def test_cached_shards_know_their_length(drop, batches):
+    arrays = {"x": np.arange(10, dtype=np.float32), "y": np.arange(10)}
+    for shuffle in (False, True):
+        dataset = dataset_from_arrays(arrays, request(features="x", shuffle=shuffle, drop_remainder=drop), 10, seed=1)
+        assert int(dataset.cardinality()) == batches
+        assert len(list(dataset)) == batches

@@ -1,4 +1,4 @@
-"""Worker-side pieces that need neither Ray nor TensorFlow."""
+"""Worker-side pieces that need no Ray."""
 
 import errno
 import json
@@ -155,3 +155,9 @@ def test_collective_errors_are_told_apart_from_bugs():
     assert failure_kind(tf.errors.InternalError(None, None, "Collective ops is aborted by: ...")) == "collective"
     assert failure_kind(tf.errors.InvalidArgumentError(None, None, "bad shape")) == "exception"
     assert failure_kind(ValueError("bad batch")) == "exception"
+
+
+def test_the_keras_option_sets_tf_use_legacy_keras_before_tensorflow_loads():
+    assert worker_environment(spec(keras="tf_keras"))["TF_USE_LEGACY_KERAS"] == "1"
+    assert worker_environment(spec(keras="keras3"))["TF_USE_LEGACY_KERAS"] == "0"
+    assert "TF_USE_LEGACY_KERAS" not in worker_environment(spec())

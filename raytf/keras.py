@@ -1,0 +1,365 @@
+"""Keras on raytf workers: one training loop for Keras 3 and tf-keras.
+
+Keras 3's ``model.fit`` fails under MultiWorkerMirroredStrategy, and tf-keras's
+works only when the per-worker dataset is handed over just so. :func:`fit`
+runs the model's own ``train_step`` and ``test_step`` (so the optimizer, loss,
+metrics and loss scaling from ``compile`` all apply) with ``strategy.run``,
+reads the metrics once per epoch across every worker, and drives the usual
+Keras callbacks. The same code trains a Keras 3 model or a tf-keras one.
+
+    with raytf.strategy().scope():
+        model = build_model()
+        model.compile(optimizer="adam", loss=..., metrics=["accuracy"])
+    history = raytf.keras.fit(model, raytf.get_dataset_shard("train", batch_size=128, ...),
+                              epochs=10, validation_data=raytf.get_dataset_shard("val", ...),
+                              callbacks=[keras.callbacks.EarlyStopping(), raytf.keras.ReportCallback()])
+
+Everything here runs inside ``train_fn``; nothing imports TensorFlow before then.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+from raytf import _session
+from raytf.errors import RaytfError
+
+logger = logging.getLogger(__name__)
+
+
+def keras_of(model: Any) -> Any:
+    """The Keras package ``model`` belongs to: ``tf_keras`` or Keras 3's ``keras``."""
+    if any(c.__module__.split(".")[0] == "tf_keras" for c in type(model).__mro__):
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def is_tf_keras(model: Any) -> bool:
+    return keras_of(model).__name__ == "tf_keras"
+
+
+def distribute(dataset: Any) -> Any:
+    """A per-worker ``tf.data.Dataset`` as the strategy's distributed dataset, batches as they are.
+
+    Each worker's batches are its share of the global batch, which is what
+    ``distribute_datasets_from_function`` expects; ``experimental_distribute_dataset``
+    would instead treat each as the global batch and keep 1/num_workers of it.
+    """
+    strategy = _session.strategy()
+    return strategy.distribute_datasets_from_function(lambda _: dataset)
+
+
+def restore(model: Any) -> int:
+    """Load the checkpoint this attempt resumes from into ``model`` and its optimizer.
+
+    Returns the epoch to start at: the checkpoint's epoch plus one, or 0 on a
+    fresh start. Works with checkpoints from :func:`ReportCallback` (or any
+    ``Checkpoint.from_state(model=model, optimizer=model.optimizer)``).
+    """
+    checkpoint = _session.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    _build_optimizer(model)
+    checkpoint.restore_state(**_state(model))
+    return (checkpoint.epoch + 1) if checkpoint.epoch is not None else 0
+
+
+def _state(model: Any) -> dict[str, Any]:
+    state = {"model": model}
+    if getattr(model, "optimizer", None) is not None:
+        state["optimizer"] = model.optimizer
+    return state
+
+
+def _build_optimizer(model: Any) -> None:
+    """Create the optimizer's variables now, so a restore fills them instead of deferring."""
+    if not model.built:
+        raise RaytfError(
+            "raytf.keras: the model has no weights yet; give it an Input layer (or call it on a "
+            "batch) before fit or restore"
+        )
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or getattr(optimizer, "built", True):
+        return
+    with _session.strategy().scope():
+        optimizer.build(model.trainable_variables)
+
+
+def _metrics(model: Any) -> dict[str, float]:
+    """Every compiled metric as a float, summed over every worker (one all-reduce per variable).
+
+    Keras keeps metric state in on-read-synchronized variables; read outside
+    ``strategy.run`` they aggregate across all replicas. Every rank must call
+    this at the same point.
+    """
+    logs = {}
+    for name, value in model.get_metrics_result().items():
+        try:
+            logs[name] = float(value)
+        except (TypeError, ValueError):
+            logs[name] = value
+    return logs
+
+
+class _Steps:
+    """The compiled step functions: ``steps_per_execution`` steps per call, fewer at the end."""
+
+    def __init__(self, model: Any, steps_per_execution: int):
+        import tensorflow as tf
+
+        self.model = model
+        strategy = _session.strategy()
+        self.strategy = strategy
+
+        def make(step_fn: Any) -> Any:
+            @tf.function(reduce_retracing=True)
+            def run(iterator: Any, steps: Any) -> Any:
+                ran = tf.constant(0)
+                for _ in tf.range(steps):
+                    optional = iterator.get_next_as_optional()
+                    if not optional.has_value():
+                        break
+                    strategy.run(step_fn, args=(optional.get_value(),))
+                    ran += 1
+                return ran
+
+            return run
+
+        self.train = make(lambda data: model.train_step(data))
+        self.test = make(lambda data: model.test_step(data))
+        self.steps_per_execution = steps_per_execution
+
+    def epoch(self, function: Any, dataset: Any, steps: Optional[int], on_begin: Any, on_end: Any) -> int:
+        """Run one pass (or ``steps`` steps); returns the steps run."""
+        import tensorflow as tf
+
+        iterator = iter(dataset)
+        done = 0
+        while steps is None or done < steps:
+            chunk = self.steps_per_execution if steps is None else min(self.steps_per_execution, steps - done)
+            on_begin(done)
+            ran = int(function(iterator, tf.constant(chunk)))
+            if ran == 0:
+                break
+            done += ran
+            on_end(done - 1)
+            if ran < chunk or getattr(self.model, "stop_training", False):
+                break
+        return done
+
+
+def fit(
+    model: Any,
+    dataset: Any,
+    *,
+    epochs: int = 1,
+    initial_epoch: Optional[int] = None,
+    validation_data: Any = None,
+    callbacks: Optional[Sequence[Any]] = None,
+    steps_per_epoch: Optional[int] = None,
+    validation_steps: Optional[int] = None,
+    steps_per_execution: int = 1,
+    verbose: int = 0,
+) -> Any:
+    """Train a compiled Keras model (Keras 3 or tf-keras) on this worker's shard; returns its History.
+
+    ``dataset`` and ``validation_data`` are per-worker ``tf.data`` datasets
+    (``raytf.get_dataset_shard``): each batch is this worker's share of the
+    global batch. Every worker must run the same number of steps, which
+    raytf's shards guarantee. ``initial_epoch=None`` resumes from
+    ``raytf.get_checkpoint()`` when there is one (see :func:`restore`).
+    ``steps_per_execution`` runs that many steps per call into TensorFlow,
+    which cuts Python overhead when steps are short.
+
+    Epoch logs (for History, EarlyStopping, ReduceLROnPlateau, ReportCallback)
+    hold each metric over every worker's data; batch-level callbacks see
+    ``{}``, since reading metrics across workers at every step would cost an
+    all-reduce per step. Every rank sees the same epoch logs, so callbacks
+    that stop training stop every rank at the same epoch.
+    """
+    keras = keras_of(model)
+    if not getattr(model, "compiled", getattr(model, "_is_compiled", False)):
+        raise RaytfError("raytf.keras.fit: compile the model first (under raytf.strategy().scope())")
+    for name, value in (("epochs", epochs), ("steps_per_execution", steps_per_execution)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RaytfError(f"raytf.keras.fit: {name} must be an int >= 1, got {value!r}")
+    if initial_epoch is None:
+        initial_epoch = restore(model)
+    else:
+        _build_optimizer(model)
+    train_data = distribute(dataset)
+    val_data = distribute(validation_data) if validation_data is not None else None
+    if steps_per_epoch is None:
+        steps_per_epoch = _known_length(dataset)
+    steps = _Steps(model, steps_per_execution)
+    callback_list = keras.callbacks.CallbackList(
+        list(callbacks or []), add_history=True, add_progbar=verbose != 0, model=model,
+        verbose=verbose, epochs=epochs, steps=steps_per_epoch,
+    )
+    model.stop_training = False
+    logs: dict[str, Any] = {}
+    callback_list.on_train_begin()
+    for epoch in range(initial_epoch, epochs):
+        model.reset_metrics()
+        callback_list.on_epoch_begin(epoch)
+        steps.epoch(
+            steps.train, train_data, steps_per_epoch,
+            lambda step: callback_list.on_train_batch_begin(step),
+            lambda step: callback_list.on_train_batch_end(step, {}),
+        )
+        logs = _metrics(model)
+        if val_data is not None:
+            logs.update({f"val_{k}": v for k, v in _evaluate(model, steps, val_data, validation_steps).items()})
+        callback_list.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callback_list.on_train_end(logs)
+    return model.history
+
+
+def _evaluate(model: Any, steps: _Steps, data: Any, validation_steps: Optional[int]) -> dict[str, float]:
+    model.reset_metrics()
+    steps.epoch(steps.test, data, validation_steps, lambda step: None, lambda step: None)
+    return _metrics(model)
+
+
+def evaluate(model: Any, dataset: Any, *, steps: Optional[int] = None) -> dict[str, float]:
+    """The compiled loss and metrics of ``model`` over every worker's shard of ``dataset``."""
+    return _evaluate(model, _Steps(model, 1), distribute(dataset), steps)
+
+
+def _known_length(dataset: Any) -> Optional[int]:
+    import tensorflow as tf
+
+    cardinality = int(dataset.cardinality())
+    return cardinality if cardinality >= 0 else None
+
+
+_report_classes: dict[str, type] = {}
+
+
+def ReportCallback(*, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None, keras: Any = None) -> Any:  # noqa: N802 - used like a class
+    """A Keras callback that reports each epoch's logs to the driver, with a checkpoint.
+
+    At every epoch end it calls ``raytf.report`` with the epoch logs (or only
+    ``metrics``), ``epoch`` and ``step`` (the optimizer's iterations), and,
+    with ``checkpoint=True``, ``Checkpoint.from_state(model=..., optimizer=...)``,
+    thinned by ``CheckpointConfig.every_n_epochs``. :func:`restore` (and
+    :func:`fit` by default) resumes from it. Works with Keras 3 and tf-keras
+    (``keras`` picks the package; default: the one ``tf.keras`` is here), in
+    ``raytf.keras.fit`` and in tf-keras's own ``model.fit``. Every rank must
+    use it, since the checkpoint is written by every rank.
+    """
+    if keras is None:
+        import tensorflow as tf
+
+        keras = tf.keras
+    name = keras.__name__.split(".")[0]
+    if name not in _report_classes:
+        _report_classes[name] = _make_report_class(keras)
+    return _report_classes[name](checkpoint=checkpoint, metrics=metrics)
+
+
+def _make_report_class(keras: Any) -> type:
+    from raytf.checkpoint import Checkpoint
+
+    class ReportCallback(keras.callbacks.Callback):
+        def __init__(self, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None):
+            super().__init__()
+            self.save = checkpoint
+            self.names = list(metrics) if metrics is not None else None
+
+        def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+            logs = dict(logs or {})
+            if self.names is not None:
+                logs = {k: logs[k] for k in self.names if k in logs}
+            optimizer = getattr(self.model, "optimizer", None)
+            step = int(optimizer.iterations.numpy()) if optimizer is not None else None
+            metrics = {**{k: _session.to_plain(v, k) for k, v in logs.items()}, "epoch": epoch, "step": step}
+            state = Checkpoint.from_state(**_state(self.model)) if self.save else None
+            _session.report(metrics, checkpoint=state)
+
+    return ReportCallback
+
+
+def accumulate_gradients(model: Any, micro_batches: int) -> Any:
+    """Make each training step split its batch into ``micro_batches`` parts and apply one update.
+
+    The gradients of the parts are summed (each weighted by its share of the
+    batch), so a step on a batch of K x b rows updates the weights as one step
+    on the whole batch would, with the activation memory of b rows. Pair it
+    with ``get_dataset_shard(batch_size=K * b, drop_remainder=True)``: the
+    batch must divide into equal parts. Works for Keras 3 and tf-keras, in
+    :func:`fit` and in tf-keras's ``model.fit``. Returns ``model``.
+    """
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise RaytfError(f"raytf.keras.accumulate_gradients: micro_batches must be an int >= 1, got {micro_batches!r}")
+    model.train_step = _accumulating_train_step(model, micro_batches)
+    if hasattr(model, "train_function"):
+        model.train_function = None  # rebuilt around the new step
+    return model
+
+
+def _accumulating_train_step(model: Any, k: int) -> Any:
+    import tensorflow as tf
+
+    keras = keras_of(model)
+    legacy = keras.__name__ == "tf_keras"
+    if legacy:
+        unpack = keras.utils.unpack_x_y_sample_weight
+    else:
+        from keras.src.losses import loss as loss_module
+
+        unpack = keras.utils.unpack_x_y_sample_weight
+
+    def part(value: Any, index: int) -> Any:
+        if value is None:
+            return None
+
+        def cut(t: Any) -> Any:
+            size = tf.shape(t)[0] // k
+            return t[index * size:(index + 1) * size]
+
+        return tf.nest.map_structure(cut, value)
+
+    def train_step(data: Any) -> Any:
+        x, y, sample_weight = unpack(data)
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]
+        tf.debugging.assert_equal(
+            rows % k, 0,
+            message=f"raytf.keras.accumulate_gradients: the batch does not split into {k} equal parts; "
+                    f"use a batch size divisible by {k} and drop_remainder=True",
+        )
+        variables = model.trainable_variables
+        optimizer = model.optimizer
+        total = [tf.zeros_like(v) for v in variables]
+        for index in range(k):
+            xi, yi, wi = part(x, index), part(y, index), part(sample_weight, index)
+            with tf.GradientTape() as tape:
+                y_pred = model(xi, training=True)
+                if legacy:
+                    loss = model.compute_loss(xi, yi, y_pred, wi)
+                    scaled = optimizer.get_scaled_loss(loss / k) if hasattr(optimizer, "get_scaled_loss") else loss / k
+                else:
+                    loss = model.compute_loss(x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True)
+                    tracker = getattr(model, "_loss_tracker", None)
+                    if tracker is not None:
+                        tracker.update_state(
+                            loss_module.unscale_loss_for_distribution(loss),
+                            sample_weight=tf.shape(tf.nest.flatten(xi)[0])[0],
+                        )
+                    scaled = optimizer.scale_loss(loss / k)
+            grads = tape.gradient(scaled, variables)
+            if legacy and hasattr(optimizer, "get_unscaled_gradients"):
+                grads = optimizer.get_unscaled_gradients(grads)
+            total = [t + g for t, g in zip(total, grads)]
+            model.compute_metrics(xi, yi, y_pred, wi)
+        optimizer.apply_gradients(zip(total, variables))
+        return model.get_metrics_result()
+
+    return train_step

@@ -1,0 +1,103 @@
+"""Keras on raytf workers: Keras 3 through raytf.keras.fit, tf-keras through its own model.fit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import raytf
+from tests import workloads
+
+pytestmark = pytest.mark.integration
+
+
+def datasets():
+    import ray
+
+    def make(rows, seed_offset):
+        def features(batch):
+            return workloads.mlp_features({"id": batch["id"] + seed_offset})
+
+        return ray.data.range(rows, override_num_blocks=4).map_batches(features, batch_size=None).materialize()
+
+    return {"train": make(2048, 0), "val": make(512, 10**6)}
+
+
+def fit(fn, tmp_path, name, config, keras, datasets=None, **kw):
+    return raytf.Trainer(
+        fn,
+        config={"out_dir": str(tmp_path), **config},
+        datasets=datasets,
+        scaling=raytf.ScalingConfig(num_workers=2),
+        tensorflow=raytf.TensorflowConfig(keras=keras, mixed_precision=kw.pop("mixed_precision", None)),
+        run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0, **kw),
+    ).fit()
+
+
+def ranks(tmp_path):
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("path", ["keras3", "tf_keras"])
+def test_each_keras_path_trains_two_workers_reports_and_resumes_after_a_kill(cluster, tmp_path, no_leaks, path):
+    result = fit(
+        workloads.keras_train, tmp_path, f"keras-{path}", {"path": path, "epochs": 4, "kill_after_epoch": 1},
+        keras=path, datasets=datasets(), failure_config=raytf.FailureConfig(max_failures=1),
+    )
+    r0, r1 = ranks(tmp_path)
+    assert r0["keras_version"].startswith("3." if path == "keras3" else "2.")
+    # ReportCallback reported every epoch with a checkpoint; the kill after epoch 1
+    # cost one retry, which resumed at epoch 2 from epoch 1's checkpoint.
+    assert [(h["attempt"], h["epoch"]) for h in result.history] == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert all("checkpoint" in h for h in result.history)
+    assert result.attempts == 2 and r0["attempt"] == 1
+    losses = [h["loss"] for h in result.history]
+    assert losses[2] < losses[0] and losses[3] < 0.6 * losses[0]  # resumed weights, not a fresh start
+    assert result.history[-1]["val_accuracy"] > 0.7
+    # Every rank saw the same aggregated epoch logs.
+    assert r0["history"] == r1["history"] and len(r0["history"]["loss"]) == 2
+    (tmp_path / f"{path}.json").write_text(json.dumps(result.history[-1]))
+
+
+def test_both_paths_reach_a_comparable_loss(cluster, tmp_path):
+    keras3 = fit(workloads.keras_train, tmp_path / "a", "cmp-keras3", {"path": "keras3", "epochs": 4},
+                 keras="keras3", datasets=datasets())
+    tf_keras = fit(workloads.keras_train, tmp_path / "b", "cmp-tf-keras", {"path": "tf_keras", "epochs": 4},
+                   keras="tf_keras", datasets=datasets())
+    a, b = keras3.metrics["loss"], tf_keras.metrics["loss"]
+    assert abs(a - b) < 0.1 * max(a, b) + 0.02, (a, b)
+    assert abs(keras3.metrics["val_accuracy"] - tf_keras.metrics["val_accuracy"]) < 0.05
+
+
+def test_keras3_fit_aggregates_metrics_over_workers_and_runs_callbacks(cluster, tmp_path, no_leaks):
+    fit(workloads.keras_callbacks_and_metrics, tmp_path, "keras-callbacks", {}, keras="keras3")
+    r0, r1 = ranks(tmp_path)
+    assert r0 == r1  # identical epoch logs on both ranks
+    # Locally the mean label is 0 (rank 0) or 1 (rank 1); over both workers it is 0.5.
+    assert r0["history"]["mean_label"] == [0.5, 0.5] and r0["history"]["val_mean_label"] == [0.5, 0.5]
+    # EarlyStopping(patience=0) on a metric that never improves stopped both ranks after epoch 1.
+    assert len(r0["history"]["loss"]) == 2
+    assert r0["rates"] == pytest.approx([0.1, 0.05])  # LearningRateScheduler ran each epoch
+
+
+@pytest.mark.parametrize("path", ["keras3", "tf_keras"])
+def test_gradient_accumulation_equals_one_step_on_the_whole_batch(cluster, tmp_path, no_leaks, path):
+    fit(workloads.gradient_accumulation, tmp_path, f"accumulate-{path}", {"path": path, "steps": 3}, keras=path)
+    with np.load(tmp_path / "whole.npz") as whole, np.load(tmp_path / "parts.npz") as parts:
+        for key in whole.files:
+            np.testing.assert_allclose(parts[key], whole[key], rtol=1e-4, atol=1e-5)
+    assert json.loads((tmp_path / "moved.json").read_text())["moved"] > 1e-2  # the steps did change the weights
+
+
+@pytest.mark.parametrize("path, policy", [("keras3", "mixed_float16"), ("tf_keras", "mixed_bfloat16")])
+def test_mixed_precision_computes_in_half_precision_with_loss_scaling_where_needed(cluster, tmp_path, no_leaks, path, policy):
+    result = fit(workloads.keras_train, tmp_path, f"mixed-{path}", {"path": path, "epochs": 2},
+                 keras=path, datasets=datasets(), mixed_precision=policy)
+    r0, _ = ranks(tmp_path)
+    assert r0["compute_dtype"] == policy.split("_")[1] and r0["variable_dtype"] == "float32"
+    # float16 needs loss scaling (compile wraps the optimizer); bfloat16 has float32's range and does not.
+    assert (r0["optimizer"] == "LossScaleOptimizer") == (policy == "mixed_float16")
+    losses = [h["loss"] for h in result.history]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
