@@ -1,12 +1,13 @@
 """W1 training throughput: raytf against Ray Train's TensorflowTrainer and plain
 MultiWorkerMirroredStrategy, in one invocation on one machine.
 
-    python bench/throughput.py [--systems raytf,ray_train,plain_mwms] [--repeats 1]
+    python bench/throughput.py [--systems raytf,ray_train,plain_mwms] [--repeats 1] [--steps-per-execution 1]
 
 Prints one JSON line per system and run (samples/s of the last epoch, fit()
 wall time) and a final line of ratios of the medians. Targets on the 2-CPU
 development machine: raytf >= 0.95x plain MWMS and >= 3x Ray Train.
 
+``raytf_keras3`` is raytf's Keras 3 path (``raytf.keras.fit``) on the same shards.
 ``ray_train`` trains exactly as the others do (global batch 256). ``ray_train_as_documented``
 passes ``to_tf`` to model.fit directly, as Ray's examples do; MultiWorkerMirroredStrategy
 then splits each batch in two, so it trains at global batch 128 with twice the steps.
@@ -80,7 +81,55 @@ def run_raytf(dataset, workdir: str) -> dict:
         datasets={"train": dataset},
         scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
         run=raytf.RunConfig(name="bench-raytf", storage_path=workdir, verbose=0),
-        tensorflow=raytf.TensorflowConfig(communication="ring", worker_env={"TF_USE_LEGACY_KERAS": "1"}),
+        tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras"),
+    ).fit()
+    return {**result.metrics, "fit_wall_s": time.perf_counter() - start}
+
+
+def _raytf_keras3_train(config):
+    import tensorflow as tf
+
+    import raytf
+    import raytf.keras
+
+    keras = tf.keras  # Keras 3 on these workers
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds, self.loss = time.perf_counter() - self.start, float(logs["loss"])
+
+    dataset = raytf.get_dataset_shard("train", batch_size=w1.WORKER_BATCH, features="x", label="y",
+                                      drop_remainder=True)
+    with raytf.strategy().scope():
+        model = keras.Sequential(
+            [keras.Input((w1.DIM,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(w1.CLASSES)]
+        )
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    timer = EpochTimer()
+    raytf.keras.fit(model, dataset, epochs=w1.EPOCHS, callbacks=[timer],
+                    steps_per_execution=w1.STEPS_PER_EXECUTION)
+    raytf.report({
+        "last_epoch_s": timer.seconds,
+        "samples_per_s": w1.WORKERS * w1.STEPS_PER_EPOCH * w1.WORKER_BATCH / timer.seconds,
+        "loss": timer.loss,
+    })
+
+
+def run_raytf_keras3(dataset, workdir: str) -> dict:
+    """raytf's Keras 3 path: raytf.keras.fit on the same shards, model and batch."""
+    import raytf
+
+    start = time.perf_counter()
+    result = raytf.Trainer(
+        _raytf_keras3_train,
+        datasets={"train": dataset},
+        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        run=raytf.RunConfig(name="bench-raytf-keras3", storage_path=workdir, verbose=0),
+        tensorflow=raytf.TensorflowConfig(communication="ring", keras="keras3"),
     ).fit()
     return {**result.metrics, "fit_wall_s": time.perf_counter() - start}
 
@@ -97,7 +146,9 @@ def _ray_train_train(config):
         )
     )
     dataset = train.get_dataset_shard("train").to_tf("x", "y", batch_size=w1.WORKER_BATCH, drop_last=True)
-    outcome = w1.fit(dataset, strategy, distribute=config["distribute"])
+    # model.fit cannot run several steps per call on data of unknown length: the documented way runs one.
+    outcome = w1.fit(dataset, strategy, distribute=config["distribute"],
+                     steps_per_execution=None if config["distribute"] else 1)
     if train.get_context().get_world_rank() == 0:
         # Ray Train 2 keeps in Result only the metrics reported with a checkpoint.
         with open(config["out"], "w") as f:
@@ -125,13 +176,15 @@ def run_ray_train(dataset, workdir: str, distribute: bool = True) -> dict:
 
 
 def run_ray_train_as_documented(dataset, workdir: str) -> dict:
-    """Ray Train as its examples use it: model.fit(shard.to_tf(...)) directly."""
+    """Ray Train as its examples use it: model.fit(shard.to_tf(...)) directly (steps_per_execution 1:
+    tf-keras cannot run several steps per call on a dataset of unknown length)."""
     return run_ray_train(dataset, workdir, distribute=False)
 
 
 SYSTEMS = {
     "plain_mwms": run_plain_mwms,
     "raytf": run_raytf,
+    "raytf_keras3": run_raytf_keras3,
     "ray_train": run_ray_train,
     "ray_train_as_documented": run_ray_train_as_documented,
 }
@@ -141,8 +194,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="Keras steps_per_execution, the same for every system")
     args = parser.parse_args()
     systems = args.systems.split(",")
+    os.environ["W1_STEPS_PER_EXECUTION"] = str(args.steps_per_execution)  # the plain workers' processes
+    w1.STEPS_PER_EXECUTION = args.steps_per_execution  # pickled with w1 to the Ray workers
 
     import ray
     from ray import cloudpickle
@@ -165,9 +222,9 @@ def main() -> None:
                 print(json.dumps({"system": system, "repeat": repeat, **outcome}), flush=True)
     median = {s: statistics.median(v) for s, v in samples.items()}
     ratios = {
-        f"raytf/{other}": round(median["raytf"] / median[other], 3)
-        for other in systems
-        if other != "raytf" and "raytf" in median
+        f"{ours}/{other}": round(median[ours] / median[other], 3)
+        for ours in ("raytf", "raytf_keras3") if ours in median
+        for other in systems if other != ours
     }
     print(json.dumps({"median_samples_per_s": {s: round(v) for s, v in median.items()}, "ratios": ratios}))
 

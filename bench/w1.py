@@ -11,6 +11,7 @@ training code and differ only in how data reaches it.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -26,6 +27,9 @@ BLOCKS = 16
 # batch is WORKERS x WORKER_BATCH. Every system hands its per-worker dataset to
 # model.fit through distribute_datasets_from_function (see fit()).
 WORKER_BATCH = GLOBAL_BATCH // WORKERS
+# Keras steps_per_execution, the same for every system compared (bench/throughput.py
+# --steps-per-execution sets it, for subprocesses too).
+STEPS_PER_EXECUTION = int(os.environ.get("W1_STEPS_PER_EXECUTION", "1"))
 STEPS_PER_EPOCH = ROWS // WORKERS // WORKER_BATCH
 WORKER_ENV = {
     "TF_USE_LEGACY_KERAS": "1",
@@ -55,7 +59,7 @@ def ray_dataset():
     return ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(block, batch_size=None).materialize()
 
 
-def fit(dataset, strategy, distribute: bool = True) -> dict:
+def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | None = None) -> dict:
     """Train the W1 model on this worker's dataset; return per-epoch timings and the loss.
 
     The dataset holds this worker's rows only. Passed straight to model.fit,
@@ -94,6 +98,7 @@ def fit(dataset, strategy, distribute: bool = True) -> dict:
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=steps_per_execution or STEPS_PER_EXECUTION,
         )
     timer = EpochTimer()
     if distribute:
