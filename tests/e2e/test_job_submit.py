@@ -62,15 +62,14 @@ def head(tmp_path_factory):
     log.close()
 
 
-def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
+def submit(head, tmp_path, script: str, *args: str) -> tuple[str, dict]:
+    """Submit ``jobs/<script>`` with ``args``; wait for it; return its logs and printed result."""
     address, env = head
     workdir = tmp_path / "job"
     shutil.copytree(os.path.join(REPO, "jobs"), workdir)
     submitted = ray_cli(
         "job", "submit", "--address", address, "--working-dir", str(workdir), "--no-wait", "--",
-        "python", "train_mlp.py", "--epochs", "2", "--rows", "4096",
-        "--name", "e2e", "--storage-path", str(tmp_path / "results"),
-        env=env,
+        "python", script, *args, env=env,
     )
     assert submitted.returncode == 0, submitted.stderr
     job_id = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr).group(0)
@@ -85,12 +84,33 @@ def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
         time.sleep(2)
     logs = ray_cli("job", "logs", "--address", address, job_id, env=env).stdout
     assert f"job '{job_id.lower()}' succeeded" in status, logs[-3000:]
+    return logs, json.loads(logs[logs.index("{\n") : logs.rindex("}") + 1])
 
-    printed = json.loads(logs[logs.index("{\n") : logs.rindex("}") + 1])
+
+def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
+    logs, printed = submit(
+        head, tmp_path, "train_mlp.py", "--epochs", "2", "--rows", "4096",
+        "--name", "e2e", "--storage-path", str(tmp_path / "results"),
+    )
     assert printed["final_metrics"]["epoch"] == 1
     assert printed["path"] == str(tmp_path / "results" / "e2e")
     history = json.loads((tmp_path / "results" / "e2e" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [0, 1]
+    assert "starting 2 workers" in logs
+
+
+@pytest.mark.parametrize("script, extra", [("train_keras3.py", ["--micro-batches", "2"]), ("train_tf_keras.py", [])])
+def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path, script, extra):
+    logs, printed = submit(
+        head, tmp_path, script, "--epochs", "2", "--rows", "4096", "--name", "keras",
+        "--storage-path", str(tmp_path / "results"), *extra,
+    )
+    metrics = printed["final_metrics"]
+    assert metrics["epoch"] == 1 and metrics["step"] == 2 * 4096 // 256
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(metrics)
+    # ReportCallback checkpointed every epoch; CheckpointConfig(num_to_keep=2) kept both.
+    index = json.loads((tmp_path / "results" / "keras" / "checkpoints" / "index.json").read_text())
+    assert [c["epoch"] for c in index["checkpoints"]] == [0, 1]
     assert "starting 2 workers" in logs
 
 
