@@ -13,13 +13,7 @@ os.environ.update(w1.WORKER_ENV)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
-strategy = tf.distribute.MultiWorkerMirroredStrategy(
-    communication_options=tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING
-    )
-)
+strategy = w1.ring_strategy()
 data = np.load(data_path)
 dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"])).batch(w1.WORKER_BATCH, drop_remainder=True)
 options = tf.data.Options()

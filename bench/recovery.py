@@ -137,13 +137,7 @@ def _ray_train_train(config):
     import tensorflow as tf
     from ray import train
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
-        )
-    )
+    strategy = w1.ring_strategy()
     rank = train.get_context().get_world_rank()
 
     def restore(trackables):
@@ -225,7 +219,7 @@ def main() -> None:
 
     cloudpickle.register_pickle_by_value(w1)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False, include_dashboard=False)
     dataset = w1.ray_dataset()
     summary = {}
     with tempfile.TemporaryDirectory() as workdir:

@@ -72,18 +72,23 @@ def _raytf_train(config):
     raytf.report(w1.fit(dataset, raytf.strategy()))
 
 
-def run_raytf(dataset, workdir: str) -> dict:
+def _fit_raytf(train_fn, dataset, workdir: str, keras: str) -> dict:
     import raytf
 
     start = time.perf_counter()
     result = raytf.Trainer(
-        _raytf_train,
+        train_fn,
         datasets={"train": dataset},
         scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
-        run=raytf.RunConfig(name="bench-raytf", storage_path=workdir, verbose=0),
-        tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras"),
+        run=raytf.RunConfig(name=f"bench-raytf-{keras}", storage_path=workdir, verbose=0),
+        tensorflow=raytf.TensorflowConfig(communication="ring", keras=keras),
     ).fit()
     return {**result.metrics, "fit_wall_s": time.perf_counter() - start}
+
+
+def run_raytf(dataset, workdir: str) -> dict:
+    """raytf with tf-keras's model.fit, as every other system trains."""
+    return _fit_raytf(_raytf_train, dataset, workdir, "tf_keras")
 
 
 def _raytf_keras3_train(config):
@@ -121,30 +126,13 @@ def _raytf_keras3_train(config):
 
 def run_raytf_keras3(dataset, workdir: str) -> dict:
     """raytf's Keras 3 path: raytf.keras.fit on the same shards, model and batch."""
-    import raytf
-
-    start = time.perf_counter()
-    result = raytf.Trainer(
-        _raytf_keras3_train,
-        datasets={"train": dataset},
-        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
-        run=raytf.RunConfig(name="bench-raytf-keras3", storage_path=workdir, verbose=0),
-        tensorflow=raytf.TensorflowConfig(communication="ring", keras="keras3"),
-    ).fit()
-    return {**result.metrics, "fit_wall_s": time.perf_counter() - start}
+    return _fit_raytf(_raytf_keras3_train, dataset, workdir, "keras3")
 
 
 def _ray_train_train(config):
-    import tensorflow as tf
     from ray import train
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
-        )
-    )
+    strategy = w1.ring_strategy()
     dataset = train.get_dataset_shard("train").to_tf("x", "y", batch_size=w1.WORKER_BATCH, drop_last=True)
     # model.fit cannot run several steps per call on data of unknown length: the documented way runs one.
     outcome = w1.fit(dataset, strategy, distribute=config["distribute"],
@@ -207,6 +195,7 @@ def main() -> None:
     cloudpickle.register_pickle_by_value(w1)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(
+        address="local",  # a Ray of its own, whatever else runs on the machine
         num_cpus=4,  # 2 workers x 1 CPU, with room for Ray Data and Ray Train's controller
         runtime_env={"env_vars": w1.WORKER_ENV},
         log_to_driver=False,

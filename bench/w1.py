@@ -41,6 +41,20 @@ WORKER_ENV = {
 }
 
 
+def ring_strategy():
+    """MultiWorkerMirroredStrategy from TF_CONFIG, RING collectives, one thread each:
+    how the anchors (plain TensorFlow, Ray Train) build theirs."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
+    )
+
+
 def projection() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((DIM, CLASSES)).astype(np.float32)
 

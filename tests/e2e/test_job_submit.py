@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -60,6 +61,11 @@ def head(tmp_path_factory):
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=90)
     log.close()
+    # `ray start` records the head in /tmp/ray/ray_current_cluster and a stopped
+    # --block head leaves it there; a later bare ray.init() would wait on it.
+    current = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+    if os.path.exists(current) and open(current).read().strip().endswith(f":{ports['gcs']}"):
+        os.remove(current)
 
 
 def submit(head, tmp_path, script: str, *args: str) -> tuple[str, dict]:
