@@ -327,8 +327,8 @@ def resumable_train(config: dict) -> None:
     Metrics name ``epoch`` the last *completed* epoch and ``step`` the global step.
 
     Test hooks, on attempt 0 only: ``mark_step`` (write running<rank>.json with
-    the pid and node), ``step_sleep`` (seconds per step), ``kill`` ({rank, step}:
-    that rank exits at that step).
+    the pid and node; with ``hold_after_mark``, then wait there), ``step_sleep``
+    (seconds per step), ``kill`` ({rank, step}: that rank exits at that step).
     """
     import itertools
 
@@ -381,6 +381,8 @@ def resumable_train(config: dict) -> None:
             if first_attempt and step == config.get("mark_step"):
                 _write(config["out_dir"], f"running{ctx.world_rank}.json",
                        {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
+                if config.get("hold_after_mark"):
+                    time.sleep(300)  # until the test takes this worker's node away
             if first_attempt and config.get("step_sleep"):
                 time.sleep(config["step_sleep"])
             kill = config.get("kill")

@@ -69,7 +69,7 @@ def test_a_peer_that_never_arrives_fails_the_attempt_after_start_timeout(cluster
         scaling=raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(
             name="never-arrives", storage_path=str(tmp_path / "results"), verbose=0,
-            failure_config=raytf.FailureConfig(max_failures=1, start_timeout_s=20),
+            failure_config=raytf.FailureConfig(max_failures=1, start_timeout_s=40),  # rank 0 is ready well before
         ),
     ).fit()
     assert result.attempts == 2
@@ -144,7 +144,7 @@ def test_sigterm_to_a_worker_checkpoints_the_current_step_and_is_not_a_failure(c
     preempted = [h for h in result.history if "preempted_at" in h]
     assert len(preempted) == 1 and preempted[0]["attempt"] == 0
     at = preempted[0]["preempted_at"]
-    assert 8 <= at <= 16  # saved in epoch 0, at the step where the ranks agreed
+    assert 8 <= at < ROWS // 32  # saved mid-epoch 0, at the step where the ranks agreed
     resumed = [h for h in result.history if h["attempt"] == 1]
     assert resumed[0]["resumed_at"] == at and resumed[-1]["epoch"] == 2
 
@@ -189,7 +189,7 @@ def test_elastic_group_shrinks_when_a_lost_node_does_not_come_back(cluster, tmp_
     removed = []
     try:
         join = in_background(resumable(
-            tmp_path, "elastic", {"mark_step": 20, "step_sleep": 0.2, "global_batch": 64},
+            tmp_path, "elastic", {"mark_step": 20, "hold_after_mark": True, "global_batch": 64},
             scaling=raytf.ScalingConfig(num_workers=(1, 2), resources_per_worker={"elastic": 1}, resize_timeout_s=3),
             failure_config=raytf.FailureConfig(max_failures=1),
         ))
