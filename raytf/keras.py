@@ -138,9 +138,21 @@ class _Steps:
 
             return known, unknown
 
+        @tf.function
+        def skip(iterator: Any, steps: Any) -> None:
+            for _ in tf.range(steps):
+                next(iterator)
+
+        self._skip = skip
         self.train = make(lambda data: model.train_step(data))
         self.test = make(lambda data: model.test_step(data))
         self.steps_per_execution = steps_per_execution
+
+    def skip(self, iterator: Any, steps: int) -> None:
+        """Draw ``steps`` batches without training on them (already trained before a restart)."""
+        import tensorflow as tf
+
+        self._skip(iterator, tf.constant(steps))
 
     def epoch(self, functions: Any, iterator: Any, steps: Optional[int], on_begin: Any, on_end: Any) -> int:
         """Run ``steps`` steps, or to the end of ``iterator`` when None; returns the steps run."""
@@ -196,12 +208,15 @@ def fit(
     for name, value in (("epochs", epochs), ("steps_per_execution", steps_per_execution)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RaytfError(f"raytf.keras.fit: {name} must be an int >= 1, got {value!r}")
-    if initial_epoch is None:
+    resuming = initial_epoch is None
+    if resuming:
         initial_epoch = restore(model)
     else:
         _build_optimizer(model)
     if steps_per_epoch is None:
         steps_per_epoch = _known_length(dataset)
+    # A checkpoint taken mid-epoch (a preemption) records the steps done: skip their batches.
+    skip = _steps_done_in_epoch(model, initial_epoch, steps_per_epoch) if resuming else 0
     if validation_steps is None and validation_data is not None:
         validation_steps = _known_length(validation_data)
     train_data = _Feed(dataset, steps_per_epoch)
@@ -217,11 +232,17 @@ def fit(
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
+        iterator = train_data.iterator()
+        if skip:
+            steps.skip(iterator, skip)
         steps.epoch(
-            steps.train, train_data.iterator(), steps_per_epoch,
-            lambda step: callback_list.on_train_batch_begin(step),
-            lambda step: callback_list.on_train_batch_end(step, {}),
+            steps.train, iterator, None if steps_per_epoch is None else steps_per_epoch - skip,
+            lambda step: callback_list.on_train_batch_begin(step + skip),
+            lambda step: callback_list.on_train_batch_end(step + skip, {}),
         )
+        skip = 0
+        if _session._current("keras.fit").preempted:
+            break  # a checkpoint of this step was reported; raytf restarts the group from it
         logs = _metrics(model)
         if val_data is not None:
             logs.update({f"val_{k}": v for k, v in _evaluate(model, steps, val_data, validation_steps).items()})
@@ -230,6 +251,15 @@ def fit(
             break
     callback_list.on_train_end(logs)
     return model.history
+
+
+def _steps_done_in_epoch(model: Any, epoch: int, steps_per_epoch: Optional[int]) -> int:
+    """Steps of ``epoch`` already trained, by the optimizer's count, when a restore left it mid-epoch."""
+    optimizer = getattr(model, "optimizer", None)
+    if steps_per_epoch is None or optimizer is None:
+        return 0
+    done = int(optimizer.iterations.numpy()) - epoch * steps_per_epoch
+    return done if 0 < done < steps_per_epoch else 0
 
 
 def _evaluate(model: Any, steps: _Steps, data: "_Feed", validation_steps: Optional[int]) -> dict[str, float]:
@@ -275,17 +305,33 @@ def _known_length(dataset: Any) -> Optional[int]:
 _report_classes: dict[str, type] = {}
 
 
-def ReportCallback(*, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None, keras: Any = None) -> Any:  # noqa: N802 - used like a class
-    """A Keras callback that reports each epoch's logs to the driver, with a checkpoint.
+def ReportCallback(  # noqa: N802 - used like a class
+    *,
+    checkpoint: bool = True,
+    metrics: Optional[Sequence[str]] = None,
+    preemption_check_every: Optional[int] = 20,
+    keras: Any = None,
+) -> Any:
+    """A Keras callback that reports each epoch's logs to the driver, with a checkpoint,
+    and checkpoints and stops when the run is preempted.
 
     At every epoch end it calls ``raytf.report`` with the epoch logs (or only
     ``metrics``), ``epoch`` and ``step`` (the optimizer's iterations), and,
     with ``checkpoint=True``, ``Checkpoint.from_state(model=..., optimizer=...)``,
     thinned by ``CheckpointConfig.every_n_epochs``. :func:`restore` (and
-    :func:`fit` by default) resumes from it. Works with Keras 3 and tf-keras
-    (``keras`` picks the package; default: the one ``tf.keras`` is here), in
-    ``raytf.keras.fit`` and in tf-keras's own ``model.fit``. Every rank must
-    use it, since the checkpoint is written by every rank.
+    :func:`fit` by default) resumes from it.
+
+    Every ``preemption_check_every`` batch ends (each one call into
+    TensorFlow: ``steps_per_execution`` steps) it asks
+    ``raytf.preemption_requested()``; once a node is draining or a worker got
+    SIGTERM, it reports a checkpoint of the current step and stops training.
+    :func:`fit` resumes from that step (tf-keras's ``model.fit`` restarts the
+    interrupted epoch). ``None`` turns the check off.
+
+    Works with Keras 3 and tf-keras (``keras`` picks the package; default: the
+    one ``tf.keras`` is here), in ``raytf.keras.fit`` and in tf-keras's own
+    ``model.fit``. Every rank must use it, with the same settings: checkpoints
+    are written and preemption agreed by every rank.
     """
     if keras is None:
         import tensorflow as tf
@@ -294,19 +340,49 @@ def ReportCallback(*, checkpoint: bool = True, metrics: Optional[Sequence[str]] 
     name = keras.__name__.split(".")[0]
     if name not in _report_classes:
         _report_classes[name] = _make_report_class(keras)
-    return _report_classes[name](checkpoint=checkpoint, metrics=metrics)
+    if preemption_check_every is not None and (
+        isinstance(preemption_check_every, bool) or not isinstance(preemption_check_every, int)
+        or preemption_check_every < 1
+    ):
+        raise RaytfError(
+            f"raytf.keras.ReportCallback: preemption_check_every must be an int >= 1 or None, got "
+            f"{preemption_check_every!r}"
+        )
+    return _report_classes[name](checkpoint=checkpoint, metrics=metrics, check_every=preemption_check_every)
 
 
 def _make_report_class(keras: Any) -> type:
     from raytf.checkpoint import Checkpoint
 
     class ReportCallback(keras.callbacks.Callback):
-        def __init__(self, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None):
+        def __init__(self, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None,
+                     check_every: Optional[int] = 20):
             super().__init__()
             self.save = checkpoint
             self.names = list(metrics) if metrics is not None else None
+            self.check_every = check_every
+            self.batch_ends = 0
+            self.epoch = 0
+            self.preempted = False
+
+        def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+            self.batch_ends += 1
+            if self.check_every is None or self.preempted or self.batch_ends % self.check_every:
+                return
+            if _session.preemption_requested():  # the same answer on every rank
+                self.preempted = True
+                step = int(self.model.optimizer.iterations.numpy())
+                # "epoch" is the last completed one: resuming continues this one at "step".
+                _session.report({"epoch": self.epoch - 1, "step": step, "preempted_at_step": step},
+                                checkpoint=Checkpoint.from_state(**_state(self.model)))
+                self.model.stop_training = True
 
         def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+            if self.preempted:
+                return  # stopped mid-epoch: its checkpoint is already reported
             logs = dict(logs or {})
             if self.names is not None:
                 logs = {k: logs[k] for k in self.names if k in logs}

@@ -438,8 +438,10 @@ def keras_train(config: dict) -> None:
     """The small MLP through one of raytf's Keras paths, reporting with ReportCallback.
 
     ``path``: "keras3" (raytf.keras.fit) or "tf_keras" (tf-keras's own model.fit
-    on raytf.keras.distribute, resumed with raytf.keras.restore). On attempt 0,
-    rank 1 exits right after epoch ``kill_after_epoch`` was reported. Writes
+    on raytf.keras.distribute, resumed with raytf.keras.restore). On attempt 0:
+    rank 1 exits right after epoch ``kill_after_epoch`` was reported; each
+    batch end sleeps ``step_sleep``; batch end ``mark_batch`` writes
+    running<rank>.json with the pid. Writes
     rank<r>.json: the Keras version, dtypes, the optimizer class and the history.
     """
     import tensorflow as tf
@@ -459,13 +461,23 @@ def keras_train(config: dict) -> None:
         model.compile(optimizer=keras.optimizers.Adam(0.01),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 
-    class KillAfter(keras.callbacks.Callback):
+    class Hooks(keras.callbacks.Callback):
+        batch_ends = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batch_ends += 1
+            if ctx.attempt == 0 and config.get("step_sleep"):
+                time.sleep(config["step_sleep"])
+            if ctx.attempt == 0 and self.batch_ends == config.get("mark_batch"):
+                _write(config["out_dir"], f"running{ctx.world_rank}.json", {"pid": os.getpid()})
+
         def on_epoch_end(self, epoch, logs=None):
             if ctx.attempt == 0 and ctx.world_rank == 1 and epoch == config.get("kill_after_epoch"):
                 time.sleep(1.0)  # rank 0's report (and its checkpoint's commit) comes first
                 os._exit(1)
 
-    callbacks = [raytf.keras.ReportCallback(), KillAfter()]
+    report = raytf.keras.ReportCallback(preemption_check_every=config.get("check_every", 20))
+    callbacks = [report, Hooks()]
     if config["path"] == "keras3":
         history = raytf.keras.fit(model, train, epochs=config["epochs"], validation_data=val, callbacks=callbacks,
                                   steps_per_execution=config.get("steps_per_execution", 1))
@@ -483,6 +495,7 @@ def keras_train(config: dict) -> None:
         "variable_dtype": model.layers[0].variable_dtype if hasattr(model.layers[0], "variable_dtype") else model.layers[0].dtype,
         "optimizer": type(model.optimizer).__name__,
         "attempt": ctx.attempt,
+        "iterations": int(model.optimizer.iterations.numpy()),
     })
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -101,3 +104,32 @@ def test_mixed_precision_computes_in_half_precision_with_loss_scaling_where_need
     assert (r0["optimizer"] == "LossScaleOptimizer") == (policy == "mixed_float16")
     losses = [h["loss"] for h in result.history]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_keras3_fit_checkpoints_on_preemption_and_resumes_at_that_step(cluster, tmp_path, no_leaks):
+    from tests.integration.conftest import wait_for
+
+    outcome = {}
+    trainer = raytf.Trainer(
+        workloads.keras_train,
+        config={"out_dir": str(tmp_path), "path": "keras3", "epochs": 3, "mark_batch": 6, "step_sleep": 0.2,
+                "check_every": 4},
+        datasets=datasets(),
+        scaling=raytf.ScalingConfig(num_workers=2),
+        tensorflow=raytf.TensorflowConfig(keras="keras3"),
+        run=raytf.RunConfig(name="keras-preempted", storage_path=str(tmp_path / "results"), verbose=0),
+    )
+    thread = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
+    thread.start()
+    running = wait_for(lambda: (tmp_path / "running1.json").exists() and tmp_path / "running1.json", 120, "training")
+    os.kill(json.loads(running.read_text())["pid"], signal.SIGTERM)
+    thread.join(timeout=300)
+    result = outcome["result"]
+    # ReportCallback saw the preemption, checkpointed the step and stopped; it cost no failure
+    # (max_failures=0), and fit() resumed at that step: 32 steps an epoch, none trained twice.
+    assert result.attempts == 2 and [f.kind for f in result.failures] == ["preempted"]
+    [preempted] = [h for h in result.history if "preempted_at_step" in h]
+    assert preempted["attempt"] == 0 and 8 <= preempted["preempted_at_step"] < 32
+    assert [(h["attempt"], h["epoch"]) for h in result.history if "preempted_at_step" not in h] == [(1, 0), (1, 1), (1, 2)]
+    assert result.history[-1]["step"] == 3 * 32
+    assert ranks(tmp_path)[0]["iterations"] == 3 * 32
