@@ -16,6 +16,11 @@ def _internal(resource: str) -> bool:
     return resource.startswith("node:") or resource in ("memory", "object_store_memory")
 
 
+def fits(bundle: Mapping[str, float], node: NodeResources) -> bool:
+    """Whether a node's total resources can hold one worker's bundle."""
+    return all(node.get(k, 0.0) >= v for k, v in bundle.items())
+
+
 def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) -> Optional[str]:
     """Why no live node could ever hold one worker's bundle, or None if one could.
 
@@ -23,7 +28,7 @@ def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) ->
     cluster as it stands can never meet, such as more GPUs per worker than
     any node has.
     """
-    if any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes):
+    if any(fits(bundle, node) for node in nodes):
         return None
     lines = [f"no node in the cluster can hold one worker, which asks for {_fmt(bundle)}."]
     for resource, amount in sorted(bundle.items()):

@@ -176,10 +176,6 @@ class FailureConfig:
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int):
-            raise ConfigError(
-                f"FailureConfig.max_failures must be an int (-1 retries forever), got {self.max_failures!r}"
-            )
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
         for name in ("worker_timeout_s", "start_timeout_s"):
             value = getattr(self, name)

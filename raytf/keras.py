@@ -114,7 +114,6 @@ class _Steps:
 
         self.model = model
         strategy = _session.strategy()
-        self.strategy = strategy
 
         def make(step_fn: Any) -> Any:
             @tf.function(reduce_retracing=True)
@@ -388,9 +387,8 @@ def _make_report_class(keras: Any) -> type:
                 logs = {k: logs[k] for k in self.names if k in logs}
             optimizer = getattr(self.model, "optimizer", None)
             step = int(optimizer.iterations.numpy()) if optimizer is not None else None
-            metrics = {**{k: _session.to_plain(v, k) for k, v in logs.items()}, "epoch": epoch, "step": step}
             state = Checkpoint.from_state(**_state(self.model)) if self.save else None
-            _session.report(metrics, checkpoint=state)
+            _session.report({**logs, "epoch": epoch, "step": step}, checkpoint=state)  # report() makes them plain
 
     return ReportCallback
 

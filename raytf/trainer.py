@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 from raytf import _env
 from raytf._controller import Controller
 from raytf._failure import FailurePolicy
-from raytf._placement import data_starvation, unfit_worker, unseen_storage
+from raytf._placement import data_starvation, fits, unfit_worker, unseen_storage
 from raytf._progress import ProgressPrinter, format_metrics
 from raytf._status import Report
 from raytf._storage import RunStorage
@@ -142,7 +142,7 @@ def _check_storage_is_shared(storage: RunStorage, bundle: dict[str, float]) -> N
         return
     nodes = [
         n for n in ray.nodes()
-        if n.get("Alive") and all(n["Resources"].get(k, 0.0) >= v for k, v in bundle.items())
+        if n.get("Alive") and fits(bundle, n["Resources"])
     ]
     if len(nodes) < 2:
         return
