@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Union
 
-from raytf._failure import LOST, Decision, FailurePolicy, root_cause
+from raytf._failure import LOST, STOPPED, Decision, FailurePolicy, root_cause
 from raytf._status import GroupStatus, Report
 from raytf.errors import TrainingFailedError, WorkerFailure, WorkerStartError
 
@@ -71,7 +71,8 @@ class Controller:
     """Runs one training run to the end: every attempt, every restart.
 
     ``on_report`` records a report and commits its checkpoint, if any; it
-    returns None, or why the checkpoint could not be committed.
+    returns None, or why the checkpoint could not be committed. ``guard`` is
+    called before every poll; what it raises ends the run (after shutdown).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class Controller:
         failure_grace_s: float = 3.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        guard: Callable[[], None] = lambda: None,
     ):
         self._group = group
         self._policy = policy
@@ -92,6 +94,7 @@ class Controller:
         self._failure_grace_s = failure_grace_s
         self._sleep = sleep
         self._clock = clock
+        self._guard = guard  # raises when the run must stop at once (this driver lost the run's lease)
         self.state: State = Scheduling(attempt=0)
 
     def step(self) -> tuple[State, State]:
@@ -135,6 +138,7 @@ class Controller:
         return state
 
     def _watch(self, state: Running) -> State:
+        self._guard()
         status = self._group.poll()
         for report in status.reports:
             # on_report commits a reported checkpoint; the worker's report() returns on the ack.
@@ -178,8 +182,9 @@ class Controller:
         return Errored(attempt, TrainingFailedError(failure, tuple(self._policy.failures)))
 
     def _cause_is_clear(self, state: Running, failures: tuple[WorkerFailure, ...]) -> bool:
-        """A lost worker explains everything; an exception alone waits out the grace period."""
-        if any(f.kind in LOST for f in failures):
+        """A lost worker, or one that stopped taking part, explains everything; an exception
+        alone waits out the grace period."""
+        if any(f.kind in LOST + STOPPED for f in failures):
             return True
         started = state.failing_since
         return started is not None and self._clock() - started >= self._failure_grace_s

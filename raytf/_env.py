@@ -8,6 +8,7 @@ import os
 POLL_INTERVAL_S = "RAYTF_POLL_INTERVAL_S"  # how often the driver polls workers
 SHUTDOWN_TIMEOUT_S = "RAYTF_SHUTDOWN_TIMEOUT_S"  # wait for killed actors to be gone
 FAILURE_GRACE_S = "RAYTF_FAILURE_GRACE_S"  # after an exception, how long to look for a dead peer
+LEASE_TTL_S = "RAYTF_LEASE_TTL_S"  # a dead driver's lease on its run expires after this long
 
 # Set in each worker before TensorFlow is imported.
 TF_CONFIG = "TF_CONFIG"
@@ -23,6 +24,7 @@ _DEFAULTS = {
     POLL_INTERVAL_S: 0.1,
     SHUTDOWN_TIMEOUT_S: 30.0,
     FAILURE_GRACE_S: 3.0,
+    LEASE_TTL_S: 60.0,
 }
 
 

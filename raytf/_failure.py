@@ -15,6 +15,8 @@ class Decision(enum.Enum):
 
 
 LOST = ("died", "unresponsive", "not_started")
+# A rank that stopped taking part while its peers waited for it (see raytf._hang).
+STOPPED = ("stalled", "returned_early")
 # Raised on the side of a collective whose peer went away: a loss, not a bug in train_fn.
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
 
@@ -25,12 +27,13 @@ def root_cause(failures: Sequence[WorkerFailure]) -> WorkerFailure:
     A lost worker (dead, unresponsive, never started) takes its peers down
     with it: their collectives fail within a second. So a loss is the cause
     whenever there is one; then an exception from ``train_fn`` (a peer's
-    collective errors are what it triggered); then the collective errors
-    themselves. Within a kind, the earliest.
+    collective errors are what it triggered); then a rank that stopped
+    taking part (returned early, or idle while the others waited); then the
+    collective errors themselves. Within a kind, the earliest.
     """
     if not failures:
         raise ValueError("root_cause needs at least one failure")
-    for kinds in (LOST, ("exception",)):
+    for kinds in (LOST, ("exception",), STOPPED):
         found = [f for f in failures if f.kind in kinds]
         if found:
             return min(found, key=lambda f: (f.time, f.rank))
@@ -57,7 +60,9 @@ class FailurePolicy:
         self.failures.append(failure)
         if failure.kind == "preempted":
             return Decision.RETRY
-        if failure.kind == "exception" and not self._config.retry_on_exception:
+        # An exception, or a train_fn that returned before its peers, is the training
+        # code's doing: a retry would do it again, unless the user says otherwise.
+        if failure.kind in ("exception", "returned_early") and not self._config.retry_on_exception:
             return Decision.RAISE
         if self._exhausted():
             return Decision.RAISE

@@ -91,6 +91,17 @@ def check_request(request: ShardRequest) -> None:
             )
 
 
+def check_rows(dataset: str, rows: int, world_size: int) -> None:
+    """An empty shard is an error that says why, not a missing-column error further on."""
+    if rows > 0:
+        return
+    raise DatasetShardError(
+        f"raytf.get_dataset_shard({dataset!r}): a worker's shard has no rows: the dataset is empty, "
+        f"or has fewer rows than the {world_size} workers it is split across. Pass more data, fewer "
+        "workers, or leave it out of DataConfig(datasets_to_split=...) so every worker gets all of it"
+    )
+
+
 def stack_column(name: str, dataset: str, values: np.ndarray) -> np.ndarray:
     """One column as a dense array; a ragged column is an error that names it."""
     if values.dtype != object:
@@ -215,10 +226,13 @@ def dataset_from_arrays(
 def _finish(dataset: Any) -> Any:
     import tensorflow as tf
 
+    from raytf import _strategy
+
     options = tf.data.Options()
     # The data is already sharded by Ray Data; TensorFlow must not shard it again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options)
+    # Per-worker batches: raytf's strategy distributes it (and all built from it) per worker.
+    return _strategy.mark_shard(dataset.with_options(options))
 
 
 def _spec_of(column: str, arrow_type: Any, dataset: str) -> tuple[Any, tuple[Optional[int], ...]]:

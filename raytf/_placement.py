@@ -101,3 +101,17 @@ def unseen_storage(root: str, seen: Mapping[str, Optional[bool]]) -> Optional[st
         "s3://bucket/prefix or gs://bucket/prefix, or a path on a network filesystem (NFS, EFS) "
         "mounted at the same place on every node."
     )
+
+
+def too_few_rows(name: str, rows: int, workers: int, split: bool) -> Optional[str]:
+    """Why a materialized dataset cannot feed the group (empty, or fewer rows than workers), or None."""
+    if split and rows < workers:
+        return (
+            f"Trainer(datasets={{{name!r}: ...}}) has {rows} row(s), fewer than the {workers} workers it "
+            "is split across, so some worker would get none. Pass more data, lower "
+            "ScalingConfig.num_workers, or leave it out of DataConfig(datasets_to_split=...) so every "
+            "worker gets all of it"
+        )
+    if rows == 0:
+        return f"Trainer(datasets={{{name!r}: ...}}) is empty (0 rows); pass a dataset with rows"
+    return None

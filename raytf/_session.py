@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from raytf._status import Report
+from raytf._status import HISTORY_KEYS, Report
 from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class WorkerSession:
         *,
         checkpoint_every: Optional[tuple[str, int]] = None,
         preempt_requested: Callable[[], bool] = lambda: False,
+        lease_token: Optional[str] = None,
     ):
         self.context = context
         self._storage = storage  # (pyarrow filesystem, run root), as the driver opened them
@@ -88,6 +89,7 @@ class WorkerSession:
         self._acks: dict[int, threading.Event] = {}
         self._ack_errors: dict[int, str] = {}
         self._checkpoint_every = checkpoint_every
+        self._lease_token = lease_token
         metadata = (resume or {}).get("metadata", {})
         # Where the last saved checkpoint was, for CheckpointConfig.every_n_*.
         self._last_saved = {
@@ -97,6 +99,9 @@ class WorkerSession:
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
         # checkpoint's, so a resumed run sees the orders a run without a failure saw.
         self.first_epoch = self._last_saved["epoch"] + 1
+        # The run's last completed epoch as raytf.keras.ReportCallback numbers them,
+        # across every model.fit call and from the resumed checkpoint on.
+        self.keras_epoch = self._last_saved["epoch"]
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
         self.preempted = False
@@ -107,6 +112,16 @@ class WorkerSession:
         if self._resume is None:
             return None
         return Checkpoint(self._resume["path"], self._storage[0], self._resume["metadata"])
+
+    def end_keras_epoch(self, keras_epoch: int) -> int:
+        """The run's number of the epoch Keras just ended as ``keras_epoch``.
+
+        Keras counts from ``initial_epoch`` in every ``fit`` call, so code that
+        calls ``fit`` once per epoch (as Ray Train's examples do) sees epoch 0
+        every time; the run's count goes on from the last epoch ended.
+        """
+        self.keras_epoch = keras_epoch if keras_epoch > self.keras_epoch else self.keras_epoch + 1
+        return self.keras_epoch
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
         """The driver committed (or refused) the checkpoint of report ``seq``."""
@@ -119,7 +134,14 @@ class WorkerSession:
     def _upload(self, checkpoint: Any) -> dict[str, Any]:
         from raytf.checkpoint import checkpoint_name, checkpoints_dir, upload
 
+        from raytf import _lease
+
         filesystem, root = self._storage
+        if self._lease_token is not None and not _lease.holds(filesystem, root, self._lease_token):
+            raise RaytfError(
+                "raytf.report: this run's driver no longer holds the run's lease (another driver took "
+                "the run over, or the driver stopped renewing it); not uploading the checkpoint"
+            )
         seq = self._next_checkpoint_seq
         self._next_checkpoint_seq += 1
         name = checkpoint_name(seq)
@@ -156,11 +178,15 @@ class WorkerSession:
         seed_here = _ingest.shuffle_seed(seed, name, ctx.world_rank, call)
         iterator = self._datasets[name]
         if not cache:
-            return _ingest.streaming_dataset(iterator, request, iterator.schema(), seed_here)
+            schema = iterator.schema()
+            if schema is None:  # Ray Data has no schema for a dataset without rows
+                _ingest.check_rows(name, 0, ctx.world_size)
+            return _ingest.streaming_dataset(iterator, request, schema, seed_here)
         if name not in self._cached:
             arrays = _ingest.read_shard(iterator, name)
             own = len(next(iter(arrays.values()))) if arrays else 0
             counts = _ingest.agree_on_rows(self.strategy, own, ctx.world_rank, ctx.world_size)
+            _ingest.check_rows(name, min(counts), ctx.world_size)  # every rank raises alike
             if min(counts) < own:
                 logger.warning(
                     "dataset %r: this worker has %d rows, the smallest shard %d; using %d so every "
@@ -274,6 +300,11 @@ class WorkerSession:
         for key, value in metrics.items():
             if not isinstance(key, str):
                 raise TypeError(f"raytf.report(metrics): metric names must be str, got {key!r}")
+            if key in HISTORY_KEYS:
+                raise ValueError(
+                    f"raytf.report(metrics): the metric name {key!r} is raytf's (every history entry "
+                    f"carries {', '.join(HISTORY_KEYS)}); rename the metric, e.g. to 'my_{key}'"
+                )
             clean[key] = to_plain(value, key)
         uploaded = self._save(clean, checkpoint) if checkpoint is not None else None
         with self._lock:

@@ -7,6 +7,9 @@ from typing import Any, Optional
 
 from raytf.errors import WorkerFailure
 
+# What the driver adds to every history entry; raytf.report refuses metrics of these names.
+HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint")
+
 
 @dataclass(frozen=True)
 class Report:
@@ -21,6 +24,23 @@ class Report:
 
 
 @dataclass(frozen=True)
+class Activity:
+    """What a worker's training thread has been doing, continuously, as sampled at each poll.
+
+    ``kind``: ``"tensorflow"`` (inside a TensorFlow call: computing, or
+    waiting in a collective for its peers), ``"raytf"`` (raytf's own work:
+    reading a shard, uploading a checkpoint, waiting for its commit),
+    ``"python"`` (the user's own code, outside TensorFlow) or
+    ``"finished"`` (``train_fn`` returned). ``where`` is the innermost line
+    of the user's code on the thread's stack.
+    """
+
+    kind: str
+    seconds: float
+    where: str = ""
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     """One worker's answer to a poll: reports since the last poll, its phase, its error."""
 
@@ -29,6 +49,7 @@ class WorkerStatus:
     reports: tuple[Report, ...] = ()
     failure: Optional[WorkerFailure] = None
     preempt_reason: Optional[str] = None  # set once this worker was asked to stop for a preemption
+    activity: Optional[Activity] = None
 
     @property
     def finished(self) -> bool:

@@ -1,8 +1,16 @@
-"""Where a run keeps its files: a local directory or any ``pyarrow.fs`` URI."""
+"""Where a run keeps its files: a local directory or any ``pyarrow.fs`` URI.
+
+Every JSON file raytf writes (the checkpoint index, history, run record,
+lease claims) goes through :func:`write_json`: replaced whole, so a reader
+sees the old file or the new one, and standard JSON, so any tool can read it
+(non-finite floats become the strings ``"NaN"``, ``"Infinity"`` and
+``"-Infinity"``, which :func:`read_json` turns back into floats).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import uuid
@@ -11,6 +19,8 @@ from typing import Any, Optional
 import pyarrow.fs as pafs
 
 from raytf.errors import ConfigError
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def resolve_storage(
@@ -33,34 +43,85 @@ def resolve_storage(
     return filesystem, root.rstrip("/"), text.rstrip("/")
 
 
+def join(fs: pafs.FileSystem, *parts: str) -> str:
+    return os.path.join(*parts) if isinstance(fs, pafs.LocalFileSystem) else posixpath.join(*parts)
+
+
+def plain_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its JSON-safe string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    return value
+
+
+def _restore_non_finite(value: Any) -> Any:
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: _restore_non_finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_non_finite(v) for v in value]
+    return value
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(plain_json(value), indent=1, sort_keys=True, allow_nan=False).encode()
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON as raytf writes it. Also reads files of older raytf versions, which wrote bare NaN."""
+    return _restore_non_finite(json.loads(data))
+
+
+def write_json(fs: pafs.FileSystem, path: str, value: Any) -> None:
+    """Replace ``path`` with ``value`` as standard JSON, so a reader never sees half a file.
+
+    A local write goes to a temporary name and is renamed into place (atomic
+    on POSIX); an object store writes a whole object with one PUT.
+    """
+    data = dumps(value)
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        os.replace(tmp, path)
+    else:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> Any:
+    with fs.open_input_stream(path) as stream:
+        return loads(stream.read())
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
 class RunStorage:
     """The directory of one run, ``<storage_path>/<name>``."""
 
     def __init__(self, storage_path: str | os.PathLike, name: str, filesystem: Optional[pafs.FileSystem] = None):
         self.filesystem, root, shown_root = resolve_storage(storage_path, filesystem)
-        local = isinstance(self.filesystem, pafs.LocalFileSystem)
-        self.root = os.path.join(root, name) if local else posixpath.join(root, name)
+        self.root = join(self.filesystem, root, name)
         base, _, query = shown_root.partition("?")  # s3://b/p?endpoint_override=... keeps its query last
         self.uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
         self.filesystem.create_dir(self.root, recursive=True)
 
+    def path(self, relpath: str) -> str:
+        return join(self.filesystem, self.root, relpath)
+
     def write_json(self, relpath: str, value: Any) -> None:
-        """Replace ``relpath`` with ``value`` as JSON, so a reader never sees half a file.
+        write_json(self.filesystem, self.path(relpath), value)
 
-        A local write goes to a temporary name and is renamed into place; an
-        object store writes a whole object at once.
-        """
-        path = f"{self.root}/{relpath}"
-        data = json.dumps(value, indent=1, sort_keys=True).encode()
-        if isinstance(self.filesystem, pafs.LocalFileSystem):
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with self.filesystem.open_output_stream(tmp) as out:
-                out.write(data)
-            self.filesystem.move(tmp, path)
-        else:
-            with self.filesystem.open_output_stream(path) as out:
-                out.write(data)
-
-    def read_json(self, relpath: str) -> Any:
-        with self.filesystem.open_input_stream(f"{self.root}/{relpath}") as stream:
-            return json.loads(stream.read())
+    def read_json(self, relpath: str, default: Any = None) -> Any:
+        """The JSON at ``relpath``, or ``default`` when there is no such file."""
+        path = self.path(relpath)
+        if default is not None and not exists(self.filesystem, path):
+            return default
+        return read_json(self.filesystem, path)

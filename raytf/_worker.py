@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 from ray import cloudpickle
 
-from raytf import _env, _session
+from raytf import _env, _session, _strategy
+from raytf._activity import ActivityTracker
 from raytf._session import TrainContext, WorkerSession
 from raytf._status import Report, WorkerStatus
 from raytf._topology import RankInfo, WorkerAddress
@@ -52,6 +53,7 @@ class WorkerSpec:
     storage: Any = None  # (pyarrow filesystem, run root on it): where checkpoints go
     next_checkpoint_seq: int = 0
     checkpoint_every: Optional[tuple[str, int]] = None  # ("epoch" | "step", n) from CheckpointConfig
+    lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
     keras: str = "auto"
     mixed_precision: Optional[str] = None
 
@@ -96,24 +98,6 @@ def worker_environment(spec: WorkerSpec) -> dict[str, str]:
         env[_env.TF_USE_LEGACY_KERAS] = "1" if spec.keras == "tf_keras" else "0"
     env.update(spec.env)
     return env
-
-
-def make_strategy(spec: WorkerSpec) -> Any:
-    """This worker's MultiWorkerMirroredStrategy; blocks until every peer has joined."""
-    import tensorflow as tf
-
-    implementation = {
-        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-    }[spec.communication]
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=spec.collective_timeout_s
-    )
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-        communication_options=options,
-    )
 
 
 def _configure_keras(spec: WorkerSpec) -> None:
@@ -186,6 +170,7 @@ class TrainWorker:
         self._session: Optional[WorkerSession] = None
         self._preempt_reason: Optional[str] = None
         self._go = threading.Event()  # set by connect(): every peer is ready to build the strategy
+        self._activity = ActivityTracker()
         self._catch_sigterm()
 
     def _catch_sigterm(self) -> None:
@@ -251,13 +236,17 @@ class TrainWorker:
         self._thread.start()
 
     def poll(self) -> WorkerStatus:
+        activity = None
         if self._phase == "training":
             self._catch_sigterm()
+            activity = self._activity.sample(self._thread.ident if self._thread else None)
+        elif self._phase == "finished":
+            activity = self._activity.finished()
         with self._lock:
             reports, self._reports = tuple(self._reports), []
         return WorkerStatus(
             rank=self._rank, phase=self._phase, reports=reports, failure=self._failure,
-            preempt_reason=self._preempt_reason,
+            preempt_reason=self._preempt_reason, activity=activity,
         )
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
@@ -289,7 +278,8 @@ class TrainWorker:
             self._go.wait()
             self._phase = "connecting"
             self._release_port()
-            strategy = make_strategy(spec)
+            strategy = _strategy.make_strategy(spec.communication, spec.collective_timeout_s)
+            _strategy.install(strategy)
             context = TrainContext(
                 **asdict(spec.rank),
                 attempt=spec.attempt,
@@ -299,7 +289,7 @@ class TrainWorker:
             )
             self._session = WorkerSession(
                 context, strategy, self._sink, spec.datasets, spec.resume, spec.next_checkpoint_seq,
-                spec.storage, checkpoint_every=spec.checkpoint_every,
+                spec.storage, checkpoint_every=spec.checkpoint_every, lease_token=spec.lease_token,
                 preempt_requested=lambda: self._preempt_reason is not None,
             )
             _session.install(self._session)

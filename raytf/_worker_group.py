@@ -13,7 +13,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytf import _env
 from raytf._placement import placement_timeout_message
-from raytf._status import GroupStatus, Report
+from raytf._hang import blame_collective, find_hangs
+from raytf._status import Activity, GroupStatus, Report
 from raytf._topology import WorkerAddress, assign_ranks, build_tf_config, worker_list
 from raytf._worker import TrainWorker, WorkerSpec
 from raytf.config import ScalingConfig, TensorflowConfig
@@ -69,6 +70,8 @@ class RayWorkerGroup:
         worker_timeout_s: float = 30.0,
         start_timeout_s: float = 120.0,
         checkpoint_every: Optional[tuple[str, int]] = None,
+        lease_token: Optional[str] = None,
+        hang_timeout_s: Optional[float] = None,
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -90,6 +93,9 @@ class RayWorkerGroup:
         self._worker_timeout_s = worker_timeout_s
         self._start_timeout_s = start_timeout_s
         self._checkpoint_every = checkpoint_every
+        self._lease_token = lease_token
+        self._hang_timeout_s = hang_timeout_s
+        self._activities: dict[int, tuple[Activity, float]] = {}  # world rank -> (last activity, heard at)
         self.num_workers = scaling.max_workers  # this attempt's, once placed
         self._started_at: Optional[float] = None
         self._preempt_reason: Optional[str] = None
@@ -210,6 +216,7 @@ class RayWorkerGroup:
                 next_checkpoint_seq=next_seq,
                 storage=self._storage,
                 checkpoint_every=self._checkpoint_every,
+                lease_token=self._lease_token,
                 keras=tensorflow.keras,
                 mixed_precision=tensorflow.mixed_precision,
             )
@@ -288,11 +295,17 @@ class RayWorkerGroup:
                 continue
             reports.extend(status.reports)
             self._phases[rank] = status.phase
+            if status.activity is not None:
+                self._activities[rank] = (status.activity, now)
             if status.failure is not None:
                 failures.append(status.failure)
+                if status.failure.kind == "collective":  # a peer that stopped taking part is the cause
+                    failures.extend(blame_collective(status.failure, self._activities_now(now), self._node_ips()))
             if status.preempt_reason and self._preempt_reason is None:
                 self._request_preemption(f"rank {rank}: {status.preempt_reason}")
         failures.extend(self._not_joined(now))
+        if not failures:
+            failures.extend(find_hangs(self._activities_now(now), self._hang_timeout_s, self._node_ips()))
         self._watch_drains(now)
         if not self._connected and len(self._phases) == len(self._actors) and all(
             p not in ("created", "starting") for p in self._phases.values()
@@ -310,6 +323,16 @@ class RayWorkerGroup:
             preempting=self._preempt_reason is not None, preempt_reason=self._preempt_reason,
             stopped=stopped,
         )
+
+    def _activities_now(self, now: float) -> dict[int, Activity]:
+        """Each rank's last activity, aged by the time since it was heard."""
+        return {
+            rank: Activity(a.kind, a.seconds + (now - heard), a.where)
+            for rank, (a, heard) in self._activities.items()
+        }
+
+    def _node_ips(self) -> dict[int, str]:
+        return {rank: address.node_ip for rank, address in zip(self._world_ranks, self._addresses)}
 
     def _not_joined(self, now: float) -> list[WorkerFailure]:
         """After start_timeout_s, the workers furthest from joining the group (a peer that never arrives)."""
@@ -359,7 +382,7 @@ class RayWorkerGroup:
     def shutdown(self) -> None:
         """Kill every actor, wait until they are gone, and remove the placement group."""
         actors, self._actors = self._actors, []
-        self._in_flight, self._phases = {}, {}
+        self._in_flight, self._phases, self._activities = {}, {}, {}
         self._started_at = None
         for actor in actors:
             ray.kill(actor, no_restart=True)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 import time
@@ -33,6 +35,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow.fs as pafs
 
+from raytf import _storage
 from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)
@@ -58,8 +61,48 @@ def _crc32(stream: Any) -> tuple[int, int]:
         size += len(chunk)
 
 
-def _join(fs: pafs.FileSystem, *parts: str) -> str:
-    return os.path.join(*parts) if isinstance(fs, pafs.LocalFileSystem) else posixpath.join(*parts)
+_join = _storage.join
+_NAME = re.compile(r"checkpoint_(\d{6,})")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_links(root: str) -> None:
+    """Refuse symbolic links in a checkpoint directory that leave it, dangle or loop.
+
+    Links that stay inside the directory are followed (their targets' bytes
+    are stored). One that leaves it would copy files the user never meant to
+    store (``/etc/passwd``), and a loop would be copied level after level.
+    """
+    real_root = os.path.realpath(root)
+
+    def walk(path: str, ancestors: frozenset[str]) -> None:
+        for entry in os.scandir(path):
+            relative = os.path.relpath(entry.path, root)
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not _within(target, real_root):
+                    raise CheckpointError(
+                        f"checkpoint directory {root!r}: {relative!r} is a symbolic link to {target!r}, "
+                        "outside the checkpoint; copy the file in, or point the link inside the directory"
+                    )
+                if not os.path.exists(entry.path):
+                    raise CheckpointError(
+                        f"checkpoint directory {root!r}: {relative!r} is a symbolic link that dangles or "
+                        "loops; remove it"
+                    )
+            if entry.is_dir():  # follows links to directories
+                real = os.path.realpath(entry.path)
+                if real in ancestors:
+                    raise CheckpointError(
+                        f"checkpoint directory {root!r}: {relative!r} links back to a directory that "
+                        "contains it (a loop); remove the link"
+                    )
+                walk(entry.path, ancestors | {real})
+
+    walk(root, frozenset({real_root}))
 
 
 class Checkpoint:
@@ -76,6 +119,7 @@ class Checkpoint:
         local = os.path.abspath(os.fspath(path))
         if not os.path.isdir(local):
             raise ValueError(f"Checkpoint.from_directory: {local!r} is not a directory")
+        check_links(local)
         return cls(local)
 
     @staticmethod
@@ -180,6 +224,7 @@ class CheckpointEntry:
     epoch: Optional[int] = None
     step: Optional[int] = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    driver_start: int = 0  # which start of a driver for this run committed it (0: the first)
 
 
 def _manifest(fs: pafs.FileSystem, root: str, *, checksums: bool = True) -> dict[str, dict[str, int]]:
@@ -214,6 +259,8 @@ def upload(checkpoint: Checkpoint, fs: pafs.FileSystem, checkpoints_dir: str, na
     target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
     if fs.get_file_info(final).type != pafs.FileType.NotFound:
         fs.delete_dir(final)  # debris of an upload whose commit never happened
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        check_links(checkpoint.path)  # again: the directory may have changed since from_directory
     manifest = {"files": _manifest(checkpoint.filesystem, checkpoint.path)}
     fs.create_dir(target, recursive=True)
     pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
@@ -252,8 +299,47 @@ def checkpoints_dir(fs: pafs.FileSystem, run_root: str) -> str:
     return _join(fs, run_root, "checkpoints")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_entry(raw: Any) -> CheckpointEntry:
+    """One index entry, with every field's type checked; ValueError says what is wrong.
+
+    Fields this version does not know (written by a newer raytf) are ignored.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError(f"it is a {type(raw).__name__}, not an object")
+    for key, check, what in (
+        ("name", lambda v: isinstance(v, str), "a str"),
+        ("seq", _is_int, "an int"),
+        ("attempt", _is_int, "an int"),
+        ("time", _is_number, "a number"),
+    ):
+        if not check(raw.get(key)):
+            raise ValueError(f"its {key!r} is {raw.get(key)!r}, not {what}")
+    for key in ("epoch", "step", "driver_start"):
+        if raw.get(key) is not None and not _is_int(raw[key]):
+            raise ValueError(f"its {key!r} is {raw[key]!r}, not an int")
+    if not isinstance(raw.get("metrics", {}), dict):
+        raise ValueError(f"its 'metrics' is {raw['metrics']!r}, not an object")
+    fields = {k: v for k, v in raw.items() if k in CheckpointEntry.__dataclass_fields__}
+    fields["driver_start"] = fields.get("driver_start") or 0
+    return CheckpointEntry(**fields)
+
+
 class CheckpointManager:
-    """The driver's record of a run's checkpoints: commit, retention, what to resume from."""
+    """The driver's record of a run's checkpoints: commit, retention, what to resume from.
+
+    An index entry whose fields are damaged (a hand edit, a buggy writer) is
+    skipped with a warning that names the checkpoint used instead; it stays
+    in the index under ``"damaged"`` and its directory is never deleted, so
+    nothing is lost while a person looks at it.
+    """
 
     def __init__(self, fs: pafs.FileSystem, run_root: str, *, num_to_keep: Optional[int] = None,
                  score_attribute: Optional[str] = None, mode: str = "max"):
@@ -263,29 +349,40 @@ class CheckpointManager:
         self.score_attribute = score_attribute
         self.mode = mode
         fs.create_dir(self.dir, recursive=True)
+        self.damaged: list[Any] = []  # raw index entries that did not parse, kept as they were
         self.entries: list[CheckpointEntry] = self._read_index()
 
     @property
     def next_seq(self) -> int:
-        return self.entries[-1].seq + 1 if self.entries else 0
+        """One past every checkpoint number in use, damaged entries' included: never reuse a name."""
+        used = [e.seq for e in self.entries] + [
+            s for s in (_seq_of_name(d.get("name")) for d in self.damaged if isinstance(d, dict)) if s is not None
+        ]
+        return max(used) + 1 if used else 0
 
     def path_of(self, entry: CheckpointEntry) -> str:
         return _join(self.fs, self.dir, entry.name)
 
     def _read_index(self) -> list[CheckpointEntry]:
         path = _join(self.fs, self.dir, INDEX)
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+        if not _storage.exists(self.fs, path):
             return []
         try:
-            with self.fs.open_input_stream(path) as stream:
-                raw = json.loads(stream.read())
-            entries = [CheckpointEntry(**entry) for entry in raw["checkpoints"]]
+            raw = _storage.read_json(self.fs, path)
+            listed = list(raw["checkpoints"]) + list(raw.get("damaged", []))
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise CheckpointError(
                 f"the checkpoint index {path} is unreadable ({error}); move it aside to start over, "
                 "or restore it from a backup"
             ) from None
-        for entry in entries:
+        entries, problems = [], []
+        for position, item in enumerate(listed):
+            try:
+                entry = parse_entry(item)
+            except ValueError as why:
+                self.damaged.append(item)
+                problems.append(f"entry {position} ({json.dumps(_storage.plain_json(item))[:200]}): {why}")
+                continue
             # Names are raytf's own; one that is not (say "../../other-run") would make
             # restore and retention read or delete outside this run's directory.
             if entry.name != checkpoint_name(entry.seq):
@@ -294,20 +391,23 @@ class CheckpointManager:
                     f"this run (expected {checkpoint_name(entry.seq)!r}); the index was edited or "
                     "corrupted: restore it from a backup or move it aside to start over"
                 )
+            entries.append(entry)
+        entries.sort(key=lambda e: e.seq)
+        if problems:
+            instead = f"{entries[-1].name} (epoch={entries[-1].epoch}, step={entries[-1].step})" if entries else "none"
+            logger.warning(
+                "the checkpoint index %s is damaged; skipping %s. Newest intact checkpoint, used "
+                "instead: %s. The damaged entries stay in the index under \"damaged\" and their "
+                "directories are kept.", path, "; ".join(problems), instead,
+            )
         return entries
 
     def _write_index(self) -> None:
-        path = _join(self.fs, self.dir, INDEX)
-        data = json.dumps({"version": 1, "checkpoints": [asdict(e) for e in self.entries]},
-                          indent=1, sort_keys=True).encode()
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with self.fs.open_output_stream(tmp) as out:
-                out.write(data)
-            os.replace(tmp, path)  # atomic on POSIX: readers see the old index or the new
-        else:
-            with self.fs.open_output_stream(path) as out:  # one PUT: the object appears whole
-                out.write(data)
+        # One whole-file write: a rename on local disk, one PUT on an object store.
+        value = {"version": 1, "checkpoints": [asdict(e) for e in self.entries]}
+        if self.damaged:
+            value["damaged"] = self.damaged
+        _storage.write_json(self.fs, _join(self.fs, self.dir, INDEX), value)
 
     def commit(self, entry: CheckpointEntry) -> None:
         """Record an uploaded checkpoint; from here on it is the one to resume from."""
@@ -317,6 +417,23 @@ class CheckpointManager:
         self._write_index()
         self._apply_retention()
 
+    def score(self, entry: CheckpointEntry) -> Optional[float]:
+        """The entry's ``score_attribute`` as a number, or None when it is missing, NaN or not a number."""
+        value = entry.metrics.get(self.score_attribute) if self.score_attribute else None
+        if not _is_number(value) or math.isnan(value):
+            return None
+        return float(value)
+
+    def _ranked(self, entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
+        """Best first by score; entries without a usable score rank last, always; ties keep the newer."""
+        sign = 1.0 if self.mode == "max" else -1.0
+
+        def key(entry: CheckpointEntry) -> tuple[bool, float, int]:
+            score = self.score(entry)
+            return (score is not None, sign * score if score is not None else 0.0, entry.seq)
+
+        return sorted(entries, key=key, reverse=True)
+
     def _apply_retention(self) -> None:
         if self.num_to_keep is None or len(self.entries) <= self.num_to_keep:
             return
@@ -324,12 +441,8 @@ class CheckpointManager:
         if self.score_attribute is None:
             keep = self.entries[-self.num_to_keep:]
         else:
-            scored = sorted(
-                self.entries[:-1],
-                key=lambda e: e.metrics.get(self.score_attribute, float("-inf") if self.mode == "max" else float("inf")),
-                reverse=self.mode == "max",
-            )
-            keep = [e for e in self.entries if e in scored[: self.num_to_keep - 1] or e is latest]
+            best = self._ranked(self.entries[:-1])[: self.num_to_keep - 1]
+            keep = [e for e in self.entries if e in best or e is latest]
         dropped = [e for e in self.entries if e not in keep]
         self.entries = [e for e in self.entries if e in keep]
         self._write_index()  # forget first, then delete: the index never names a deleted directory
@@ -337,8 +450,13 @@ class CheckpointManager:
             self.fs.delete_dir(self.path_of(entry))
 
     def clean_debris(self) -> None:
-        """Delete staging directories and checkpoint directories the index does not name."""
-        named = {e.name for e in self.entries}
+        """Delete staging directories and checkpoint directories the index does not name.
+
+        Directories named by damaged index entries are kept.
+        """
+        named = {e.name for e in self.entries} | {
+            d.get("name") for d in self.damaged if isinstance(d, dict) and isinstance(d.get("name"), str)
+        }
         for info in self.fs.get_file_info(pafs.FileSelector(self.dir)):
             base = posixpath.basename(info.path.rstrip("/"))
             if info.type == pafs.FileType.Directory and base not in named and (
@@ -382,14 +500,20 @@ def checkpoint_name(seq: int) -> str:
     return f"checkpoint_{seq:06d}"
 
 
-def new_entry(seq: int, attempt: int, metrics: dict[str, Any]) -> CheckpointEntry:
+def _seq_of_name(name: Any) -> Optional[int]:
+    match = _NAME.fullmatch(name) if isinstance(name, str) else None
+    return int(match.group(1)) if match else None
+
+
+def new_entry(seq: int, attempt: int, metrics: dict[str, Any], driver_start: int = 0) -> CheckpointEntry:
     epoch, step = metrics.get("epoch"), metrics.get("step")
     return CheckpointEntry(
         name=checkpoint_name(seq),
         seq=seq,
         attempt=attempt,
         time=time.time(),
-        epoch=int(epoch) if isinstance(epoch, (int, float)) else None,
-        step=int(step) if isinstance(step, (int, float)) else None,
+        epoch=int(epoch) if _is_number(epoch) and math.isfinite(epoch) else None,
+        step=int(step) if _is_number(step) and math.isfinite(step) else None,
         metrics=dict(metrics),
+        driver_start=driver_start,
     )

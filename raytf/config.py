@@ -19,22 +19,44 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 KERAS_VERSIONS = ("auto", "keras3", "tf_keras")
 MIXED_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
-RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_WORKERS = 100_000  # far past any Ray cluster; a typo of 10**12 fails here, not in Ray
 
 
-def _check_number(setting: str, value: object, *, minimum: float = 0.0) -> float:
+def _check_number(setting: str, value: object, *, minimum: float = 0.0, forever: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ConfigError(f"{setting} must be a number, got {value!r}")
+    if math.isinf(value):
+        raise ConfigError(
+            f"{setting} must be a finite number, got {value!r}"
+            + ("; pass None to wait forever" if forever else "")
+        )
     if value < minimum:
         raise ConfigError(f"{setting} must be >= {minimum:g}, got {value!r}")
     return float(value)
 
 
-def _check_int(setting: str, value: object, *, minimum: int) -> int:
+def _check_bool(setting: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{setting} must be True or False, got {value!r}")
+
+
+def _check_mapping(setting: str, value: object) -> dict:
+    """A mapping setting as a dict; None means empty, as in Ray Train."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{setting} must be a dict, got {type(value).__name__} {value!r}")
+    return dict(value)
+
+
+def _check_int(setting: str, value: object, *, minimum: int, maximum: Optional[int] = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{setting} must be an int, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{setting} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{setting} must be <= {maximum}, got {value}")
     return value
 
 
@@ -49,7 +71,7 @@ def _check_choice(setting: str, value: object, choices: Sequence[str], *, upper:
 def _check_timeout(setting: str, value: Optional[float]) -> None:
     if value is None:
         return
-    if _check_number(setting, value) <= 0:
+    if _check_number(setting, value, forever=True) <= 0:
         raise ConfigError(f"{setting} must be > 0 seconds or None to wait forever, got {value!r}")
 
 
@@ -88,15 +110,15 @@ class ScalingConfig:
                 raise ConfigError(
                     f"ScalingConfig.num_workers must be an int or a (min, max) pair, got {self.num_workers!r}"
                 )
-            low = _check_int("ScalingConfig.num_workers[0] (min)", self.num_workers[0], minimum=1)
-            high = _check_int("ScalingConfig.num_workers[1] (max)", self.num_workers[1], minimum=1)
+            low = _check_int("ScalingConfig.num_workers[0] (min)", self.num_workers[0], minimum=1, maximum=MAX_WORKERS)
+            high = _check_int("ScalingConfig.num_workers[1] (max)", self.num_workers[1], minimum=1, maximum=MAX_WORKERS)
             if low > high:
                 raise ConfigError(
                     f"ScalingConfig.num_workers=(min, max) needs min <= max, got {tuple(self.num_workers)!r}"
                 )
             object.__setattr__(self, "num_workers", (low, high))
         else:
-            _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1)
+            _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1, maximum=MAX_WORKERS)
         if _check_number("ScalingConfig.resize_timeout_s", self.resize_timeout_s) <= 0:
             raise ConfigError(f"ScalingConfig.resize_timeout_s must be > 0 seconds, got {self.resize_timeout_s!r}")
         _check_number("ScalingConfig.cpus_per_worker", self.cpus_per_worker)
@@ -106,7 +128,9 @@ class ScalingConfig:
                 "ScalingConfig.gpus_per_worker above 1 must be a whole number, "
                 f"got {self.gpus_per_worker!r}"
             )
-        for name, amount in dict(self.resources_per_worker).items():
+        resources = _check_mapping("ScalingConfig.resources_per_worker", self.resources_per_worker)
+        _check_bool("ScalingConfig.check_resources", self.check_resources)
+        for name, amount in resources.items():
             if not isinstance(name, str) or not name:
                 raise ConfigError(
                     f"ScalingConfig.resources_per_worker keys must be resource names, got {name!r}"
@@ -119,7 +143,7 @@ class ScalingConfig:
             _check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount)
         placement = _check_choice("ScalingConfig.placement", self.placement, PLACEMENT_STRATEGIES, upper=True)
         object.__setattr__(self, "placement", placement)
-        object.__setattr__(self, "resources_per_worker", dict(self.resources_per_worker))
+        object.__setattr__(self, "resources_per_worker", resources)
         _check_timeout("ScalingConfig.placement_timeout_s", self.placement_timeout_s)
         if not any(self.bundle().values()):
             raise ConfigError(
@@ -168,12 +192,19 @@ class FailureConfig:
     collective that failed because a peer went away (TensorFlow's
     Unavailable, DeadlineExceeded, Cancelled and Aborted errors), and
     preemptions, which do not count against ``max_failures`` at all.
+
+    ``hang_timeout_s`` ends a hang: when a rank has waited inside TensorFlow
+    that long while another rank's ``train_fn`` returned, or sat in its own
+    code outside TensorFlow as long, the attempt fails naming the latter
+    (``"returned_early"``, raised like an exception; ``"stalled"``, retried
+    like a lost worker). ``None`` turns it off.
     """
 
     max_failures: int = 0
     retry_on_exception: bool = False
     worker_timeout_s: float = 30.0
     start_timeout_s: float = 120.0
+    hang_timeout_s: Optional[float] = 300.0
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
@@ -181,10 +212,8 @@ class FailureConfig:
             value = getattr(self, name)
             if _check_number(f"FailureConfig.{name}", value) <= 0:
                 raise ConfigError(f"FailureConfig.{name} must be > 0 seconds, got {value!r}")
-        if not isinstance(self.retry_on_exception, bool):
-            raise ConfigError(
-                f"FailureConfig.retry_on_exception must be True or False, got {self.retry_on_exception!r}"
-            )
+        _check_timeout("FailureConfig.hang_timeout_s", self.hang_timeout_s)
+        _check_bool("FailureConfig.retry_on_exception", self.retry_on_exception)
 
 
 @dataclass(frozen=True)
@@ -255,7 +284,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.name is not None and (
             not isinstance(self.name, str)
-            or not RUN_NAME_PATTERN.match(self.name)
+            or not RUN_NAME_PATTERN.fullmatch(self.name)
             or self.name in (".", "..")
         ):
             raise ConfigError(
@@ -384,11 +413,20 @@ class TensorflowConfig:
             value = getattr(self, name)
             if value is not None:
                 _check_int(f"TensorflowConfig.{name}", value, minimum=1)
-        for key, value in dict(self.worker_env).items():
+        worker_env = _check_mapping("TensorflowConfig.worker_env", self.worker_env)
+        _check_bool("TensorflowConfig.gpu_memory_growth", self.gpu_memory_growth)
+        for key, value in worker_env.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise ConfigError(
                     f"TensorflowConfig.worker_env must map str to str, got {key!r}: {value!r}"
                 )
+            if not key or "=" in key or "\0" in key:
+                raise ConfigError(
+                    f"TensorflowConfig.worker_env: {key!r} is not an environment variable name "
+                    "(it must be non-empty, without '=' or NUL)"
+                )
+            if "\0" in value:
+                raise ConfigError(f"TensorflowConfig.worker_env[{key!r}] contains a NUL character")
             if key == "TF_CONFIG":
                 raise ConfigError(
                     "TensorflowConfig.worker_env must not set TF_CONFIG: raytf builds it from each "
@@ -399,7 +437,7 @@ class TensorflowConfig:
                     f"TensorflowConfig: worker_env sets TF_USE_LEGACY_KERAS and keras={keras!r} sets it "
                     "too; keep only keras=..."
                 )
-        object.__setattr__(self, "worker_env", dict(self.worker_env))
+        object.__setattr__(self, "worker_env", worker_env)
 
     def resolve_communication(self, scaling: ScalingConfig) -> str:
         """The implementation the workers will use, checked against their GPUs."""

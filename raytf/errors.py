@@ -25,6 +25,10 @@ class WorkerStartError(RaytfError):
     """A worker actor did not come up (import error, died while starting)."""
 
 
+class RunInUseError(RaytfError):
+    """Another driver holds the run's lease, or took the run over from this driver."""
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
     """What went wrong on one rank, as plain data that crosses the actor boundary.
@@ -38,6 +42,10 @@ class WorkerFailure:
     - ``"died"``: the worker process or its node went away;
     - ``"unresponsive"``: it stopped answering the driver;
     - ``"not_started"``: it never joined the group (start timeout);
+    - ``"returned_early"``: its ``train_fn`` returned while its peers waited
+      for it in a collective;
+    - ``"stalled"``: it sat in its own code, outside TensorFlow, while its
+      peers waited for it in a collective (``FailureConfig.hang_timeout_s``);
     - ``"preempted"``: its node was drained or it got SIGTERM; not a failure,
       and not counted against ``max_failures``.
 

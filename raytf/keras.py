@@ -315,7 +315,9 @@ def ReportCallback(  # noqa: N802 - used like a class
     and checkpoints and stops when the run is preempted.
 
     At every epoch end it calls ``raytf.report`` with the epoch logs (or only
-    ``metrics``), ``epoch`` and ``step`` (the optimizer's iterations), and,
+    ``metrics``), ``epoch`` (the run's: counted on across ``fit`` calls, so
+    code that calls ``fit`` once per epoch reports 0, 1, 2, ...) and ``step``
+    (the optimizer's iterations), and,
     with ``checkpoint=True``, ``Checkpoint.from_state(model=..., optimizer=...)``,
     thinned by ``CheckpointConfig.every_n_epochs``. :func:`restore` (and
     :func:`fit` by default) resumes from it.
@@ -361,11 +363,7 @@ def _make_report_class(keras: Any) -> type:
             self.names = list(metrics) if metrics is not None else None
             self.check_every = check_every
             self.batch_ends = 0
-            self.epoch = 0
             self.preempted = False
-
-        def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
-            self.epoch = epoch
 
         def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
             self.batch_ends += 1
@@ -375,7 +373,8 @@ def _make_report_class(keras: Any) -> type:
                 self.preempted = True
                 step = int(self.model.optimizer.iterations.numpy())
                 # "epoch" is the last completed one: resuming continues this one at "step".
-                _session.report({"epoch": self.epoch - 1, "step": step, "preempted_at_step": step},
+                session = _session._current("keras.ReportCallback")
+                _session.report({"epoch": session.keras_epoch, "step": step, "preempted_at_step": step},
                                 checkpoint=Checkpoint.from_state(**_state(self.model)))
                 self.model.stop_training = True
 
@@ -388,7 +387,8 @@ def _make_report_class(keras: Any) -> type:
             optimizer = getattr(self.model, "optimizer", None)
             step = int(optimizer.iterations.numpy()) if optimizer is not None else None
             state = Checkpoint.from_state(**_state(self.model)) if self.save else None
-            _session.report({**logs, "epoch": epoch, "step": step}, checkpoint=state)  # report() makes them plain
+            run_epoch = _session._current("keras.ReportCallback").end_keras_epoch(epoch)
+            _session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=state)  # report() makes them plain
 
     return ReportCallback
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional
@@ -15,57 +16,106 @@ from typing import Any, Callable, Iterator, Optional
 from raytf import _env
 from raytf._controller import Controller
 from raytf._failure import FailurePolicy
-from raytf._placement import data_starvation, fits, unfit_worker, unseen_storage
+from raytf._lease import RunLease
+from raytf._placement import data_starvation, fits, too_few_rows, unfit_worker, unseen_storage
 from raytf._progress import ProgressPrinter, format_metrics
-from raytf._status import Report
+from raytf._status import HISTORY_KEYS, Report
 from raytf._storage import RunStorage
 from raytf.config import DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.checkpoint import CheckpointError, CheckpointManager, new_entry
-from raytf.errors import ConfigError
+from raytf.errors import ConfigError, RunInUseError
 from raytf.result import Result
 
 logger = logging.getLogger(__name__)
 
 HISTORY_FILE = "history.json"
+RUN_FILE = "run.json"
 _HISTORY_WRITE_INTERVAL_S = 10.0
 
 
-class _History:
-    """Rank 0's reports: logged, shown, kept, written to the run directory now and
-    then, and their checkpoints committed."""
+def _load_history(storage: RunStorage) -> list[dict[str, Any]]:
+    """The run's history so far (earlier attempts and driver starts), or [] for a new run.
 
-    def __init__(self, storage: RunStorage, printer: ProgressPrinter, checkpoints: CheckpointManager):
-        self.entries: list[dict[str, Any]] = []
+    A history.json that cannot be read is moved aside, not overwritten.
+    """
+    try:
+        previous = storage.read_json(HISTORY_FILE, default=[])
+        if isinstance(previous, list) and all(isinstance(e, dict) for e in previous):
+            return previous
+        problem = f"it holds a {type(previous).__name__}, not a list of reports"
+    except (OSError, ValueError) as error:
+        problem = str(error)
+    aside = f"{HISTORY_FILE}.unreadable-{int(time.time())}"
+    storage.filesystem.move(storage.path(HISTORY_FILE), storage.path(aside))
+    logger.warning("%s of run %s is unreadable (%s); moved it to %s and starting a new history",
+                   HISTORY_FILE, storage.uri, problem, aside)
+    return []
+
+
+def _record_start(storage: RunStorage, name: str) -> int:
+    """Append this driver start to run.json; returns its number (0 for the run's first)."""
+    record = storage.read_json(RUN_FILE, default={})
+    starts = list(record.get("starts", [])) if isinstance(record, dict) else []
+    starts.append({
+        "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "pid": os.getpid(), "raytf_version": _raytf_version(),
+    })
+    storage.write_json(RUN_FILE, {"name": name, "starts": starts})
+    return len(starts) - 1
+
+
+def _raytf_version() -> str:
+    from raytf import __version__
+
+    return __version__
+
+
+class _History:
+    """Rank 0's reports over the whole run (every attempt and driver start): logged,
+    shown, kept, written to the run directory now and then, and their checkpoints committed."""
+
+    def __init__(self, storage: RunStorage, printer: ProgressPrinter, checkpoints: CheckpointManager,
+                 lease: RunLease, driver_start: int, previous: list[dict[str, Any]]):
+        self.entries: list[dict[str, Any]] = list(previous)
         self._storage = storage
         self._printer = printer
         self._checkpoints = checkpoints
+        self._lease = lease
+        self._driver_start = driver_start
         self._last_write = time.monotonic()
         self._dirty = False
 
     def on_report(self, report: Report) -> Optional[str]:
-        """Record a report; commit its checkpoint. Returns why a commit failed, or None."""
+        """Record a report; commit its checkpoint. Returns why a commit failed, or None.
+
+        The report is in the history whatever becomes of its checkpoint.
+        Raises RunInUseError when this driver no longer holds the run.
+        """
         if report.rank != 0:
             return None
         logger.debug("report from rank 0, attempt %d: %s", report.attempt, report.metrics)
         self._printer.report(report)
-        entry = {**report.metrics, "attempt": report.attempt, "report_seq": report.seq}
+        entry = {**report.metrics, "attempt": report.attempt, "driver_start": self._driver_start,
+                 "report_seq": report.seq}
+        self.entries.append(entry)
+        self._dirty = True
         error = None
         if report.checkpoint is not None:
-            committed = new_entry(report.checkpoint["seq"], report.attempt, report.metrics)
+            committed = new_entry(report.checkpoint["seq"], report.attempt, report.metrics, self._driver_start)
+            self._lease.check()
             try:
                 self._checkpoints.commit(committed)
                 entry["checkpoint"] = committed.name
-            except (CheckpointError, OSError) as failure:
-                error = str(failure)
+            except Exception as failure:  # noqa: BLE001 - the worker's report() raises it; the run goes on recording
+                error = f"{type(failure).__name__}: {failure}"
                 logger.error("checkpoint %s was not committed: %s", committed.name, error)
-        self.entries.append(entry)
-        self._dirty = True
         if time.monotonic() - self._last_write >= _HISTORY_WRITE_INTERVAL_S:
             self.flush()
         return error
 
     def flush(self) -> None:
         if self._dirty:
+            self._lease.check()
             self._storage.write_json(HISTORY_FILE, self.entries)
             self._dirty = False
         self._last_write = time.monotonic()
@@ -74,7 +124,7 @@ class _History:
     def last_metrics(self) -> dict[str, Any]:
         if not self.entries:
             return {}
-        return {k: v for k, v in self.entries[-1].items() if k not in ("attempt", "report_seq", "checkpoint")}
+        return {k: v for k, v in self.entries[-1].items() if k not in HISTORY_KEYS}
 
 
 @contextlib.contextmanager
@@ -234,7 +284,7 @@ class Trainer:
         from ray import cloudpickle
         from ray.data.dataset import MaterializedDataset
 
-        from raytf._worker_group import RayWorkerGroup, live_node_resources
+        from raytf._worker_group import live_node_resources
 
         if not ray.is_initialized():
             ray.init()
@@ -246,8 +296,31 @@ class Trainer:
             )
             if problem:
                 raise ConfigError(problem)
+        split = self.data_config.split(list(self.datasets))
+        for dataset_name, dataset in self.datasets.items():
+            if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
+                problem = too_few_rows(dataset_name, dataset.count(), self.scaling.max_workers, dataset_name in split)
+                if problem:
+                    raise ConfigError(problem)
+        try:
+            payload = cloudpickle.dumps((self.train_fn, self.config))
+        except Exception as error:
+            raise ConfigError(
+                f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
+            ) from error
         name = self.run.name or _default_run_name()
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
+        lease = RunLease(storage.filesystem, storage.root, name, ttl_s=_env.get_float(_env.LEASE_TTL_S))
+        with _sigterm_raises_systemexit():
+            lease.acquire()  # before anything of the run is read or written
+            try:
+                return self._fit_holding(name, storage, lease, payload)
+            finally:
+                lease.release()
+
+    def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes) -> Result:
+        from raytf._worker_group import RayWorkerGroup
+
         _check_storage_is_shared(storage, self.scaling.bundle())
         kept = self.run.checkpoint_config
         checkpoints = CheckpointManager(
@@ -260,12 +333,8 @@ class Trainer:
                 f"{len(checkpoints.entries)} committed checkpoint(s): pick a new RunConfig.name, or "
                 "resume='auto' to continue it"
             )
-        try:
-            payload = cloudpickle.dumps((self.train_fn, self.config))
-        except Exception as error:
-            raise ConfigError(
-                f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
-            ) from error
+        previous = _load_history(storage)
+        driver_start = _record_start(storage, name)
         printer = ProgressPrinter(name, self.run.verbose)
         group = RayWorkerGroup(
             self.scaling,
@@ -283,8 +352,10 @@ class Trainer:
                 ("epoch", kept.every_n_epochs) if kept.every_n_epochs
                 else ("step", kept.every_n_steps) if kept.every_n_steps else None
             ),
+            lease_token=lease.token,
+            hang_timeout_s=self.run.failure_config.hang_timeout_s,
         )
-        history = _History(storage, printer, checkpoints)
+        history = _History(storage, printer, checkpoints, lease, driver_start, previous)
         policy = FailurePolicy(self.run.failure_config)
         controller = Controller(
             group,
@@ -292,16 +363,20 @@ class Trainer:
             history.on_report,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
+            guard=lease.ensure_held,
         )
         printer.message(
             f"starting {self._workers_text()} workers x {self.scaling.bundle()} "
             f"({self.scaling.placement}); results in {storage.uri}"
+            + (f"; driver start {driver_start} of this run" if driver_start else "")
         )
         try:
-            with _sigterm_raises_systemexit():
-                finished = controller.run()
+            finished = controller.run()
         finally:
-            history.flush()
+            try:
+                history.flush()
+            except RunInUseError as error:
+                logger.error("history.json not written: %s", error)
         printer.message(f"finished: {format_metrics(history.last_metrics) or '(no reports)'}")
         return Result(
             metrics=history.last_metrics,

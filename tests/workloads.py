@@ -586,3 +586,113 @@ def _keras_version(keras) -> str:
     import importlib
 
     return importlib.import_module(keras.Sequential.__module__.split(".")[0]).__version__
+
+
+def _row_counting_model(keras, strategy, dim):
+    """A tf-keras model whose train_step adds each batch's rows to a per-worker counter."""
+    import tensorflow as tf
+
+    class Counting(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.out = keras.layers.Dense(4)
+            self.rows = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    synchronization=tf.VariableSynchronization.ON_READ,
+                                    aggregation=tf.VariableAggregation.SUM)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+        def train_step(self, data):
+            x, _ = data
+            self.rows.assign_add(tf.cast(tf.shape(x)[0], tf.int64))
+            return super().train_step(data)
+
+    with strategy.scope():
+        model = Counting()
+        model.build((None, dim))
+        model.compile(optimizer=keras.optimizers.SGD(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def local_rows(strategy, model) -> int:
+    """This worker's own count (not the sum over workers that reading the variable gives)."""
+    return int(sum(int(v.numpy()) for v in strategy.experimental_local_results(model.rows)))
+
+
+def shard_to_tf_keras_fit(config: dict) -> None:
+    """A shard handed straight to tf-keras's model.fit, as Ray Train code does; counts the rows trained."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    shard = raytf.get_dataset_shard("train", batch_size=64, features="x", label="y")
+    model = _row_counting_model(tf.keras, strategy, 32)
+    model.fit(shard, epochs=config["epochs"], verbose=0)
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", {
+        "rows_trained": local_rows(strategy, model),
+        "shard_rows": int(sum(int(tf.shape(x)[0]) for x, _ in shard)),
+    })
+
+
+def ray_train_style(config: dict) -> None:
+    """Written as Ray Train's examples are: its own MultiWorkerMirroredStrategy, the shard
+    straight to model.fit, fit called once per epoch, a report callback."""
+    import tensorflow as tf
+
+    import raytf.keras
+
+    ctx = raytf.get_context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    shard = raytf.get_dataset_shard("train", batch_size=64, features="x", label="y", shuffle=True, seed=0)
+    model = _row_counting_model(tf.keras, strategy, 32)
+    for _ in range(config["epochs"]):
+        model.fit(shard, epochs=1, verbose=0, callbacks=[raytf.keras.ReportCallback(preemption_check_every=5)])
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", {
+        "same_strategy": strategy is raytf.strategy(),
+        "rows_trained": local_rows(strategy, model),
+    })
+
+
+def one_rank_stops(config: dict) -> None:
+    """Both ranks join one collective; then rank 1 returns (or sleeps) while rank 0 enters another."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+
+    def all_reduce():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    all_reduce()
+    raytf.report({"epoch": 0})
+    if ctx.world_rank == 1:
+        if config["how"] == "return":
+            return
+        time.sleep(600)
+    all_reduce()
+
+
+def slow_directory_checkpoints(config: dict) -> None:
+    """One plain-file checkpoint per epoch, ``epoch_s`` apart, resumed from the latest; no TensorFlow.
+
+    Each checkpoint's file names the driver process that ran it. Writes
+    running<rank>.json once the first checkpoint of this driver is committed.
+    """
+    import tempfile
+
+    ctx = raytf.get_context()
+    start = 0
+    resumed = raytf.get_checkpoint()
+    if resumed is not None:
+        start = resumed.epoch + 1
+    for epoch in range(start, config["epochs"]):
+        time.sleep(config.get("epoch_s", 0.0))
+        directory = tempfile.mkdtemp()
+        with open(os.path.join(directory, "owner.txt"), "w") as f:
+            f.write(f"{config.get('owner', '')} epoch {epoch}")
+        raytf.report({"epoch": epoch, "resumed_at": start}, checkpoint=raytf.Checkpoint.from_directory(directory))
+        if epoch == start:
+            _write(config["out_dir"], f"running{ctx.world_rank}.json", {"pid": os.getpid()})

@@ -1,0 +1,87 @@
+"""What a worker's training thread is doing, for the driver's hang detection.
+
+A collective needs every rank. When one rank stops taking part (its
+``train_fn`` returned early, or it sits in its own code: a sleep, a lock, a
+slow read) the others wait inside TensorFlow with no error, forever by
+default, and the rank that stopped answers the driver's polls as if all were
+well. Each poll therefore samples the training thread's stack: the innermost
+frame tells whether it is inside TensorFlow, in raytf's own code, or in the
+user's. The driver compares the ranks (:mod:`raytf._hang`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import time
+from types import FrameType
+from typing import Callable, Optional
+
+from raytf._status import Activity
+
+_RAYTF_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIRS = tuple(
+    os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
+)
+
+
+def _tensorflow_dir() -> Optional[str]:
+    module = sys.modules.get("tensorflow")
+    path = getattr(module, "__file__", None)
+    return os.path.dirname(os.path.abspath(path)) + os.sep if path else None
+
+
+def _is_library(path: str) -> bool:
+    return (
+        path.startswith("<")  # frozen modules, exec'd strings
+        or f"{os.sep}site-packages{os.sep}" in path
+        or f"{os.sep}dist-packages{os.sep}" in path
+        or path.startswith(_STDLIB_DIRS)
+    )
+
+
+def classify(frame: Optional[FrameType]) -> tuple[str, str]:
+    """(kind, where) of a thread whose innermost frame is ``frame``; see :class:`Activity`.
+
+    The kind is that of the innermost frame that is TensorFlow's, raytf's or
+    the user's, skipping other libraries and the standard library (a
+    TensorFlow collective may wait in a ``multiprocessing`` pool, a Ray Data
+    read in Ray's code). ``where`` is the innermost frame of the user's code.
+    """
+    tensorflow = _tensorflow_dir()
+    kind, where = "", ""
+    current = frame
+    while current is not None and not where:
+        path = current.f_code.co_filename
+        if tensorflow and path.startswith(tensorflow):
+            kind = kind or "tensorflow"
+        elif path.startswith(_RAYTF_DIR):
+            kind = kind or "raytf"
+        elif not _is_library(path):
+            kind = kind or "python"
+            where = f"{path}:{current.f_lineno} in {current.f_code.co_name}"
+        current = current.f_back
+    return kind or "raytf", where
+
+
+class ActivityTracker:
+    """How long the training thread has continuously been of one kind, sampled at each poll."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._kind: Optional[str] = None
+        self._since = 0.0
+
+    def _update(self, kind: str, where: str) -> Activity:
+        now = self._clock()
+        if kind != self._kind:
+            self._kind, self._since = kind, now
+        return Activity(kind, now - self._since, where)
+
+    def sample(self, thread_ident: Optional[int]) -> Activity:
+        frame = sys._current_frames().get(thread_ident) if thread_ident is not None else None
+        return self._update(*classify(frame))
+
+    def finished(self) -> Activity:
+        return self._update("finished", "")

@@ -1,0 +1,129 @@
+"""The worker's MultiWorkerMirroredStrategy, and the one a ``train_fn`` builds itself.
+
+Ray Train code builds its own ``tf.distribute.MultiWorkerMirroredStrategy()``
+inside the training function. Two strategies in one process do not mix:
+raytf's collectives (agreeing on shard sizes, the preemption check) and the
+user's would share collective keys, and a callback running raytf's strategy
+under the user's scope fails ("Mixing different tf.distribute.Strategy
+objects"). So while a worker trains, constructing a MultiWorkerMirroredStrategy
+returns raytf's own, already connected: one object, one collective group.
+
+raytf's strategy also knows its own shards. A per-worker dataset handed to
+``experimental_distribute_dataset`` (which tf-keras's ``model.fit`` calls) is
+taken as the *global* batch and cut into ``num_workers`` slices, so each worker
+would train on a fraction of its data in silence. A dataset made by
+``raytf.get_dataset_shard`` (or derived from one) is distributed as what it
+is, each worker's batches as its replica's batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+_SHARD_MARK = "_raytf_shard"
+_installed: Any = None  # raytf's strategy while a session is installed in this process
+_strategy_class: Any = None
+
+
+def mark_shard(dataset: Any) -> Any:
+    """Mark a per-worker dataset as raytf's, so the strategy distributes it per worker."""
+    setattr(dataset, _SHARD_MARK, True)
+    return dataset
+
+
+def is_shard(dataset: Any) -> bool:
+    """Whether ``dataset`` is a raytf shard or built from one (``.repeat()``, ``.map()``, ...)."""
+    stack, seen = [dataset], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if getattr(current, _SHARD_MARK, False):
+            return True
+        inputs = getattr(current, "_inputs", None)
+        if callable(inputs):
+            try:
+                stack.extend(inputs())
+            except Exception:  # noqa: BLE001 - a dataset kind without inputs
+                pass
+    return False
+
+
+def _class() -> Any:
+    global _strategy_class
+    if _strategy_class is not None:
+        return _strategy_class
+    import tensorflow as tf
+
+    class RaytfMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        """MultiWorkerMirroredStrategy that distributes raytf's shards per worker and is
+        what ``tf.distribute.MultiWorkerMirroredStrategy()`` returns inside ``train_fn``."""
+
+        _raytf_connected = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if self._raytf_connected:  # a train_fn's own MultiWorkerMirroredStrategy(...): this one
+                _note_ignored_arguments(args, kwargs)
+                return
+            super().__init__(*args, **kwargs)
+            self._raytf_connected = True
+
+        def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+            if is_shard(dataset):
+                return self.distribute_datasets_from_function(lambda _: dataset, options)
+            return super().experimental_distribute_dataset(dataset, options)
+
+    _strategy_class = RaytfMultiWorkerMirroredStrategy
+    return _strategy_class
+
+
+def _note_ignored_arguments(args: tuple, kwargs: dict) -> None:
+    if args or any(v is not None for v in kwargs.values()):
+        logger.info(
+            "MultiWorkerMirroredStrategy(...) inside train_fn returns raytf's strategy, already "
+            "connected; its arguments are not used (set them with raytf.TensorflowConfig)"
+        )
+
+
+def make_strategy(communication: str, collective_timeout_s: Optional[float]) -> Any:
+    """This worker's MultiWorkerMirroredStrategy from TF_CONFIG; blocks until every peer has joined."""
+    import tensorflow as tf
+
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[communication]
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation, timeout_seconds=collective_timeout_s
+    )
+    return _class()(
+        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+        communication_options=options,
+    )
+
+
+def install(strategy: Any) -> None:
+    """From now on, constructing any MultiWorkerMirroredStrategy in this process returns ``strategy``."""
+    global _installed
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    base = collective.CollectiveAllReduceStrategy
+    if _installed is None:
+
+        def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+            if _installed is not None and cls is not _class():
+                return _installed  # its __init__ (raytf's class) is a no-op on a connected strategy
+            return object.__new__(cls)
+
+        base.__new__ = staticmethod(__new__)
+    _installed = strategy
+
+
+def uninstall() -> None:
+    global _installed
+    _installed = None

@@ -1,0 +1,101 @@
+"""What would lose data or hang on a real cluster: a second driver on a run, shards given
+straight to tf-keras, a train_fn with its own strategy, and ranks that stop taking part."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import raytf
+from tests import workloads
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARD_ROWS = 1984  # per worker: 3968 rows split across 2
+
+
+def row_data():
+    import ray
+
+    return ray.data.range(2 * SHARD_ROWS, override_num_blocks=4).map_batches(
+        workloads.mlp_features, batch_size=None
+    ).materialize()
+
+
+def read_ranks(out_dir, n=2):
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def tf_keras_trainer(fn, tmp_path, name, epochs, **run):
+    return raytf.Trainer(
+        fn, config={"out_dir": str(tmp_path), "epochs": epochs},
+        datasets={"train": row_data()},
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0, **run),
+        tensorflow=raytf.TensorflowConfig(keras="tf_keras"),
+    )
+
+
+def test_a_shard_given_straight_to_tf_keras_fit_trains_on_every_row(tmp_path, no_leaks):
+    tf_keras_trainer(workloads.shard_to_tf_keras_fit, tmp_path, "straight-to-fit", epochs=2).fit()
+    for info in read_ranks(tmp_path):
+        assert info["shard_rows"] == SHARD_ROWS
+        # Every row of the worker's shard, every epoch: not the first half of each batch.
+        assert info["rows_trained"] == 2 * SHARD_ROWS
+
+
+def test_a_train_fn_written_for_ray_train_trains_with_its_own_strategy(tmp_path, no_leaks):
+    result = tf_keras_trainer(workloads.ray_train_style, tmp_path, "ray-train-style", epochs=3).fit()
+    for info in read_ranks(tmp_path):
+        assert info["same_strategy"]  # MultiWorkerMirroredStrategy() inside train_fn is raytf's
+        assert info["rows_trained"] == 3 * SHARD_ROWS
+    # fit() was called once per epoch; the epochs reported are the run's, not Keras's 0 each time.
+    assert [h["epoch"] for h in result.history] == [0, 1, 2]
+    assert result.checkpoint.epoch == 2
+
+
+def one_rank_stops(tmp_path, name, how, failure_config, tensorflow=None):
+    return raytf.Trainer(
+        workloads.one_rank_stops, config={"how": how},
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=failure_config),
+        tensorflow=tensorflow,
+    )
+
+
+def test_a_rank_that_returns_early_is_named_and_the_run_ends(tmp_path, no_leaks):
+    trainer = one_rank_stops(tmp_path, "returns-early", "return", raytf.FailureConfig(hang_timeout_s=5))
+    with pytest.raises(raytf.TrainingFailedError) as raised:
+        trainer.fit()
+    failure = raised.value.failure
+    assert (failure.rank, failure.kind) == (1, "returned_early")
+    assert "rank 0 still waits" in failure.message
+
+
+def test_an_idle_rank_is_named_not_the_rank_waiting_for_it(tmp_path, no_leaks):
+    trainer = one_rank_stops(tmp_path, "idle", "sleep", raytf.FailureConfig(hang_timeout_s=5))
+    with pytest.raises(raytf.TrainingFailedError) as raised:
+        trainer.fit()
+    failure = raised.value.failure
+    assert (failure.rank, failure.kind) == (1, "stalled")
+    assert "workloads.py" in failure.message and "in one_rank_stops" in failure.message
+
+
+def test_a_collective_timeout_blames_the_idle_rank(tmp_path, no_leaks):
+    trainer = one_rank_stops(
+        tmp_path, "idle-collective-timeout", "sleep", raytf.FailureConfig(hang_timeout_s=None),
+        tensorflow=raytf.TensorflowConfig(collective_timeout_s=6),
+    )
+    with pytest.raises(raytf.TrainingFailedError) as raised:
+        trainer.fit()
+    failure = raised.value.failure
+    assert (failure.rank, failure.kind) == (1, "stalled")
+    assert "rank 0 waits" in failure.message
