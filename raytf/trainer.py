@@ -109,7 +109,9 @@ class _History:
             except Exception as failure:  # noqa: BLE001 - the worker's report() raises it; the run goes on recording
                 error = f"{type(failure).__name__}: {failure}"
                 logger.error("checkpoint %s was not committed: %s", committed.name, error)
-        if time.monotonic() - self._last_write >= _HISTORY_WRITE_INTERVAL_S:
+        # With every checkpoint, and every few seconds: a driver that dies without a
+        # word loses no report whose checkpoint it committed.
+        if report.checkpoint is not None or time.monotonic() - self._last_write >= _HISTORY_WRITE_INTERVAL_S:
             self.flush()
         return error
 

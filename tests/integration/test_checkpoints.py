@@ -65,7 +65,10 @@ def test_a_new_driver_resumes_the_run_and_resume_never_refuses(tmp_path, no_leak
     with pytest.raises(raytf.ConfigError, match="resume='never'.*already has 1 committed checkpoint"):
         trainer(tmp_path, "driver-lost", {"epochs": 4}, resume="never").fit()
     second = trainer(tmp_path, "driver-lost", {"epochs": 4}, checkpoint_config=raytf.CheckpointConfig(num_to_keep=1)).fit()
-    assert [(h["epoch"], h["resumed_at"]) for h in second.history] == [(2, 2), (3, 2)]
+    # result.history is the whole run: the first driver's epochs, then the second's.
+    assert [(h["epoch"], h["resumed_at"], h["driver_start"]) for h in second.history] == [
+        (0, 0, 0), (1, 0, 0), (2, 2, 1), (3, 2, 1)
+    ]
     checkpoints = sorted(os.listdir(tmp_path / "results" / "driver-lost" / "checkpoints"))
     assert checkpoints == ["checkpoint_000003", "index.json"]  # num_to_keep=1 kept only the latest
 

@@ -188,3 +188,32 @@ def test_a_lazy_dataset_that_could_never_run_is_refused_before_anything_starts(c
             run=raytf.RunConfig(storage_path=str(tmp_path), verbose=0),
         ).fit()
     assert len(ray.util.placement_group_table()) == pgs_before
+
+
+def test_empty_shards_are_named_as_such_on_both_paths(cluster, tmp_path, no_leaks):
+    import ray
+
+    empty = ray.data.range(40).map_batches(with_label, batch_size=None).filter(lambda row: row["id"] > 1000)
+    requests = {
+        "cached": {"name": "train", "batch_size": 4, "features": "f", "label": "y"},
+        "streaming": {"name": "train", "batch_size": 4, "features": "f", "label": "y", "cache": False},
+    }
+    fit(workloads.bad_requests, tmp_path, "empty", {"requests": requests}, {"train": empty})
+    for messages in ranks(tmp_path):
+        for key in requests:
+            assert "a worker's shard has no rows: the dataset is empty, or has fewer rows than the 2 workers" in (
+                messages[key] or ""), (key, messages[key])
+
+
+@pytest.mark.parametrize("rows, fragment", [(0, "has 0 row(s), fewer than the 2 workers"), (1, "has 1 row(s)")])
+def test_a_materialized_dataset_with_fewer_rows_than_workers_is_refused_before_anything_starts(
+        cluster, tmp_path, rows, fragment):
+    import ray
+
+    data = ray.data.range(rows).map_batches(with_label, batch_size=None).materialize()
+    with pytest.raises(raytf.ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        raytf.Trainer(
+            workloads.shard_epochs, config={}, datasets={"train": data},
+            scaling=raytf.ScalingConfig(num_workers=2),
+            run=raytf.RunConfig(storage_path=str(tmp_path), verbose=0),
+        ).fit()

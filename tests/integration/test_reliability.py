@@ -99,3 +99,87 @@ def test_a_collective_timeout_blames_the_idle_rank(tmp_path, no_leaks):
     failure = raised.value.failure
     assert (failure.rank, failure.kind) == (1, "stalled")
     assert "rank 0 waits" in failure.message
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {repo!r})
+import ray
+from ray import cloudpickle
+import raytf
+from tests import workloads
+
+cloudpickle.register_pickle_by_value(workloads)
+ray.init(address={address!r})  # a namespace of its own, as every plain ray.init() gets
+raytf.Trainer(
+    workloads.slow_directory_checkpoints,
+    config={{"out_dir": {out!r}, "epochs": 1000, "epoch_s": 0.3, "owner": "first"}},
+    scaling=raytf.ScalingConfig(num_workers=2),
+    run=raytf.RunConfig(name="shared", storage_path={storage!r}, verbose=0),
+).fit()
+"""
+
+
+def test_a_second_driver_in_another_namespace_is_refused_until_the_first_is_gone(cluster, tmp_path, no_leaks):
+    import socket
+
+    storage = tmp_path / "results"
+    first_out = tmp_path / "first"
+    first_out.mkdir()
+    first = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(repo=REPO, address=cluster.address, out=str(first_out),
+                                             storage=str(storage))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: (first_out / "running0.json").exists(), 120, "the first driver to commit a checkpoint")
+
+        def second(epochs):
+            return raytf.Trainer(
+                workloads.slow_directory_checkpoints,
+                config={"out_dir": str(tmp_path), "epochs": epochs, "owner": "second"},
+                scaling=raytf.ScalingConfig(num_workers=2),
+                run=raytf.RunConfig(name="shared", storage_path=str(storage), verbose=0),
+            )
+
+        with pytest.raises(raytf.RunInUseError) as refused:
+            second(3).fit()
+        message = str(refused.value)
+        assert f"host {socket.gethostname()}, pid {first.pid}, started " in message
+        first.send_signal(signal.SIGKILL)  # dies without releasing its lease
+        first.wait(timeout=30)
+        committed = json.loads((storage / "shared" / "checkpoints" / "index.json").read_text())["checkpoints"]
+        done = committed[-1]["epoch"] + 1
+        result = second(done + 2).fit()  # same machine, process gone: taken over at once
+    finally:
+        if first.poll() is None:
+            first.kill()
+    entries = [(h["epoch"], h["driver_start"]) for h in result.history]
+    # The whole run: every epoch the first driver committed, then the second's, in order.
+    assert [e for e, _ in entries] == list(range(done + 2))
+    assert [d for _, d in entries][done:] == [1, 1] and set(d for _, d in entries[:done]) == {0}
+    assert result.history[done]["resumed_at"] == done
+    with result.checkpoint.as_directory() as directory:
+        assert open(os.path.join(directory, "owner.txt")).read() == f"second epoch {done + 1}"
+
+
+def test_the_lease_holds_on_s3_too(s3_filesystem):
+    from raytf._lease import RunLease, holds
+
+    now = [1_000_000.0]
+    clock = lambda: now[0]  # noqa: E731
+    root = "raytf-test/leases/run"
+    first = RunLease(s3_filesystem, root, "run", ttl_s=30, clock=clock, monotonic=clock)
+    first.acquire()
+    first._stop.set()  # the driver goes away without a word
+    with pytest.raises(raytf.RunInUseError, match="run 'run' is in use by another driver"):
+        RunLease(s3_filesystem, root, "run", ttl_s=30, clock=clock, monotonic=clock).acquire()
+    now[0] += 31
+    assert not holds(s3_filesystem, root, first.token, now=now[0])
+    second = RunLease(s3_filesystem, root, "run", ttl_s=30, clock=clock, monotonic=clock)
+    second.acquire()
+    assert holds(s3_filesystem, root, second.token, now=now[0])
+    with pytest.raises(raytf.RunInUseError, match="did not renew"):
+        first.check()
+    second.release()
+    assert not holds(s3_filesystem, root, second.token, now=now[0])

@@ -136,3 +136,101 @@ def test_keep_the_best_by_score_and_always_the_latest(tmp_path, mode, kept):
         save(manager, tmp_path, seq, acc=acc)
     assert {e.name for e in manager.entries} == kept
     assert manager.latest()[0].name == "checkpoint_000003"
+
+
+@pytest.mark.parametrize("scores, kept", [
+    ([float("nan"), 0.9, 0.5, 0.1], {1, 3}),  # NaN is not the best: 0.9 stays
+    ([0.9, None, 0.5, 0.4], {0, 3}),          # None does not crash retention
+    ([0.9, "high", 0.5, 0.4], {0, 3}),        # nor does a string
+    ([0.2, float("inf"), 0.5, 0.1], {1, 3}),  # inf is a number: the best in max mode
+])
+def test_scores_that_are_nan_missing_or_not_numbers_rank_worst(tmp_path, scores, kept):
+    manager = CheckpointManager(FS, str(tmp_path / "run"), num_to_keep=2, score_attribute="acc")
+    for seq, acc in enumerate(scores):
+        save(manager, tmp_path, seq, acc=acc)
+    assert {e.seq for e in manager.entries} == kept
+    # The index is standard JSON (NaN and inf become strings) and a new driver reads it back.
+    text = open(os.path.join(manager.dir, "index.json")).read()
+    assert "NaN" not in text.replace('"NaN"', "") and "Infinity" not in text.replace('"Infinity"', "")
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    again = CheckpointManager(FS, str(tmp_path / "run"), num_to_keep=2, score_attribute="acc")
+    assert [e.seq for e in again.entries] == sorted(kept)
+
+
+def test_an_index_written_with_bad_scores_by_an_older_version_still_loads_and_commits(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    for seq, acc in enumerate([0.9, None]):
+        save(manager, tmp_path, seq, acc=acc)
+    index = os.path.join(manager.dir, "index.json")
+    # What raytf 0.1 wrote for a NaN score: a bare NaN token.
+    text = open(index).read()
+    assert '"acc": null' in text
+    open(index, "w").write(text.replace('"acc": null', '"acc": NaN'))
+    again = CheckpointManager(FS, str(tmp_path / "run"), num_to_keep=2, score_attribute="acc")
+    save(again, tmp_path, 2, acc=0.5)
+    save(again, tmp_path, 3, acc=0.4)
+    assert [e.seq for e in again.entries] == [0, 3]
+
+
+def test_a_damaged_index_entry_is_skipped_named_and_kept(tmp_path, caplog):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    for seq in range(3):
+        save(manager, tmp_path, seq)
+    index = os.path.join(manager.dir, "index.json")
+    raw = json.loads(open(index).read())
+    raw["checkpoints"][2]["seq"] = "2"  # hand-edited
+    open(index, "w").write(json.dumps(raw))
+    with caplog.at_level(logging.WARNING):
+        again = CheckpointManager(FS, str(tmp_path / "run"))
+    assert "damaged" in caplog.text and "'seq' is '2', not an int" in caplog.text
+    assert "used instead: checkpoint_000001" in caplog.text
+    assert again.latest()[0].name == "checkpoint_000001"
+    assert again.next_seq == 3  # its name is never reused
+    again.clean_debris()
+    assert os.path.isdir(os.path.join(manager.dir, "checkpoint_000002"))  # kept for a person to look at
+    save(again, tmp_path, 3)
+    reread = json.loads(open(index).read())
+    assert [c["name"] for c in reread["checkpoints"]] == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000003"]
+    assert reread["damaged"][0]["seq"] == "2"
+
+
+def test_an_index_with_no_intact_entry_has_nothing_to_resume(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    save(manager, tmp_path, 0)
+    index = os.path.join(manager.dir, "index.json")
+    raw = json.loads(open(index).read())
+    raw["checkpoints"][0]["attempt"] = None
+    open(index, "w").write(json.dumps(raw))
+    again = CheckpointManager(FS, str(tmp_path / "run"))
+    assert again.entries == [] and again.next_seq == 1
+
+
+def test_links_leaving_the_checkpoint_or_looping_are_refused(tmp_path):
+    outside = tmp_path / "secret"
+    outside.write_text("password")
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "weights").write_text("w")
+    (d / "alias").symlink_to(d / "weights")  # inside: fine, its bytes are stored
+    Checkpoint.from_directory(d)
+    (d / "leak").symlink_to(outside)
+    with pytest.raises(CheckpointError, match="'leak' is a symbolic link to .*secret.*outside the checkpoint"):
+        Checkpoint.from_directory(d)
+    os.remove(d / "leak")
+    (d / "sub").mkdir()
+    (d / "sub" / "loop").symlink_to(d)
+    with pytest.raises(CheckpointError, match="links back to a directory that contains it"):
+        Checkpoint.from_directory(d)
+    os.remove(d / "sub" / "loop")
+    (d / "self").symlink_to(d / "self")
+    with pytest.raises(CheckpointError, match="dangles or loops"):
+        Checkpoint.from_directory(d)
+
+
+def test_upload_checks_links_again(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"))
+    checkpoint = user_dir(tmp_path, 0)
+    os.symlink("/etc/passwd", os.path.join(checkpoint.path, "passwd"))
+    with pytest.raises(CheckpointError, match="outside the checkpoint"):
+        upload(checkpoint, FS, manager.dir, checkpoint_name(0))
+    assert not [n for n in os.listdir(manager.dir) if n.startswith("checkpoint_")]

@@ -117,3 +117,50 @@ def test_keras_and_mixed_precision_options():
         TensorflowConfig(mixed_precision="float16")
     with pytest.raises(ConfigError, match="keep only keras="):
         TensorflowConfig(keras="tf_keras", worker_env={"TF_USE_LEGACY_KERAS": "1"})
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda: ScalingConfig(cpus_per_worker=INF), "cpus_per_worker must be a finite number"),
+        (lambda: ScalingConfig(gpus_per_worker=INF), "gpus_per_worker must be a finite number"),
+        (lambda: ScalingConfig(resources_per_worker={"tpu": INF}), "resources_per_worker['tpu'] must be a finite"),
+        (lambda: ScalingConfig(placement_timeout_s=INF), "placement_timeout_s must be a finite number, got inf; pass None"),
+        (lambda: ScalingConfig(num_workers=(1, 2), resize_timeout_s=INF), "resize_timeout_s must be a finite"),
+        (lambda: ScalingConfig(num_workers=10**12), "num_workers must be <= 100000"),
+        (lambda: ScalingConfig(num_workers=(1, 10**12)), "num_workers[1] (max) must be <= 100000"),
+        (lambda: ScalingConfig(resources_per_worker=["tpu"]), "resources_per_worker must be a dict, got list"),
+        (lambda: ScalingConfig(check_resources="no"), "check_resources must be True or False, got 'no'"),
+        (lambda: FailureConfig(worker_timeout_s=INF), "worker_timeout_s must be a finite number"),
+        (lambda: FailureConfig(start_timeout_s=INF), "start_timeout_s must be a finite number"),
+        (lambda: FailureConfig(hang_timeout_s=INF), "hang_timeout_s must be a finite number, got inf; pass None"),
+        (lambda: FailureConfig(hang_timeout_s=0), "hang_timeout_s must be > 0 seconds or None"),
+        (lambda: FailureConfig(retry_on_exception="yes"), "retry_on_exception must be True or False"),
+        (lambda: TensorflowConfig(collective_timeout_s=INF), "collective_timeout_s must be a finite number"),
+        (lambda: TensorflowConfig(gpu_memory_growth="false"), "gpu_memory_growth must be True or False"),
+        (lambda: TensorflowConfig(worker_env="A=1"), "worker_env must be a dict, got str"),
+        (lambda: TensorflowConfig(worker_env={"A=B": "1"}), "worker_env: 'A=B' is not an environment variable name"),
+        (lambda: TensorflowConfig(worker_env={"": "1"}), "worker_env: '' is not an environment variable name"),
+        (lambda: TensorflowConfig(worker_env={"A\0": "1"}), "is not an environment variable name"),
+        (lambda: TensorflowConfig(worker_env={"A": "x\0y"}), "worker_env['A'] contains a NUL character"),
+    ],
+)
+def test_infinite_oversized_and_mistyped_settings_are_config_errors(make, fragment):
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert fragment in str(info.value)
+
+
+def test_none_for_a_mapping_means_empty_as_in_ray_train():
+    assert ScalingConfig(resources_per_worker=None).resources_per_worker == {}
+    assert TensorflowConfig(worker_env=None).worker_env == {}
+    assert FailureConfig(hang_timeout_s=None).hang_timeout_s is None
+
+
+@pytest.mark.parametrize("name", ["a\n", "run\nname", "a ", "a\0"])
+def test_run_names_with_a_trailing_newline_or_control_characters_are_rejected(name):
+    with pytest.raises(ConfigError, match="RunConfig.name"):
+        RunConfig(name=name)

@@ -255,3 +255,42 @@ def test_a_real_failure_after_preemptions_still_counts():
     with pytest.raises(TrainingFailedError) as info:
         controller.run()
     assert [f.kind for f in info.value.attempts] == ["preempted", "died"]
+
+
+def test_a_rank_that_stopped_taking_part_outranks_the_collective_error_it_caused():
+    timeout = failure(rank=0, kind="collective", time=1.0)
+    idle = failure(rank=1, kind="stalled", time=2.0)
+    bug = failure(rank=0, kind="exception", time=3.0)
+    assert root_cause([timeout, idle]) is idle
+    assert root_cause([timeout, idle, bug]) is bug
+
+
+def test_a_stalled_rank_is_retried_and_an_early_return_is_raised():
+    policy = FailurePolicy(FailureConfig(max_failures=2))
+    assert policy.decide(failure(kind="stalled")) is Decision.RETRY
+    assert policy.decide(failure(kind="returned_early")) is Decision.RAISE
+    assert FailurePolicy(FailureConfig(max_failures=2, retry_on_exception=True)).decide(
+        failure(kind="returned_early")) is Decision.RETRY
+
+
+def test_a_hang_ends_the_attempt_without_waiting_out_the_grace_period():
+    hung = failure(rank=1, kind="stalled")
+    group = FakeGroup({0: [GroupStatus(failures=(hung,))], 1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1), grace=100.0)
+    controller.step(), controller.step()
+    assert isinstance(controller.state, Restarting)  # at once, not after 100 s
+
+
+def test_the_guard_stops_the_run_and_the_group_is_shut_down():
+    from raytf import RunInUseError
+
+    def lost():
+        raise RunInUseError("another driver took the run")
+
+    group = FakeGroup({0: [GroupStatus()]})
+    clock = Clock()
+    controller = Controller(group, FailurePolicy(FailureConfig()), lambda r: None, sleep=clock.sleep,
+                            clock=clock, guard=lost)
+    with pytest.raises(RunInUseError):
+        controller.run()
+    assert group.started == [0] and not group.live

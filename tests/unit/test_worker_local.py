@@ -161,3 +161,21 @@ def test_the_keras_option_sets_tf_use_legacy_keras_before_tensorflow_loads():
     assert worker_environment(spec(keras="tf_keras"))["TF_USE_LEGACY_KERAS"] == "1"
     assert worker_environment(spec(keras="keras3"))["TF_USE_LEGACY_KERAS"] == "0"
     assert "TF_USE_LEGACY_KERAS" not in worker_environment(spec())
+
+
+@pytest.mark.parametrize("name", ["attempt", "driver_start", "report_seq", "checkpoint"])
+def test_metric_names_raytf_adds_to_the_history_are_refused(name):
+    context = TrainContext(0, 2, 0, 2, 0, 1, 0, "run", "/p", "{}")
+    session = WorkerSession(context, strategy=None, sink=lambda r: None)
+    with pytest.raises(ValueError, match=f"the metric name '{name}' is raytf's.*rename the metric"):
+        session.report({name: 1})
+
+
+def test_report_callback_epochs_count_on_across_fit_calls():
+    context = TrainContext(0, 1, 0, 1, 0, 1, 0, "run", "/p", "{}")
+    fresh = WorkerSession(context, strategy=None, sink=lambda r: None)
+    assert [fresh.end_keras_epoch(0) for _ in range(3)] == [0, 1, 2]  # fit(epochs=1) three times
+    assert fresh.end_keras_epoch(5) == 5  # fit(initial_epoch=...) numbering is kept
+    resumed = WorkerSession(context, strategy=None, sink=lambda r: None,
+                            resume={"path": "x", "metadata": {"epoch": 4, "step": 40}})
+    assert [resumed.end_keras_epoch(0), resumed.end_keras_epoch(6)] == [5, 6]

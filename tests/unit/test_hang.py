@@ -1,0 +1,79 @@
+"""Naming the rank that stopped taking part: the pure rules and the stack classification."""
+
+import sys
+import threading
+import time
+
+from raytf import WorkerFailure
+from raytf._activity import ActivityTracker, classify
+from raytf._hang import blame_collective, find_hangs
+from raytf._status import Activity
+
+IPS = {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}
+
+
+def test_a_rank_that_returned_while_another_waits_is_named_once_both_last_the_timeout():
+    waiting = Activity("tensorflow", 301.0, "train.py:10 in step")
+    assert find_hangs({0: waiting, 1: Activity("finished", 301.0)}, 300.0, IPS)[0].kind == "returned_early"
+    assert find_hangs({0: Activity("tensorflow", 299.0), 1: Activity("finished", 400.0)}, 300.0, IPS) == []
+    [hang] = find_hangs({0: waiting, 1: Activity("finished", 5.0), 2: Activity("tensorflow", 1.0)}, 300.0, IPS)
+    assert (hang.rank, hang.node_ip) == (1, "10.0.0.2")
+    assert "rank 0 still waits" in hang.message and "hang_timeout_s=300" in hang.message
+
+
+def test_a_rank_idle_in_its_own_code_is_named_with_where_it_is():
+    found = find_hangs({
+        0: Activity("tensorflow", 400.0), 1: Activity("python", 350.0, "train.py:42 in load"),
+        2: Activity("tensorflow", 400.0),
+    }, 300.0, IPS)
+    assert [(f.rank, f.kind) for f in found] == [(1, "stalled")]
+    assert "train.py:42 in load" in found[0].message and "ranks 0, 2 wait" in found[0].message
+
+
+def test_no_hang_while_nobody_waits_in_tensorflow_or_nobody_is_out_of_it():
+    assert find_hangs({0: Activity("python", 900.0), 1: Activity("finished", 900.0)}, 300.0, IPS) == []
+    assert find_hangs({0: Activity("tensorflow", 900.0), 1: Activity("tensorflow", 900.0)}, 300.0, IPS) == []
+    # raytf's own work (an upload, a commit being awaited) is taking part.
+    assert find_hangs({0: Activity("tensorflow", 900.0), 1: Activity("raytf", 900.0)}, 300.0, IPS) == []
+    assert find_hangs({0: Activity("tensorflow", 900.0), 1: Activity("finished", 900.0)}, None, IPS) == []
+
+
+def test_a_collective_timeout_names_the_idle_peer_not_the_rank_that_timed_out():
+    timed_out = WorkerFailure(rank=0, kind="collective", error_type="DeadlineExceededError",
+                              message="timed out", traceback="", time=1.0)
+    [cause] = blame_collective(timed_out, {0: Activity("tensorflow", 10.0), 1: Activity("python", 9.0, "t.py:3 in f")}, IPS)
+    assert (cause.rank, cause.kind) == (1, "stalled") and "DeadlineExceededError" in cause.message
+    # A peer busy for a moment in its own code is not blamed.
+    assert blame_collective(timed_out, {0: Activity("tensorflow", 10.0), 1: Activity("python", 0.5)}, IPS) == []
+
+
+def _frame_of(target):
+    """The innermost frame of a thread running ``target`` (which blocks on an event)."""
+    ready, done = threading.Event(), threading.Event()
+    thread = threading.Thread(target=target, args=(ready, done), daemon=True)
+    thread.start()
+    ready.wait(5)
+    time.sleep(0.05)
+    frame = sys._current_frames()[thread.ident]
+    return frame, done, thread
+
+
+def test_the_stack_says_whether_a_thread_is_in_its_own_code_or_in_a_library_it_called():
+    def sleeps_in_own_code(ready, done):
+        ready.set()
+        done.wait(5)  # threading.py: a library; the frame that called it is the user's
+
+    frame, done, thread = _frame_of(sleeps_in_own_code)
+    kind, where = classify(frame)
+    done.set(), thread.join()
+    assert kind == "python" and where.endswith("in sleeps_in_own_code") and "test_hang.py:" in where
+
+
+def test_a_tracker_measures_how_long_a_kind_has_lasted():
+    now = [0.0]
+    tracker = ActivityTracker(clock=lambda: now[0])
+    assert tracker.finished().seconds == 0.0
+    now[0] = 7.0
+    assert tracker.finished() == Activity("finished", 7.0, "")
+    now[0] = 8.0
+    assert tracker.sample(None).seconds == 0.0  # a new kind starts its own clock
