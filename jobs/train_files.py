@@ -11,12 +11,15 @@ columns; labels must be integer class ids.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import sys
 import tempfile
 
-import raytf
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402  (flags and Ray start-up, shared by the jobs)
+
+import raytf  # noqa: E402
 
 
 def write_demo_parquet(directory: str, files: int = 4, rows: int = 4096, dim: int = 784) -> None:
@@ -62,6 +65,11 @@ def train_fn(config: dict) -> None:
             tf.keras.layers.Dense(config["classes"]),
         ])
         optimizer = tf.keras.optimizers.Adam(config["lr"])
+        optimizer.build(model.trainable_variables)
+    start = 0
+    if (resumed := raytf.get_checkpoint()) is not None:
+        resumed.restore_state(model=model, optimizer=optimizer)
+        start = resumed.epoch + 1
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     @tf.function
@@ -76,28 +84,28 @@ def train_fn(config: dict) -> None:
 
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=inputs), axis=None)
 
-    for epoch in range(config["epochs"]):
+    for epoch in range(start, config["epochs"]):
         losses = [float(train_step(inputs)) for inputs in distributed]
-        raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses), "steps": len(losses)})
+        raytf.report({"epoch": epoch, "step": int(optimizer.iterations.numpy()),
+                      "loss": sum(losses) / len(losses), "steps": len(losses)},
+                     checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", help="a Parquet file or directory, or a .csv file (default: generated)")
-    parser.add_argument("--features", default="x", help="comma-separated feature columns")
-    parser.add_argument("--label", default="y")
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=256, help="global batch size")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--storage-path", default="~/raytf_results")
-    args = parser.parse_args()
+def build_parser():
+    p = common.parser(__doc__.splitlines()[0], epochs=3, batch_size=256)
+    p.add_argument("--data", help="a Parquet file or directory, or a .csv file (default: generated)")
+    p.add_argument("--features", default="x", help="comma-separated feature columns")
+    p.add_argument("--label", default="y")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--lr", type=float, default=1e-3)
+    return p
 
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     import ray
 
-    if not ray.is_initialized():
-        ray.init()
+    common.connect()
     with tempfile.TemporaryDirectory() as scratch:
         path = args.data
         if path is None:
@@ -110,10 +118,10 @@ def main() -> None:
             config={"features": args.features.split(","), "label": args.label, "classes": args.classes,
                     "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr},
             datasets={"train": data},
-            scaling=raytf.ScalingConfig(num_workers=args.num_workers, cpus_per_worker=1),
-            run=raytf.RunConfig(storage_path=args.storage_path),
+            scaling=common.scaling(args),
+            run=common.run_config(args),
         ).fit()
-    print(json.dumps({"final_metrics": result.metrics, "path": result.path}, indent=1))
+    common.print_result(result)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ and raytf's ReportCallback, which reports each epoch and checkpoints).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import train_mlp  # noqa: E402  (the W1 data, shared by the jobs)
+import common  # noqa: E402  (flags, Ray start-up and W1's data, shared by the jobs)
 
 import raytf  # noqa: E402
 
@@ -58,40 +56,32 @@ def train_fn(config: dict) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=60_000)
-    parser.add_argument("--batch-size", type=int, default=256, help="global batch size")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--steps-per-execution", type=int, default=8)
-    parser.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation: parts per batch")
-    parser.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None)
-    parser.add_argument("--storage-path", default="~/raytf_results")
-    parser.add_argument("--name", default=None)
-    args = parser.parse_args()
-    import ray
-    from ray import cloudpickle
+def build_parser():
+    p = common.parser(__doc__.splitlines()[0], epochs=5, batch_size=256)
+    p.add_argument("--rows", type=int, default=60_000, help="training rows in all")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--steps-per-execution", type=int, default=8)
+    p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation: parts per batch")
+    p.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None)
+    return p
 
-    cloudpickle.register_pickle_by_value(train_mlp)  # the workers cannot import jobs/ modules
-    if not ray.is_initialized():
-        ray.init()
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    common.connect(common)
     result = raytf.Trainer(
         train_fn,
         config={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                 "steps_per_execution": args.steps_per_execution, "micro_batches": args.micro_batches},
         datasets={
-            "train": train_mlp.w1_dataset(args.rows).materialize(),
-            "val": train_mlp.w1_dataset(4096, offset=10**9).materialize(),
+            "train": common.w1_dataset(args.rows).materialize(),
+            "val": common.w1_dataset(4096, offset=10**9).materialize(),
         },
-        scaling=raytf.ScalingConfig(num_workers=args.num_workers, cpus_per_worker=1),
+        scaling=common.scaling(args),
         tensorflow=raytf.TensorflowConfig(keras="keras3", mixed_precision=args.mixed_precision),
-        run=raytf.RunConfig(name=args.name, storage_path=args.storage_path,
-                            checkpoint_config=raytf.CheckpointConfig(num_to_keep=2)),
+        run=common.run_config(args, checkpoint_config=raytf.CheckpointConfig(num_to_keep=2)),
     ).fit()
-    print(json.dumps({"final_metrics": result.metrics, "path": result.path}, indent=1))
-
+    common.print_result(result)
 
 if __name__ == "__main__":
     main()

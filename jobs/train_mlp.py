@@ -1,4 +1,4 @@
-"""Train an MLP classifier on 2 workers with raytf and print the final metrics.
+"""Train an MLP classifier on 2 workers (or --num-workers) with raytf and print the final metrics.
 
 The data is generated, so the job needs no download: W1 of raytf's benchmarks,
 784 standard-normal features and a label that is the argmax of a fixed random
@@ -10,35 +10,20 @@ Run it anywhere Ray runs:
 
     python jobs/train_mlp.py                      # starts a local Ray
     RAY_ADDRESS=auto python jobs/train_mlp.py     # on a running cluster
-    ray job submit --working-dir . -- python jobs/train_mlp.py
+    ray job submit --working-dir jobs -- python train_mlp.py --num-workers 4 --gpus-per-worker 1
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
+import sys
 import time
 
-import raytf
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402  (flags, Ray start-up and W1's data, shared by the jobs)
 
-def w1_block(batch: dict, offset: int = 0) -> dict:
-    """W1 rows: x ~ N(0, 1) in 784 dimensions, seeded by the block's first row id;
-    y = argmax(x @ W), W fixed by seed 0."""
-    import numpy as np
-
-    ids = batch["id"] + offset
-    w = np.random.default_rng(0).standard_normal((784, 10)).astype("float32")
-    x = np.random.default_rng(int(ids[0])).standard_normal((len(ids), 784)).astype("float32")
-    return {"x": x, "y": np.argmax(x @ w, axis=1).astype("int64")}
-
-
-def w1_dataset(rows: int, offset: int = 0):
-    import ray
-
-    return ray.data.range(rows, override_num_blocks=16).map_batches(
-        w1_block, batch_size=None, fn_kwargs={"offset": offset}
-    )
+import raytf  # noqa: E402
 
 
 def train_fn(config: dict) -> None:
@@ -54,9 +39,7 @@ def train_fn(config: dict) -> None:
         drop_remainder=True,
     )
     val = raytf.get_dataset_shard("val", batch_size=1024, features="x", label="y")
-    # Each worker's batches are its own: distribute them as they are. (Through
-    # experimental_distribute_dataset each would count as a global batch, and
-    # each worker would train on only its slice of it.)
+    # Each worker's batches are its own: distribute them as they are.
     dist_train = strategy.distribute_datasets_from_function(lambda _: train)
 
     with strategy.scope():
@@ -68,9 +51,15 @@ def train_fn(config: dict) -> None:
             ]
         )
         optimizer = tf.keras.optimizers.Adam(config["lr"])
+        optimizer.build(model.trainable_variables)  # its slots exist before a restore fills them
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction="none"
         )
+    start = 0
+    resumed = raytf.get_checkpoint()  # None on a fresh start
+    if resumed is not None:
+        resumed.restore_state(model=model, optimizer=optimizer)
+        start = resumed.epoch + 1
 
     @tf.function
     def train_step(batch):
@@ -85,7 +74,7 @@ def train_fn(config: dict) -> None:
         losses = strategy.run(step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
-    for epoch in range(config["epochs"]):
+    for epoch in range(start, config["epochs"]):
         start = time.perf_counter()
         total, steps = 0.0, 0
         for batch in dist_train:
@@ -101,41 +90,38 @@ def train_fn(config: dict) -> None:
         raytf.report(
             {
                 "epoch": epoch,
+                "step": int(optimizer.iterations.numpy()),
                 "loss": total / steps,
                 "val_accuracy": accuracy,
                 "samples_per_s": steps * global_batch / seconds,
-            }
+            },
+            checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer),
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=60_000, help="training rows in all")
-    parser.add_argument("--batch-size", type=int, default=256, help="global batch size")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--storage-path", default="~/raytf_results")
-    parser.add_argument("--name", default=None)
-    args = parser.parse_args()
-    import ray
+def build_parser():
+    p = common.parser(__doc__.splitlines()[0], epochs=5, batch_size=256)
+    p.add_argument("--rows", type=int, default=60_000, help="training rows in all")
+    p.add_argument("--lr", type=float, default=1e-3)
+    return p
 
-    if not ray.is_initialized():
-        ray.init()  # RAY_ADDRESS (set by `ray job submit`) or a new local Ray
 
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    common.connect(common)
     result = raytf.Trainer(
         train_fn,
         config={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr},
-        # Materialized up front, while every CPU is free: the workers take them all here.
+        # Materialized up front, while every CPU is free: the workers may take them all.
         datasets={
-            "train": w1_dataset(args.rows).materialize(),
-            "val": w1_dataset(4096, offset=10**9).materialize(),
+            "train": common.w1_dataset(args.rows).materialize(),
+            "val": common.w1_dataset(4096, offset=10**9).materialize(),
         },
         data_config=raytf.DataConfig(datasets_to_split=["train"]),
-        scaling=raytf.ScalingConfig(num_workers=args.num_workers, cpus_per_worker=1),
-        run=raytf.RunConfig(name=args.name, storage_path=args.storage_path),
+        scaling=common.scaling(args),
+        run=common.run_config(args),
     ).fit()
-    print(json.dumps({"final_metrics": result.metrics, "path": result.path}, indent=1))
+    common.print_result(result)
 
 
 if __name__ == "__main__":

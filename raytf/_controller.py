@@ -86,6 +86,7 @@ class Controller:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         guard: Callable[[], None] = lambda: None,
+        on_status: Callable[[int, GroupStatus], None] = lambda attempt, status: None,
     ):
         self._group = group
         self._policy = policy
@@ -95,6 +96,7 @@ class Controller:
         self._sleep = sleep
         self._clock = clock
         self._guard = guard  # raises when the run must stop at once (this driver lost the run's lease)
+        self._on_status = on_status  # every poll's answer, for the progress display
         self.state: State = Scheduling(attempt=0)
 
     def step(self) -> tuple[State, State]:
@@ -140,6 +142,7 @@ class Controller:
     def _watch(self, state: Running) -> State:
         self._guard()
         status = self._group.poll()
+        self._on_status(state.attempt, status)
         for report in status.reports:
             # on_report commits a reported checkpoint; the worker's report() returns on the ack.
             error = self._on_report(report)

@@ -8,6 +8,8 @@ import os
 POLL_INTERVAL_S = "RAYTF_POLL_INTERVAL_S"  # how often the driver polls workers
 SHUTDOWN_TIMEOUT_S = "RAYTF_SHUTDOWN_TIMEOUT_S"  # wait for killed actors to be gone
 FAILURE_GRACE_S = "RAYTF_FAILURE_GRACE_S"  # after an exception, how long to look for a dead peer
+STORAGE_PATH = "RAYTF_STORAGE_PATH"  # RunConfig.storage_path when none is given
+DEFAULT_STORAGE_PATH = "~/raytf_results"
 LEASE_TTL_S = "RAYTF_LEASE_TTL_S"  # a dead driver's lease on its run expires after this long
 
 # Set in each worker before TensorFlow is imported.
@@ -16,9 +18,8 @@ TF_NUM_INTRAOP_THREADS = "TF_NUM_INTRAOP_THREADS"
 TF_NUM_INTEROP_THREADS = "TF_NUM_INTEROP_THREADS"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"  # from TensorflowConfig.log_level
 TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # "1": tf.keras is tf-keras 2 (TensorflowConfig.keras)
-DEFAULT_TF_CPP_MIN_LOG_LEVEL = "2"  # TensorFlow's oneDNN/CUDA notices, once per worker, say nothing useful
 
 _DEFAULTS = {
     POLL_INTERVAL_S: 0.1,

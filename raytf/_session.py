@@ -12,9 +12,9 @@ import numbers
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
-from raytf._status import HISTORY_KEYS, Report
+from raytf._status import HISTORY_KEYS, Progress, Report
 from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class WorkerSession:
         checkpoint_every: Optional[tuple[str, int]] = None,
         preempt_requested: Callable[[], bool] = lambda: False,
         lease_token: Optional[str] = None,
+        split: Sequence[str] = (),
     ):
         self.context = context
         self._storage = storage  # (pyarrow filesystem, run root), as the driver opened them
@@ -102,6 +103,8 @@ class WorkerSession:
         # The run's last completed epoch as raytf.keras.ReportCallback numbers them,
         # across every model.fit call and from the resumed checkpoint on.
         self.keras_epoch = self._last_saved["epoch"]
+        self._split = frozenset(split)  # names of the datasets split across the workers
+        self._progress: dict[str, Optional[int]] = {}  # fields of Progress, as last noted
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
         self.preempted = False
@@ -112,6 +115,13 @@ class WorkerSession:
         if self._resume is None:
             return None
         return Checkpoint(self._resume["path"], self._storage[0], self._resume["metadata"])
+
+    def note_progress(self, **fields: Optional[int]) -> None:
+        """Record where training is (see :class:`Progress`); the driver reads it with each poll."""
+        self._progress.update(fields)
+
+    def progress(self) -> Progress:
+        return Progress(**self._progress)
 
     def end_keras_epoch(self, keras_epoch: int) -> int:
         """The run's number of the epoch Keras just ended as ``keras_epoch``.
@@ -170,6 +180,8 @@ class WorkerSession:
                 f"Trainer(datasets=...); passed: {passed}"
             )
         batch_size = self._batch_size(name, batch_size, global_batch_size)
+        if name in self._split and "global_batch" not in self._progress:
+            self._progress["global_batch"] = batch_size * self.context.world_size
         request = _ingest.ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
         _ingest.check_request(request)
         call = self._calls.get(name, 0)
@@ -306,6 +318,11 @@ class WorkerSession:
                     f"carries {', '.join(HISTORY_KEYS)}); rename the metric, e.g. to 'my_{key}'"
                 )
             clean[key] = to_plain(value, key)
+        epoch, step = clean.get("epoch"), clean.get("step")
+        if isinstance(epoch, int) and not isinstance(epoch, bool):  # the epoch ended: the next is in progress
+            self._progress.update(epoch=epoch + 1, step=0)
+        if isinstance(step, int) and not isinstance(step, bool):
+            self._progress["global_step"] = step
         uploaded = self._save(clean, checkpoint) if checkpoint is not None else None
         with self._lock:
             report = Report(

@@ -41,6 +41,24 @@ class Activity:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """Where a worker's training is, as far as raytf can see it: ``raytf.keras.fit``,
+    ``ReportCallback`` and reported ``epoch`` / ``step`` metrics keep it.
+
+    ``epoch`` is the epoch in progress, ``step`` the steps done in it (of
+    ``steps`` per epoch, when known), ``global_step`` the steps done in the
+    run, ``global_batch`` the rows one step trains on across all workers.
+    """
+
+    epoch: Optional[int] = None
+    epochs: Optional[int] = None
+    step: Optional[int] = None
+    steps: Optional[int] = None
+    global_step: Optional[int] = None
+    global_batch: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     """One worker's answer to a poll: reports since the last poll, its phase, its error."""
 
@@ -50,6 +68,7 @@ class WorkerStatus:
     failure: Optional[WorkerFailure] = None
     preempt_reason: Optional[str] = None  # set once this worker was asked to stop for a preemption
     activity: Optional[Activity] = None
+    progress: Optional[Progress] = None
 
     @property
     def finished(self) -> bool:
@@ -73,3 +92,4 @@ class GroupStatus:
     preempting: bool = False
     preempt_reason: Optional[str] = None
     stopped: bool = False
+    progress: Optional[Progress] = None  # rank 0's, as last heard

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from ray import cloudpickle
 
-from raytf import _env, _session, _strategy
+from raytf import _env, _logs, _session, _strategy
 from raytf._activity import ActivityTracker
 from raytf._session import TrainContext, WorkerSession
 from raytf._status import Report, WorkerStatus
@@ -54,8 +54,10 @@ class WorkerSpec:
     next_checkpoint_seq: int = 0
     checkpoint_every: Optional[tuple[str, int]] = None  # ("epoch" | "step", n) from CheckpointConfig
     lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
+    split: tuple[str, ...] = ()  # names of the datasets split across the workers
     keras: str = "auto"
     mixed_precision: Optional[str] = None
+    log_level: str = "error"  # TensorflowConfig.log_level: TensorFlow's C++ lines shown
 
 
 def reserve_port() -> socket.socket:
@@ -91,8 +93,7 @@ def worker_environment(spec: WorkerSpec) -> dict[str, str]:
     if not spec.use_gpu:
         # A CPU worker on a GPU node must not grab the GPUs other workers own.
         env[_env.CUDA_VISIBLE_DEVICES] = ""
-    if _env.TF_CPP_MIN_LOG_LEVEL not in os.environ:
-        env[_env.TF_CPP_MIN_LOG_LEVEL] = _env.DEFAULT_TF_CPP_MIN_LOG_LEVEL
+    env[_env.TF_CPP_MIN_LOG_LEVEL] = _logs.tf_cpp_min_log_level(spec.log_level)
     if spec.keras != "auto":
         # TensorFlow reads it once, on import: tf.keras is then tf-keras 2 or Keras 3.
         env[_env.TF_USE_LEGACY_KERAS] = "1" if spec.keras == "tf_keras" else "0"
@@ -123,6 +124,7 @@ def _configure_keras(spec: WorkerSpec) -> None:
 def _configure_tensorflow(spec: WorkerSpec) -> None:
     import tensorflow as tf
 
+    _logs.quiet_tensorflow_python()
     try:
         tf.config.threading.set_intra_op_parallelism_threads(spec.intra_op_threads)
         tf.config.threading.set_inter_op_parallelism_threads(spec.inter_op_threads)
@@ -171,6 +173,8 @@ class TrainWorker:
         self._preempt_reason: Optional[str] = None
         self._go = threading.Event()  # set by connect(): every peer is ready to build the strategy
         self._activity = ActivityTracker()
+        self._output = _logs.OutputFilter()
+        self._output.install()  # before TensorFlow is imported: its first lines are the noisiest
         self._catch_sigterm()
 
     def _catch_sigterm(self) -> None:
@@ -231,6 +235,8 @@ class TrainWorker:
         if self._thread is not None:
             raise RuntimeError("this worker has already started training")
         self._rank = spec.rank.world_rank
+        self._output.level, self._output.use_gpu = spec.log_level, spec.use_gpu
+        _logs.name_in_log_prefix(f"raytf rank {self._rank}")
         self._phase = "starting"
         self._thread = threading.Thread(target=self._run, args=(spec, payload), name="raytf-train", daemon=True)
         self._thread.start()
@@ -247,6 +253,7 @@ class TrainWorker:
         return WorkerStatus(
             rank=self._rank, phase=self._phase, reports=reports, failure=self._failure,
             preempt_reason=self._preempt_reason, activity=activity,
+            progress=self._session.progress() if self._session is not None else None,
         )
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
@@ -290,6 +297,7 @@ class TrainWorker:
             self._session = WorkerSession(
                 context, strategy, self._sink, spec.datasets, spec.resume, spec.next_checkpoint_seq,
                 spec.storage, checkpoint_every=spec.checkpoint_every, lease_token=spec.lease_token,
+                split=spec.split,
                 preempt_requested=lambda: self._preempt_reason is not None,
             )
             _session.install(self._session)

@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raytf import _env
 from raytf._placement import placement_timeout_message
 from raytf._hang import blame_collective, find_hangs
-from raytf._status import Activity, GroupStatus, Report
+from raytf._status import Activity, GroupStatus, Progress, Report
 from raytf._topology import WorkerAddress, assign_ranks, build_tf_config, worker_list
 from raytf._worker import TrainWorker, WorkerSpec
 from raytf.config import ScalingConfig, TensorflowConfig
@@ -96,6 +96,7 @@ class RayWorkerGroup:
         self._lease_token = lease_token
         self._hang_timeout_s = hang_timeout_s
         self._activities: dict[int, tuple[Activity, float]] = {}  # world rank -> (last activity, heard at)
+        self._progress: Optional[Progress] = None  # rank 0's, as last heard
         self.num_workers = scaling.max_workers  # this attempt's, once placed
         self._started_at: Optional[float] = None
         self._preempt_reason: Optional[str] = None
@@ -217,8 +218,10 @@ class RayWorkerGroup:
                 storage=self._storage,
                 checkpoint_every=self._checkpoint_every,
                 lease_token=self._lease_token,
+                split=tuple(sorted(self._split)),
                 keras=tensorflow.keras,
                 mixed_precision=tensorflow.mixed_precision,
+                log_level=tensorflow.log_level,
             )
             for rank in ranks
         ]
@@ -295,6 +298,8 @@ class RayWorkerGroup:
                 continue
             reports.extend(status.reports)
             self._phases[rank] = status.phase
+            if rank == 0 and status.progress is not None:
+                self._progress = status.progress
             if status.activity is not None:
                 self._activities[rank] = (status.activity, now)
             if status.failure is not None:
@@ -321,7 +326,7 @@ class RayWorkerGroup:
         return GroupStatus(
             tuple(reports), tuple(failures), finished, phases,
             preempting=self._preempt_reason is not None, preempt_reason=self._preempt_reason,
-            stopped=stopped,
+            stopped=stopped, progress=self._progress,
         )
 
     def _activities_now(self, now: float) -> dict[int, Activity]:
@@ -382,7 +387,7 @@ class RayWorkerGroup:
     def shutdown(self) -> None:
         """Kill every actor, wait until they are gone, and remove the placement group."""
         actors, self._actors = self._actors, []
-        self._in_flight, self._phases, self._activities = {}, {}, {}
+        self._in_flight, self._phases, self._activities, self._progress = {}, {}, {}, None
         self._started_at = None
         for actor in actors:
             ray.kill(actor, no_restart=True)

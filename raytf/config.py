@@ -13,12 +13,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from raytf import _env
 from raytf.errors import ConfigError
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 KERAS_VERSIONS = ("auto", "keras3", "tf_keras")
 MIXED_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
+LOG_LEVELS = ("info", "warning", "error", "fatal")  # TensorFlow's C++ log levels
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_WORKERS = 100_000  # far past any Ray cluster; a typo of 10**12 fails here, not in Ray
 
@@ -258,11 +260,19 @@ class CheckpointConfig:
             )
 
 
+def default_storage_path() -> str:
+    """``$RAYTF_STORAGE_PATH`` (a cluster sets it for every driver), or ``~/raytf_results``."""
+    return os.environ.get(_env.STORAGE_PATH) or _env.DEFAULT_STORAGE_PATH
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Where a run keeps its results and how it reports progress.
 
-    Results go to ``<storage_path>/<name>``. ``name`` is one path component of
+    Results go to ``<storage_path>/<name>``; ``storage_path`` defaults to the
+    environment variable ``RAYTF_STORAGE_PATH`` (the configs in ``cluster/``
+    set it to the cloud's object store for every driver) or ``~/raytf_results``.
+    ``name`` is one path component of
     letters, digits, ``.``, ``_`` and ``-``, so it can never point outside the
     storage root. ``storage_path`` is a local directory or a ``pyarrow.fs`` URI
     (``s3://bucket/prefix``); or pass ``storage_filesystem`` (a
@@ -274,7 +284,7 @@ class RunConfig:
     """
 
     name: Optional[str] = None
-    storage_path: Union[str, os.PathLike] = "~/raytf_results"
+    storage_path: Union[str, os.PathLike, None] = None
     storage_filesystem: Any = None
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -282,6 +292,8 @@ class RunConfig:
     verbose: int = 1
 
     def __post_init__(self) -> None:
+        if self.storage_path is None:
+            object.__setattr__(self, "storage_path", default_storage_path())
         if self.name is not None and (
             not isinstance(self.name, str)
             or not RUN_NAME_PATTERN.fullmatch(self.name)
@@ -383,6 +395,12 @@ class TensorflowConfig:
     ``"auto"`` leaves the environment as it is. ``mixed_precision``
     (``"mixed_float16"`` or ``"mixed_bfloat16"``) sets that Keras global dtype
     policy on every worker before ``train_fn`` runs.
+
+    ``log_level`` is the least severe of TensorFlow's C++ log lines a worker
+    shows: ``"error"`` (default) hides its info and warning lines (oneDNN
+    notices and the like), ``"info"`` shows everything. CPU workers never show
+    the CUDA stubs' lines saying there is no GPU. The user's own output and
+    Python warnings always come through, prefixed with the worker's rank.
     """
 
     communication: str = "auto"
@@ -393,8 +411,11 @@ class TensorflowConfig:
     worker_env: Mapping[str, str] = field(default_factory=dict)
     keras: str = "auto"
     mixed_precision: Optional[str] = None
+    log_level: str = "error"
 
     def __post_init__(self) -> None:
+        level = _check_choice("TensorflowConfig.log_level", self.log_level, LOG_LEVELS, upper=False)
+        object.__setattr__(self, "log_level", level)
         comm = _check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)
         object.__setattr__(self, "communication", comm)
         keras = self.keras.replace("-", "_").lower() if isinstance(self.keras, str) else self.keras

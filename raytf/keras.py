@@ -227,20 +227,28 @@ def fit(
     )
     model.stop_training = False
     logs: dict[str, Any] = {}
+    session = _session._current("keras.fit")
     callback_list.on_train_begin()
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
+        session.note_progress(epoch=epoch, epochs=epochs, step=skip, steps=steps_per_epoch)
         callback_list.on_epoch_begin(epoch)
         iterator = train_data.iterator()
         if skip:
             steps.skip(iterator, skip)
+
+        def batch_end(step: int, epoch: int = epoch, skip: int = skip) -> None:
+            callback_list.on_train_batch_end(step + skip, {})
+            done = step + skip + 1
+            session.note_progress(step=done, global_step=None if steps_per_epoch is None
+                                  else epoch * steps_per_epoch + done)
+
         steps.epoch(
             steps.train, iterator, None if steps_per_epoch is None else steps_per_epoch - skip,
-            lambda step: callback_list.on_train_batch_begin(step + skip),
-            lambda step: callback_list.on_train_batch_end(step + skip, {}),
+            lambda step: callback_list.on_train_batch_begin(step + skip), batch_end,
         )
         skip = 0
-        if _session._current("keras.fit").preempted:
+        if session.preempted:
             break  # a checkpoint of this step was reported; raytf restarts the group from it
         logs = _metrics(model)
         if val_data is not None:
@@ -365,8 +373,16 @@ def _make_report_class(keras: Any) -> type:
             self.batch_ends = 0
             self.preempted = False
 
+        def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+            session = _session._current("keras.ReportCallback")
+            in_progress = epoch if epoch > session.keras_epoch else session.keras_epoch + 1
+            total = self.params.get("epochs")
+            session.note_progress(epoch=in_progress, step=0, steps=self.params.get("steps"),
+                                  epochs=total if total and total > in_progress else None)
+
         def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
             self.batch_ends += 1
+            _session._current("keras.ReportCallback").note_progress(step=batch + 1)
             if self.check_every is None or self.preempted or self.batch_ends % self.check_every:
                 return
             if _session.preemption_requested():  # the same answer on every rank

@@ -18,9 +18,10 @@ from raytf._controller import Controller
 from raytf._failure import FailurePolicy
 from raytf._lease import RunLease
 from raytf._placement import data_starvation, fits, too_few_rows, unfit_worker, unseen_storage
-from raytf._progress import ProgressPrinter, format_metrics
+from raytf._progress import ProgressDisplay, format_metrics
 from raytf._status import HISTORY_KEYS, Report
 from raytf._storage import RunStorage
+from raytf._tensorboard import EventWriter
 from raytf.config import DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.checkpoint import CheckpointError, CheckpointManager, new_entry
 from raytf.errors import ConfigError, RunInUseError
@@ -74,14 +75,16 @@ class _History:
     """Rank 0's reports over the whole run (every attempt and driver start): logged,
     shown, kept, written to the run directory now and then, and their checkpoints committed."""
 
-    def __init__(self, storage: RunStorage, printer: ProgressPrinter, checkpoints: CheckpointManager,
-                 lease: RunLease, driver_start: int, previous: list[dict[str, Any]]):
+    def __init__(self, storage: RunStorage, display: ProgressDisplay, checkpoints: CheckpointManager,
+                 lease: RunLease, driver_start: int, previous: list[dict[str, Any]],
+                 events: Optional[EventWriter] = None):
         self.entries: list[dict[str, Any]] = list(previous)
         self._storage = storage
-        self._printer = printer
+        self._display = display
         self._checkpoints = checkpoints
         self._lease = lease
         self._driver_start = driver_start
+        self._events = events
         self._last_write = time.monotonic()
         self._dirty = False
 
@@ -94,11 +97,15 @@ class _History:
         if report.rank != 0:
             return None
         logger.debug("report from rank 0, attempt %d: %s", report.attempt, report.metrics)
-        self._printer.report(report)
+        self._display.report(report)
         entry = {**report.metrics, "attempt": report.attempt, "driver_start": self._driver_start,
                  "report_seq": report.seq}
         self.entries.append(entry)
         self._dirty = True
+        if self._events is not None:
+            step = report.metrics.get("step")
+            self._events.add(step if isinstance(step, int) and not isinstance(step, bool) else len(self.entries) - 1,
+                             report.metrics)
         error = None
         if report.checkpoint is not None:
             committed = new_entry(report.checkpoint["seq"], report.attempt, report.metrics, self._driver_start)
@@ -119,6 +126,8 @@ class _History:
         if self._dirty:
             self._lease.check()
             self._storage.write_json(HISTORY_FILE, self.entries)
+            if self._events is not None:
+                self._events.flush()
             self._dirty = False
         self._last_write = time.monotonic()
 
@@ -147,14 +156,14 @@ def _sigterm_raises_systemexit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _resume_point(checkpoints: CheckpointManager, printer: ProgressPrinter) -> tuple[Optional[dict[str, Any]], int]:
+def _resume_point(checkpoints: CheckpointManager, display: ProgressDisplay) -> tuple[Optional[dict[str, Any]], int]:
     """Before each attempt: clear uncommitted debris, find the checkpoint to resume from."""
     checkpoints.clean_debris()
     latest = checkpoints.latest()
     if latest is None:
         return None, checkpoints.next_seq
     entry, _ = latest
-    printer.message(f"resuming from {entry.name} (epoch={entry.epoch}, step={entry.step})")
+    display.message(f"resuming from {entry.name} (epoch={entry.epoch}, step={entry.step})")
     return {"path": checkpoints.path_of(entry), "metadata": asdict(entry)}, checkpoints.next_seq
 
 
@@ -337,7 +346,7 @@ class Trainer:
             )
         previous = _load_history(storage)
         driver_start = _record_start(storage, name)
-        printer = ProgressPrinter(name, self.run.verbose)
+        display = ProgressDisplay(name, self.run.verbose)
         group = RayWorkerGroup(
             self.scaling,
             self.tensorflow,
@@ -346,7 +355,7 @@ class Trainer:
             storage.uri,
             datasets=self.datasets,
             split=frozenset(self.data_config.split(list(self.datasets))),
-            resume_point=lambda: _resume_point(checkpoints, printer),
+            resume_point=lambda: _resume_point(checkpoints, display),
             storage=(storage.filesystem, storage.root),
             worker_timeout_s=self.run.failure_config.worker_timeout_s,
             start_timeout_s=self.run.failure_config.start_timeout_s,
@@ -357,7 +366,8 @@ class Trainer:
             lease_token=lease.token,
             hang_timeout_s=self.run.failure_config.hang_timeout_s,
         )
-        history = _History(storage, printer, checkpoints, lease, driver_start, previous)
+        events = EventWriter(storage.filesystem, storage.root, driver_start)
+        history = _History(storage, display, checkpoints, lease, driver_start, previous, events)
         policy = FailurePolicy(self.run.failure_config)
         controller = Controller(
             group,
@@ -366,8 +376,9 @@ class Trainer:
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
             guard=lease.ensure_held,
+            on_status=lambda attempt, status: display.update(attempt, status.progress),
         )
-        printer.message(
+        display.message(
             f"starting {self._workers_text()} workers x {self.scaling.bundle()} "
             f"({self.scaling.placement}); results in {storage.uri}"
             + (f"; driver start {driver_start} of this run" if driver_start else "")
@@ -375,11 +386,12 @@ class Trainer:
         try:
             finished = controller.run()
         finally:
+            display.close()
             try:
                 history.flush()
             except RunInUseError as error:
                 logger.error("history.json not written: %s", error)
-        printer.message(f"finished: {format_metrics(history.last_metrics) or '(no reports)'}")
+        display.message(f"finished: {format_metrics(history.last_metrics) or '(no reports)'}")
         return Result(
             metrics=history.last_metrics,
             history=list(history.entries),

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from raytf._lease import RunLease
-from raytf._progress import ProgressPrinter
+from raytf._progress import ProgressDisplay
 from raytf._status import Report
 from raytf._storage import RunStorage
 from raytf.checkpoint import CheckpointManager
@@ -20,7 +20,7 @@ def driver(tmp_path, manager_kwargs=None):
     lease = RunLease(storage.filesystem, storage.root, "run")
     lease.acquire()
     checkpoints = CheckpointManager(storage.filesystem, storage.root, **(manager_kwargs or {}))
-    history = _History(storage, ProgressPrinter("run", 0), checkpoints, lease,
+    history = _History(storage, ProgressDisplay("run", 0), checkpoints, lease,
                        _record_start(storage, "run"), _load_history(storage))
     return storage, lease, history
 
