@@ -1,0 +1,134 @@
+"""cluster/kuberay/ against KubeRay's CRD schema (unknown fields rejected), plus the operator's
+own rules that the schema does not hold, and the image the manifests run."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+
+import pytest
+import yaml
+
+from tests.cluster.conftest import CLUSTER, REPO, fits, job_module, repo_path
+
+CRDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kuberay_crds")
+GPU = "nvidia.com/gpu"
+
+
+def manifest(name):
+    with open(os.path.join(CLUSTER, "kuberay", name)) as f:
+        return yaml.safe_load(f)
+
+
+def strict(node):
+    """Reject unknown fields wherever the schema lists the known ones (as kubeconform does)."""
+    if isinstance(node, dict):
+        if "properties" in node and "additionalProperties" not in node and not node.get(
+                "x-kubernetes-preserve-unknown-fields"):
+            node["additionalProperties"] = False
+        for value in node.values():
+            strict(value)
+    elif isinstance(node, list):
+        for value in node:
+            strict(value)
+    return node
+
+
+def validator(crd_file):
+    import jsonschema
+
+    with open(os.path.join(CRDS, crd_file)) as f:
+        crd = yaml.safe_load(f)
+    [v1] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return jsonschema.Draft7Validator(strict(copy.deepcopy(v1["schema"]["openAPIV3Schema"])))
+
+
+CASES = [("raycluster.yaml", "ray.io_rayclusters.yaml", "RayCluster"), ("rayjob.yaml", "ray.io_rayjobs.yaml", "RayJob")]
+
+
+@pytest.mark.parametrize("name, crd, kind", CASES)
+def test_manifests_validate_against_the_crd_schema(name, crd, kind):
+    document = manifest(name)
+    assert (document["apiVersion"], document["kind"]) == ("ray.io/v1", kind)
+    errors = sorted(validator(crd).iter_errors(document), key=str)
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+def test_an_unknown_field_is_rejected_so_the_validation_is_real():
+    document = manifest("raycluster.yaml")
+    document["spec"]["workerGroupSpecs"][0]["minReplica"] = 0
+    assert any("minReplica" in e.message for e in validator("ray.io_rayclusters.yaml").iter_errors(document))
+
+
+def containers(group):
+    return group["template"]["spec"]["containers"]
+
+
+def test_the_raycluster_autoscales_gpu_groups_from_zero_and_keeps_training_off_the_head():
+    spec = manifest("raycluster.yaml")["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert not any(GPU in c.get("resources", {}).get("limits", {}) for c in containers(spec["headGroupSpec"]))
+    names = [g["groupName"] for g in spec["workerGroupSpecs"]]
+    assert len(set(names)) == len(names)
+    gpus = []
+    for group in spec["workerGroupSpecs"]:
+        # The operator's rules: min <= replicas <= max.
+        assert 0 == group["minReplicas"] <= group.get("replicas", 0) <= group["maxReplicas"], group["groupName"]
+        for container in containers(group):
+            assert container["image"]
+            requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+            assert requests.get(GPU) == limits.get(GPU)  # Kubernetes: extended resources request == limit
+            if GPU in limits:
+                gpus.append(int(limits[GPU]))
+                tolerations = group["template"]["spec"]["tolerations"]
+                assert any(t["key"] == GPU and t["operator"] == "Exists" for t in tolerations)
+    assert 1 in gpus and max(gpus) >= 4
+
+
+def test_the_raycluster_runs_the_ray_raytf_is_tested_with_and_stores_checkpoints_in_s3():
+    import ray
+
+    spec = manifest("raycluster.yaml")["spec"]
+    assert spec["rayVersion"] == ray.__version__
+    dockerfile = open(os.path.join(CLUSTER, "docker", "Dockerfile")).read()
+    assert f"FROM rayproject/ray:{ray.__version__}-py311-gpu" in dockerfile
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        for container in containers(group):
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            assert env["RAYTF_STORAGE_PATH"].startswith("s3://")
+
+
+def test_the_image_copies_files_that_exist():
+    for line in open(os.path.join(CLUSTER, "docker", "Dockerfile")):
+        if line.startswith("COPY"):
+            sources = [w for w in shlex.split(line)[1:-1] if not w.startswith("--")]
+            for source in sources:
+                assert os.path.exists(os.path.join(REPO, source)), source
+
+
+def test_the_rayjob_runs_a_job_from_jobs_on_the_raycluster_and_its_flags_fit_the_groups():
+    job = manifest("rayjob.yaml")["spec"]
+    cluster = manifest("raycluster.yaml")
+    # The operator needs a cluster to run on: a spec of its own, or a selector; not both.
+    assert ("rayClusterSpec" in job) != ("clusterSelector" in job)
+    assert job["clusterSelector"]["ray.io/cluster"] == cluster["metadata"]["name"]
+    runtime_env = yaml.safe_load(job["runtimeEnvYAML"])
+    assert set(runtime_env) <= {"working_dir", "env_vars", "pip", "py_modules", "excludes", "conda"}
+    assert runtime_env["env_vars"]["RAYTF_STORAGE_PATH"].startswith("s3://")
+    words = shlex.split(job["entrypoint"])
+    assert words[0] == "python"
+    script = os.path.join(repo_path(runtime_env["working_dir"]), words[1])
+    assert os.path.exists(script), script
+    dockerfile = open(os.path.join(CLUSTER, "docker", "Dockerfile")).read()
+    assert re.search(r"COPY .*\bjobs /home/ray/raytf/jobs", dockerfile)  # the working_dir is in the image
+    args = job_module(words[1]).build_parser().parse_args(words[2:])
+    bundle = {"CPU": args.cpus_per_worker, "GPU": args.gpus_per_worker}
+    room = 0
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        limits = containers(group)[0]["resources"]["limits"]
+        node = {"CPU": float(limits["cpu"]), "GPU": float(limits.get(GPU, 0))}
+        room += fits({k: v for k, v in bundle.items() if v}, node) * group["maxReplicas"]
+    assert room >= args.num_workers
