@@ -34,6 +34,8 @@ def parser(description: str, *, epochs: int, batch_size: int, num_workers: int =
     p.add_argument("--storage-path", default=None,
                    help="local directory or s3:// / gs:// URI (default: $RAYTF_STORAGE_PATH or ~/raytf_results)")
     p.add_argument("--name", default=None, help="run name; the same name resumes the run")
+    p.add_argument("--max-failures", type=int, default=3,
+                   help="lost workers or nodes survived (each restart resumes from the latest checkpoint)")
     return p
 
 
@@ -44,7 +46,8 @@ def scaling(args: argparse.Namespace) -> raytf.ScalingConfig:
 
 
 def run_config(args: argparse.Namespace, **kwargs: Any) -> raytf.RunConfig:
-    return raytf.RunConfig(name=args.name, storage_path=args.storage_path, **kwargs)
+    return raytf.RunConfig(name=args.name, storage_path=args.storage_path,
+                           failure_config=raytf.FailureConfig(max_failures=args.max_failures), **kwargs)
 
 
 def connect(*modules: Any) -> None:

@@ -124,9 +124,13 @@ def _read_claims(fs: pafs.FileSystem, directory: str) -> dict[str, Optional[Clai
     return claims
 
 
+def claim_path(fs: pafs.FileSystem, run_root: str, token: str) -> str:
+    return _storage.join(fs, run_root, LEASE_DIR, f"{token}.json")
+
+
 def holds(fs: pafs.FileSystem, run_root: str, token: str, now: Optional[float] = None) -> bool:
     """Whether the driver with ``token`` still holds the run's lease (its claim is there and live)."""
-    path = _storage.join(fs, run_root, LEASE_DIR, f"{token}.json")
+    path = claim_path(fs, run_root, token)
     try:
         claim = _claim_of(_storage.read_json(fs, path))
     except (OSError, ValueError):
@@ -154,7 +158,7 @@ class RunLease:
         self._monotonic = monotonic
         self.ttl_s = ttl_s
         self.token = uuid.uuid4().hex
-        self._path = _storage.join(fs, self._dir, f"{self.token}.json")
+        self._path = claim_path(fs, run_root, self.token)
         self._started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self._renewed_at: Optional[float] = None  # monotonic time of the last good renewal
         self._lost: Optional[str] = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 NodeResources = Mapping[str, float]
 
@@ -21,12 +21,49 @@ def fits(bundle: Mapping[str, float], node: NodeResources) -> bool:
     return all(node.get(k, 0.0) >= v for k, v in bundle.items())
 
 
+def holds(bundle: Mapping[str, float], node: NodeResources) -> int:
+    """How many workers of ``bundle`` a node with these total resources holds."""
+    counts = [int(node.get(k, 0.0) // v) for k, v in bundle.items() if v > 0]
+    return min(counts) if counts else 0
+
+
+def launchable(bundle: Mapping[str, float], workers: int, live: Sequence[NodeResources],
+               node_types: Sequence[Any]) -> tuple[Optional[str], list[str]]:
+    """On an autoscaling cluster: (why the group can never be placed, or None; the node types to wait for).
+
+    ``node_types`` are what the autoscaler can add (``name``, ``resources``,
+    ``max_workers`` each). A worker no live node holds but some node type
+    does waits for the autoscaler; one that fits no node type, live or
+    launchable, is refused at once, as is a group larger than live nodes and
+    every launchable node together could hold.
+    """
+    fitting = [t for t in node_types if holds(bundle, t.resources)]
+    names = ", ".join(f"{t.name} {_fmt(t.resources)} x{t.max_workers}" for t in node_types) or "none"
+    if not fitting and not any(fits(bundle, n) for n in live):
+        return (
+            f"no node can hold one worker, which asks for {_fmt(bundle)}: not a live node "
+            f"({', '.join(_fmt(n) for n in live) or 'none'}), nor a node type the autoscaler can add "
+            f"({names}). Lower the per-worker ask (ScalingConfig.cpus_per_worker, gpus_per_worker, "
+            "resources_per_worker) or add a node type that fits it to the cluster's config.", [],
+        )
+    room = sum(holds(bundle, n) for n in live) + sum(holds(bundle, t.resources) * t.max_workers for t in fitting)
+    if room < workers:
+        return (
+            f"the cluster can hold at most {room} workers of {_fmt(bundle)} (live nodes and every node "
+            f"the autoscaler can add: {names}), fewer than ScalingConfig.num_workers={workers}. Lower "
+            "num_workers or raise the node types' max_workers.", [],
+        )
+    if any(fits(bundle, n) for n in live):
+        return None, []
+    return None, [t.name for t in fitting]
+
+
 def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) -> Optional[str]:
     """Why no live node could ever hold one worker's bundle, or None if one could.
 
     This compares totals, not what is free now: it rejects only asks the
     cluster as it stands can never meet, such as more GPUs per worker than
-    any node has.
+    any node has. (With an autoscaler, :func:`launchable` decides instead.)
     """
     if any(fits(bundle, node) for node in nodes):
         return None
@@ -42,8 +79,8 @@ def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) ->
             )
     lines.append(
         f"Nodes: {', '.join(_fmt(n) for n in nodes) or 'none'}. Lower the per-worker ask or add a "
-        "node that fits it; on an autoscaling cluster whose nodes are not up yet, pass "
-        "ScalingConfig(check_resources=False)."
+        "node that fits it (ScalingConfig(check_resources=False) skips this check, for nodes that "
+        "no autoscaler announces)."
     )
     return " ".join(lines)
 

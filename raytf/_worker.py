@@ -101,6 +101,31 @@ def worker_environment(spec: WorkerSpec) -> dict[str, str]:
     return env
 
 
+def check_storage_visible(spec: WorkerSpec, node_ip: str) -> None:
+    """On local storage, this worker's node must see the run directory the driver writes.
+
+    The driver's lease claim is a file there; a node that cannot see it (a
+    path that is not a shared mount, on a node the autoscaler just added)
+    would keep checkpoints nobody else can read.
+    """
+    import pyarrow.fs as pafs
+
+    from raytf import _lease
+    from raytf.errors import ConfigError
+
+    if spec.storage is None or spec.lease_token is None:
+        return
+    filesystem, root = spec.storage
+    if isinstance(filesystem, pafs.LocalFileSystem) and not os.path.exists(
+            _lease.claim_path(filesystem, root, spec.lease_token)):
+        raise ConfigError(
+            f"RunConfig.storage_path: the run directory {root!r} is a local path that this worker's "
+            f"node ({node_ip}) cannot see: what it wrote there would be lost with the node. Use "
+            "storage every node shares: s3://bucket/prefix, gs://bucket/prefix, or a network "
+            "filesystem mounted at the same path on every node"
+        )
+
+
 def _configure_keras(spec: WorkerSpec) -> None:
     """Check that tf.keras is the Keras asked for, and set the mixed-precision policy."""
     import tensorflow as tf
@@ -278,6 +303,7 @@ class TrainWorker:
                     "worker loads first"
                 )
             os.environ.update(worker_environment(spec))
+            check_storage_visible(spec, self._address.node_ip if self._address else "")
             train_fn, config = cloudpickle.loads(payload)
             _configure_tensorflow(spec)
             _configure_keras(spec)

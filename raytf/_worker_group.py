@@ -11,7 +11,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raytf import _env
+from raytf import _autoscaler, _env
 from raytf._placement import placement_timeout_message
 from raytf._hang import blame_collective, find_hangs
 from raytf._status import Activity, GroupStatus, Progress, Report
@@ -26,6 +26,8 @@ _RemoteTrainWorker = ray.remote(TrainWorker)
 _POLL_WAIT_S = 0.05  # how long one poll waits for answers before returning what it has
 _DRAIN_CHECK_INTERVAL_S = 1.0  # how often the driver asks Ray which nodes are draining
 _SHRINK_TRY_S = 5.0  # elastic: how long each smaller group gets to be placed
+_PLACE_STEP_S = 1.0  # placement: how often to look at the autoscaler while waiting
+_PLACE_NOTE_INTERVAL_S = 30.0  # placement: how often to say that it still waits
 _PHASE_ORDER = ("created", "starting", "ready", "connecting")  # before a worker has joined the group
 
 
@@ -72,6 +74,7 @@ class RayWorkerGroup:
         checkpoint_every: Optional[tuple[str, int]] = None,
         lease_token: Optional[str] = None,
         hang_timeout_s: Optional[float] = None,
+        notify: Callable[[str], None] = lambda message: None,
     ):
         self._scaling = scaling
         self._tensorflow = tensorflow
@@ -95,6 +98,7 @@ class RayWorkerGroup:
         self._checkpoint_every = checkpoint_every
         self._lease_token = lease_token
         self._hang_timeout_s = hang_timeout_s
+        self._notify = notify  # the driver's progress display
         self._activities: dict[int, tuple[Activity, float]] = {}  # world rank -> (last activity, heard at)
         self._progress: Optional[Progress] = None  # rank 0's, as last heard
         self.num_workers = scaling.max_workers  # this attempt's, once placed
@@ -120,14 +124,27 @@ class RayWorkerGroup:
         self._started_at = time.monotonic()
 
     def _try_place(self, workers: int, timeout: Optional[float]) -> bool:
+        """Place ``workers`` bundles within ``timeout`` seconds, not counting time in which
+        the autoscaler is launching nodes (a cloud GPU node takes minutes to come up)."""
         scaling = self._scaling
         self._pg = placement_group([scaling.bundle()] * workers, strategy=scaling.placement)
-        try:
-            ray.get(self._pg.ready(), timeout=timeout)
-        except GetTimeoutError:
-            remove_placement_group(self._pg)
-            self._pg = None
-            return False
+        waited, said, said_at = 0.0, "", 0.0
+        while not self._pg.wait(_PLACE_STEP_S):
+            launching = _autoscaler.launching()
+            if not launching:
+                waited += _PLACE_STEP_S
+            message = (f"waiting for room for {workers} x {scaling.bundle()}: the autoscaler is launching "
+                       + ", ".join(f"{n} x {t}" for t, n in sorted(launching.items()))) if launching else (
+                       f"waiting for room for {workers} x {scaling.bundle()} ({waited:.0f} s of "
+                       f"ScalingConfig.placement_timeout_s={timeout if timeout is not None else 'None'})")
+            now = time.monotonic()
+            if message.split(" (")[0] != said.split(" (")[0] or now - said_at >= _PLACE_NOTE_INTERVAL_S:
+                self._notify(message)
+                said, said_at = message, now
+            if timeout is not None and waited >= timeout:
+                remove_placement_group(self._pg)
+                self._pg = None
+                return False
         self.num_workers = workers
         return True
 

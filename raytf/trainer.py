@@ -17,7 +17,7 @@ from raytf import _env
 from raytf._controller import Controller
 from raytf._failure import FailurePolicy
 from raytf._lease import RunLease
-from raytf._placement import data_starvation, fits, too_few_rows, unfit_worker, unseen_storage
+from raytf._placement import data_starvation, fits, launchable, too_few_rows, unfit_worker, unseen_storage
 from raytf._progress import ProgressDisplay, format_metrics
 from raytf._status import HISTORY_KEYS, Report
 from raytf._storage import RunStorage
@@ -295,18 +295,12 @@ class Trainer:
         from ray import cloudpickle
         from ray.data.dataset import MaterializedDataset
 
-        from raytf._worker_group import live_node_resources
-
         if not ray.is_initialized():
             ray.init()
+        name = self.run.name or _default_run_name()
+        display = ProgressDisplay(name, self.run.verbose)
         if self.scaling.check_resources:
-            problem = unfit_worker(self.scaling.bundle(), live_node_resources()) or data_starvation(
-                [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)],
-                ray.cluster_resources().get("CPU", 0.0),
-                self.scaling.min_workers * self.scaling.cpus_per_worker,
-            )
-            if problem:
-                raise ConfigError(problem)
+            self._check_resources(display)
         split = self.data_config.split(list(self.datasets))
         for dataset_name, dataset in self.datasets.items():
             if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
@@ -319,17 +313,49 @@ class Trainer:
             raise ConfigError(
                 f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
             ) from error
-        name = self.run.name or _default_run_name()
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
         lease = RunLease(storage.filesystem, storage.root, name, ttl_s=_env.get_float(_env.LEASE_TTL_S))
         with _sigterm_raises_systemexit():
             lease.acquire()  # before anything of the run is read or written
             try:
-                return self._fit_holding(name, storage, lease, payload)
+                return self._fit_holding(name, storage, lease, payload, display)
             finally:
                 lease.release()
 
-    def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes) -> Result:
+    def _check_resources(self, display: ProgressDisplay) -> None:
+        """Refuse, before anything starts, a group this cluster can never place; say when it waits
+        for the autoscaler to add nodes."""
+        import ray
+        from ray.data.dataset import MaterializedDataset
+
+        from raytf import _autoscaler
+        from raytf._worker_group import live_node_resources
+
+        bundle, live = self.scaling.bundle(), live_node_resources()
+        if not _autoscaler.autoscaler_running():
+            problem = unfit_worker(bundle, live) or data_starvation(
+                [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)],
+                ray.cluster_resources().get("CPU", 0.0),
+                self.scaling.min_workers * self.scaling.cpus_per_worker,
+            )
+            if problem:
+                raise ConfigError(problem)
+            return
+        node_types = _autoscaler.node_types()
+        if node_types is None:  # an autoscaler whose node types raytf cannot read
+            if unfit_worker(bundle, live):
+                display.message(f"no live node can hold a worker of {bundle}; waiting for the autoscaler "
+                                "to add one (its node types are not known to raytf)")
+            return
+        problem, waits_for = launchable(bundle, self.scaling.min_workers, live, node_types)
+        if problem:
+            raise ConfigError(problem)
+        if waits_for:
+            display.message(f"no live node can hold a worker of {bundle}; the autoscaler can add "
+                            f"{' or '.join(waits_for)} nodes, so the group waits for them")
+
+    def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
+                     display: ProgressDisplay) -> Result:
         from raytf._worker_group import RayWorkerGroup
 
         _check_storage_is_shared(storage, self.scaling.bundle())
@@ -346,7 +372,6 @@ class Trainer:
             )
         previous = _load_history(storage)
         driver_start = _record_start(storage, name)
-        display = ProgressDisplay(name, self.run.verbose)
         group = RayWorkerGroup(
             self.scaling,
             self.tensorflow,
@@ -365,6 +390,7 @@ class Trainer:
             ),
             lease_token=lease.token,
             hang_timeout_s=self.run.failure_config.hang_timeout_s,
+            notify=display.message,
         )
         events = EventWriter(storage.filesystem, storage.root, driver_start)
         history = _History(storage, display, checkpoints, lease, driver_start, previous, events)

@@ -68,29 +68,46 @@ def head(tmp_path_factory):
         os.remove(current)
 
 
-def submit(head, tmp_path, script: str, *args: str) -> tuple[str, dict]:
-    """Submit ``jobs/<script>`` with ``args``; wait for it; return its logs and printed result."""
+def submit_no_wait(head, tmp_path, script: str, *args: str) -> str:
+    """Submit ``jobs/<script>`` with ``args`` (jobs/ as the working dir); returns the job id."""
     address, env = head
     workdir = tmp_path / "job"
-    shutil.copytree(os.path.join(REPO, "jobs"), workdir)
+    if not workdir.exists():
+        shutil.copytree(os.path.join(REPO, "jobs"), workdir)
     submitted = ray_cli(
         "job", "submit", "--address", address, "--working-dir", str(workdir), "--no-wait", "--",
         "python", script, *args, env=env,
     )
     assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr).group(0)
+    return re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr).group(0)
 
-    deadline = time.monotonic() + 300
-    while True:
-        answer = ray_cli("job", "status", "--address", address, job_id, env=env)
-        status = (answer.stdout + answer.stderr).lower()  # "Job '...' succeeded"
-        if any(word in status for word in ("succeeded", "failed", "stopped")):
-            break
-        assert time.monotonic() < deadline, f"job not done after 300 s: {status}"
+
+def job_status(head, job_id: str) -> str:
+    address, env = head
+    answer = ray_cli("job", "status", "--address", address, job_id, env=env)
+    text = (answer.stdout + answer.stderr).lower()  # "Job '...' succeeded"
+    return next((word for word in ("succeeded", "failed", "stopped") if word in text), "running")
+
+
+def wait_for_job(head, job_id: str, timeout_s: float = 300) -> tuple[str, str]:
+    """Wait until the job ends; (its final status, its logs)."""
+    address, env = head
+    deadline = time.monotonic() + timeout_s
+    while (status := job_status(head, job_id)) == "running":
+        assert time.monotonic() < deadline, f"job not done after {timeout_s:g} s"
         time.sleep(2)
-    logs = ray_cli("job", "logs", "--address", address, job_id, env=env).stdout
-    assert f"job '{job_id.lower()}' succeeded" in status, logs[-3000:]
-    return logs, json.loads(logs[logs.index("{\n") : logs.rindex("}") + 1])
+    return status, ray_cli("job", "logs", "--address", address, job_id, env=env).stdout
+
+
+def printed(logs: str) -> dict:
+    return json.loads(logs[logs.index("{\n") : logs.rindex("}") + 1])
+
+
+def submit(head, tmp_path, script: str, *args: str) -> tuple[str, dict]:
+    """Submit ``jobs/<script>`` with ``args``; wait for it; return its logs and printed result."""
+    status, logs = wait_for_job(head, submit_no_wait(head, tmp_path, script, *args))
+    assert status == "succeeded", logs[-3000:]
+    return logs, printed(logs)
 
 
 def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
@@ -126,3 +143,30 @@ def test_the_job_server_still_requires_ray_auth_token(head):
     listed = ray_cli("job", "list", "--address", address, env=anonymous)
     assert listed.returncode != 0
     assert "authentication" in (listed.stdout + listed.stderr).lower()
+
+
+def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head, tmp_path):
+    address, env = head
+    results = tmp_path / "results"
+    common = ["--name", "digits", "--storage-path", str(results)]
+    first = submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", "500", *common)
+    index = results / "digits" / "checkpoints" / "index.json"
+    deadline = time.monotonic() + 240
+    while not (index.exists() and json.loads(index.read_text())["checkpoints"]):
+        assert job_status(head, first) == "running", "the job ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint after 240 s"
+        time.sleep(0.5)
+    stopped = ray_cli("job", "stop", "--address", address, first, env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    status, _ = wait_for_job(head, first, timeout_s=120)
+    assert status == "stopped"
+    done = max(c["epoch"] for c in json.loads(index.read_text())["checkpoints"])
+    assert done < 499  # stopped mid-run
+    epochs = max(done + 4, 12)
+    status, logs = wait_for_job(head, submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", str(epochs), *common))
+    assert status == "succeeded", logs[-3000:]
+    history = json.loads((results / "digits" / "history.json").read_text())
+    second = [h for h in history if h["driver_start"] == 1]
+    assert second[0]["epoch"] == done + 1  # resumed, not started over
+    assert [h["epoch"] for h in second] == list(range(done + 1, epochs))
+    assert printed(logs)["final_metrics"]["val_accuracy"] >= 0.95  # the job's stated accuracy

@@ -55,3 +55,20 @@ def test_a_local_storage_path_some_node_cannot_see_is_refused():
     message = unseen_storage("/data/results", {"10.0.0.1": True, "10.0.0.2": False, "10.0.0.3": False})
     assert "RunConfig.storage_path='/data/results'" in message
     assert "10.0.0.2, 10.0.0.3" in message and "s3://" in message
+
+
+def test_on_an_autoscaling_cluster_a_worker_waits_for_a_node_type_that_fits_or_is_refused_naming_them():
+    from raytf._autoscaler import NodeType
+    from raytf._placement import launchable
+
+    head = [{"CPU": 0.0}]
+    types = [NodeType("gpu_1x", {"CPU": 4.0, "GPU": 1.0}, 8), NodeType("gpu_4x", {"CPU": 48.0, "GPU": 4.0}, 2)]
+    assert launchable({"CPU": 1.0, "GPU": 1.0}, 4, head, types) == (None, ["gpu_1x", "gpu_4x"])
+    assert launchable({"CPU": 8.0, "GPU": 4.0}, 2, head, types) == (None, ["gpu_4x"])
+    problem, waits = launchable({"CPU": 1.0, "GPU": 8.0}, 1, head, types)
+    assert waits == [] and "no node can hold one worker" in problem
+    assert "gpu_1x {CPU: 4, GPU: 1} x8" in problem and "gpu_4x {CPU: 48, GPU: 4} x2" in problem
+    problem, _ = launchable({"CPU": 8.0, "GPU": 4.0}, 3, head, types)  # at most 2 nodes of 4 GPUs
+    assert "can hold at most 2 workers" in problem and "num_workers=3" in problem
+    # A live node that fits: nothing to wait for.
+    assert launchable({"CPU": 1.0}, 1, [{"CPU": 2.0}], types) == (None, [])

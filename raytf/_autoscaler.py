@@ -1,0 +1,141 @@
+"""What the driver can learn about Ray's autoscaler: the node types it can add, and what it is launching.
+
+Ray has no public API for either. Node types: GCS holds a cluster config
+where the autoscaler reports one (autoscaler v2, some KubeRay setups);
+otherwise the autoscaler reads a YAML file on the head node (the
+``--autoscaling-config`` of ``ray start --head``, or the cluster launcher's
+``~/ray_bootstrap_config.yaml``), which a 0-CPU task on the head reads. What
+it is launching: the status the autoscaler publishes for ``ray status``.
+Every reader degrades to "unknown" rather than failing a run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+_STATUS_KEY = "__autoscaling_status"  # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A node type the autoscaler can add: its resources and how many of it at most."""
+
+    name: str
+    resources: dict[str, float]
+    max_workers: int
+
+
+def _read_config_on_head() -> Optional[dict]:
+    """The autoscaler's config, read where the autoscaler runs (the head node)."""
+    import os
+
+    import yaml
+
+    paths = []
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(w.endswith("autoscaler/_private/monitor.py") for w in words):
+            paths += [w.split("=", 1)[1] for w in words if w.startswith("--autoscaling-config=")]
+    paths.append("~/ray_bootstrap_config.yaml")
+    for path in paths:
+        path = os.path.expanduser(path)
+        if os.path.isfile(path):
+            with open(path) as f:
+                config = yaml.safe_load(f)
+            return {"head_node_type": config.get("head_node_type"),
+                    "available_node_types": config.get("available_node_types", {})}
+    return None
+
+
+def _from_gcs() -> Optional[list[NodeType]]:
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - an optional source
+        return None
+    if config is None or not config.node_group_configs:
+        return None
+    return [
+        NodeType(g.name, {k: float(v) for k, v in g.resources.items()}, g.max_count if g.max_count >= 0 else 10**6)
+        for g in config.node_group_configs
+    ]
+
+
+def _head_node_id() -> Optional[str]:
+    import ray
+
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+            return node["NodeID"]
+    return None
+
+
+def autoscaler_running() -> bool:
+    """Whether an autoscaler publishes its status on this cluster."""
+    return autoscaler_status() is not None
+
+
+def node_types(timeout_s: float = 30.0) -> Optional[list[NodeType]]:
+    """The worker node types the autoscaler can add (max_workers >= 1), or None when unknown."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    found = _from_gcs()
+    if found is not None:
+        return [t for t in found if t.max_workers >= 1]
+    head = _head_node_id()
+    if head is None or not autoscaler_running():
+        return None
+    read = ray.remote(num_cpus=0, max_retries=0)(_read_config_on_head).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)
+    )
+    try:
+        config = ray.get(read.remote(), timeout=timeout_s)
+    except Exception as error:  # noqa: BLE001 - unknown, not fatal
+        logger.info("could not read the autoscaler's config on the head node: %s", error)
+        return None
+    if config is None:
+        return None
+    types = []
+    for name, spec in config["available_node_types"].items():
+        if name == config["head_node_type"]:
+            continue
+        resources = {k: float(v) for k, v in (spec.get("resources") or {}).items()}
+        types.append(NodeType(name, resources, int(spec.get("max_workers", 0))))
+    return [t for t in types if t.max_workers >= 1]
+
+
+def autoscaler_status() -> Optional[dict[str, Any]]:
+    """The autoscaler's own report (what `ray status` shows), or None without an autoscaler."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(_STATUS_KEY)
+    except Exception:  # noqa: BLE001 - not connected, or no such key
+        return None
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def launching() -> dict[str, int]:
+    """Node type -> nodes the autoscaler is launching or setting up now ({} when none, or unknown)."""
+    report = (autoscaler_status() or {}).get("autoscaler_report") or {}
+    counts = dict(report.get("pending_launches") or {})
+    for node in report.get("pending_nodes") or []:  # [ip, node type, status]
+        if isinstance(node, (list, tuple)) and len(node) >= 2:
+            counts[node[1]] = counts.get(node[1], 0) + 1
+    return {k: int(v) for k, v in counts.items() if v}

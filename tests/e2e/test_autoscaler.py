@@ -1,0 +1,137 @@
+"""Under Ray's real autoscaler, with its fake multi-node provider: a head with no GPUs, GPU node
+types from zero (cluster/local-fake-gpu.yaml), a job asking for GPU workers.
+
+The autoscaler adds real Ray nodes (raylets on this machine that declare GPUs); raytf's
+placement group is what makes it add them. A GPU node is then taken away mid-run (its raylet
+killed, as a reclaimed spot instance would vanish); the autoscaler replaces it and the run
+resumes from its checkpoint. The head is a `ray start --head --block` child on free ports, and
+every process of this cluster is found by its GCS address and stopped afterwards, so the test
+never touches another Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.e2e.test_job_submit import RAY, REPO, free_port, ray_cli, submit_no_wait, wait_for_job
+
+pytestmark = pytest.mark.autoscaler
+
+
+def processes_of(gcs_address: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if gcs_address.encode() in f.read():
+                    pids.append(int(pid))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def take_away(node_id: str) -> None:
+    """Kill every process of a node (its raylet, its workers, its agents), as a vanished VM would."""
+    [raylet] = processes_of(f"--node_id={node_id}")
+    with open(f"/proc/{raylet}/cmdline", "rb") as f:
+        words = f.read().decode().split("\0")
+    socket = next(w.split("=", 1)[1] for w in words if w.startswith("--raylet_socket_name="))
+    for pid in set(processes_of(socket)) | {raylet}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def nodes(gcs_address: str) -> list[dict]:
+    """Every node of the cluster at ``gcs_address``, asked from a process of its own."""
+    script = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+              "print('NODES=' + json.dumps([{k: n[k] for k in ('NodeID', 'Alive', 'Resources')} for n in ray.nodes()]))")
+    out = subprocess.run([sys.executable, "-c", script % gcs_address], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "RAY_AUTH_MODE": "token"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("NODES=")]
+    return json.loads(line[len("NODES="):])
+
+
+@pytest.fixture
+def autoscaling_head(tmp_path):
+    from ray._private.services import get_node_ip_address
+
+    ip = get_node_ip_address()
+    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent")}
+    gcs = f"{ip}:{ports['gcs']}"
+    with open(os.path.join(REPO, "cluster", "local-fake-gpu.yaml")) as f:
+        config = yaml.safe_load(f)
+    config["provider"]["gcs_address"] = gcs  # the fake nodes join this head, not one on 6379
+    config_path = tmp_path / "autoscaling.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "head.log", "w")
+    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
+    head = subprocess.Popen(
+        [*RAY, "start", "--head", "--block", f"--autoscaling-config={config_path}", "--num-cpus", "1",
+         "--num-gpus", "0", "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
+         "--dashboard-port", str(ports["dashboard"]), "--ray-client-server-port", str(ports["client"]),
+         "--dashboard-agent-listen-port", str(ports["agent"])],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    address = f"http://127.0.0.1:{ports['dashboard']}"
+    deadline = time.monotonic() + 120
+    while ray_cli("job", "list", "--address", address, env=env).returncode != 0:
+        assert head.poll() is None, "ray start --head exited early; see head.log"
+        assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
+        time.sleep(1)
+    try:
+        yield address, env, gcs
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=90)
+        finally:
+            for pid in processes_of(gcs):  # the fake nodes the autoscaler started
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            log.close()
+
+
+def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(autoscaling_head, tmp_path):
+    address, env, gcs = autoscaling_head
+    assert not any(n["Resources"].get("GPU") for n in nodes(gcs) if n["Alive"])  # no GPU yet
+    results = tmp_path / "results"
+    job_id = submit_no_wait(
+        autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
+        "--rows", "32768", "--epochs", "8", "--name", "autoscaled", "--storage-path", str(results),
+    )
+    deadline = time.monotonic() + 300
+    while not (gpu_nodes := [n for n in nodes(gcs) if n["Alive"] and n["Resources"].get("GPU")]):
+        assert time.monotonic() < deadline, "the autoscaler added no GPU node in 300 s"
+        time.sleep(1)
+    index = results / "autoscaled" / "checkpoints" / "index.json"
+    while not (index.exists() and json.loads(index.read_text())["checkpoints"]):
+        assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.2)
+    lost = gpu_nodes[0]["NodeID"]
+    take_away(lost)
+    status, logs = wait_for_job(autoscaling_head[:2], job_id, timeout_s=600)
+    assert status == "succeeded", logs[-4000:]
+    after = nodes(gcs)
+    assert not any(n["NodeID"] == lost and n["Alive"] for n in after)
+    before = {g["NodeID"] for g in gpu_nodes}
+    assert any(n["Alive"] and n["Resources"].get("GPU") and n["NodeID"] not in before for n in after)  # replaced
+    history = json.loads((results / "autoscaled" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == list(range(8))
+    resumed = [h for h in history if h["attempt"] == 1]
+    assert resumed, "the run did not restart after the node was lost"
+    committed_before = max(h["epoch"] for h in history if h["attempt"] == 0)
+    assert resumed[0]["epoch"] == committed_before + 1  # from its checkpoint, not from scratch
+    assert "the autoscaler can add gpu_1x or gpu_2x nodes, so the group waits" in logs
