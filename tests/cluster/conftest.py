@@ -34,7 +34,12 @@ def submitted_jobs(text: str) -> list[tuple[str, list[str]]]:
         line = line.lstrip("# ").strip()
         if "python " not in line or ".py" not in line:
             continue
-        words = shlex.split(line[line.index("python "):])
+        try:
+            words = shlex.split(line[line.index("python "):])
+        except ValueError:
+            continue  # prose that mentions python, not a command
+        if len(words) < 2:
+            continue
         script = words[1]
         if script.endswith(".py"):
             found.append((script, words[2:]))
