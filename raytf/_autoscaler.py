@@ -3,10 +3,12 @@
 Ray has no public API for either. Node types: GCS holds a cluster config
 where the autoscaler reports one (autoscaler v2, some KubeRay setups);
 otherwise the autoscaler reads a YAML file on the head node (the
-``--autoscaling-config`` of ``ray start --head``, or the cluster launcher's
-``~/ray_bootstrap_config.yaml``), which a 0-CPU task on the head reads. What
-it is launching: the status the autoscaler publishes for ``ray status``.
-Every reader degrades to "unknown" rather than failing a run.
+``--autoscaling-config`` of its monitor process: what ``ray up`` and
+``ray start --head --autoscaling-config`` pass), which a 0-CPU task on the
+head reads. Every Ray head runs a monitor, autoscaling or not; one without a
+config cannot add nodes. What it is launching: the status the autoscaler
+publishes for ``ray status``. Every reader degrades to "unknown" rather than
+failing a run.
 """
 
 from __future__ import annotations
@@ -30,29 +32,31 @@ class NodeType:
     max_workers: int
 
 
-def _read_config_on_head() -> Optional[dict]:
-    """The autoscaler's config, read where the autoscaler runs (the head node)."""
+def _read_config_on_head(gcs_address: str) -> Optional[dict]:
+    """The config of this cluster's autoscaler, read where it runs (the head node): the
+    ``--autoscaling-config`` of the monitor process that serves ``gcs_address``."""
     import os
 
     import yaml
 
-    paths = []
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if any(w.endswith("autoscaler/_private/monitor.py") for w in words):
-            paths += [w.split("=", 1)[1] for w in words if w.startswith("--autoscaling-config=")]
-    paths.append("~/ray_bootstrap_config.yaml")
-    for path in paths:
-        path = os.path.expanduser(path)
-        if os.path.isfile(path):
-            with open(path) as f:
-                config = yaml.safe_load(f)
-            return {"head_node_type": config.get("head_node_type"),
-                    "available_node_types": config.get("available_node_types", {})}
+        if not any(w.endswith("autoscaler/_private/monitor.py") for w in words):
+            continue
+        if f"--gcs-address={gcs_address}" not in words:
+            continue  # another cluster's autoscaler on the same machine
+        for word in words:
+            if word.startswith("--autoscaling-config="):
+                path = os.path.expanduser(word.split("=", 1)[1])
+                if os.path.isfile(path):
+                    with open(path) as f:
+                        config = yaml.safe_load(f)
+                    return {"head_node_type": config.get("head_node_type"),
+                            "available_node_types": config.get("available_node_types", {})}
     return None
 
 
@@ -100,7 +104,7 @@ def node_types(timeout_s: float = 30.0) -> Optional[list[NodeType]]:
         scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)
     )
     try:
-        config = ray.get(read.remote(), timeout=timeout_s)
+        config = ray.get(read.remote(ray.get_runtime_context().gcs_address), timeout=timeout_s)
     except Exception as error:  # noqa: BLE001 - unknown, not fatal
         logger.info("could not read the autoscaler's config on the head node: %s", error)
         return None

@@ -26,7 +26,7 @@ LEVELS = ("info", "warning", "error", "fatal")
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ (\S+):\d+\] ")
 _ALWAYS_DROPPED = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",)
 # Ray Data's routine notices when raytf reads a worker's shard in the worker itself.
-_SHARD_READ_NOTICES = ("Progress bars disabled. To enable, set", "execution finished in")
+_SHARD_READ_NOTICES = ("Progress bars disabled. To enable, set", "tqdm is not installed")
 # On a worker with no GPU: the CUDA stubs saying there is none, at whatever level.
 _NO_GPU_SOURCES = re.compile(r"^(cuda_\w+|cudart_stub|gpu_device|cuda_executor|cuda_platform)\.cc$")
 _NO_GPU_PHRASES = ("TF-TRT Warning", "Unable to register cu", "failed call to cuInit")
@@ -38,7 +38,7 @@ def keep(line: str, level: str, use_gpu: bool) -> bool:
         return False
     if not use_gpu and any(p in line for p in _NO_GPU_PHRASES):
         return False
-    if any(line.lstrip("✔️ ").startswith(p) or (p in line and "Dataset" in line) for p in _SHARD_READ_NOTICES):
+    if any(p in line for p in _SHARD_READ_NOTICES) or ("Dataset" in line and "execution finished in" in line):
         return False
     match = _ABSL_LINE.match(line)
     if match is None:

@@ -79,8 +79,9 @@ def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) ->
             )
     lines.append(
         f"Nodes: {', '.join(_fmt(n) for n in nodes) or 'none'}. Lower the per-worker ask or add a "
-        "node that fits it (ScalingConfig(check_resources=False) skips this check, for nodes that "
-        "no autoscaler announces)."
+        "node that fits it; on an autoscaling cluster whose node types raytf cannot read (its "
+        "autoscaler runs outside the head's container, as KubeRay's does), pass "
+        "ScalingConfig(check_resources=False) and the group waits for the autoscaler."
     )
     return " ".join(lines)
 

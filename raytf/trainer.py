@@ -332,7 +332,8 @@ class Trainer:
         from raytf._worker_group import live_node_resources
 
         bundle, live = self.scaling.bundle(), live_node_resources()
-        if not _autoscaler.autoscaler_running():
+        node_types = _autoscaler.node_types()
+        if node_types is None:  # no autoscaler that can add nodes (or none raytf can read)
             problem = unfit_worker(bundle, live) or data_starvation(
                 [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)],
                 ray.cluster_resources().get("CPU", 0.0),
@@ -340,12 +341,6 @@ class Trainer:
             )
             if problem:
                 raise ConfigError(problem)
-            return
-        node_types = _autoscaler.node_types()
-        if node_types is None:  # an autoscaler whose node types raytf cannot read
-            if unfit_worker(bundle, live):
-                display.message(f"no live node can hold a worker of {bundle}; waiting for the autoscaler "
-                                "to add one (its node types are not known to raytf)")
             return
         problem, waits_for = launchable(bundle, self.scaling.min_workers, live, node_types)
         if problem:

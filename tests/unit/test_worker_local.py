@@ -179,3 +179,20 @@ def test_report_callback_epochs_count_on_across_fit_calls():
     resumed = WorkerSession(context, strategy=None, sink=lambda r: None,
                             resume={"path": "x", "metadata": {"epoch": 4, "step": 40}})
     assert [resumed.end_keras_epoch(0), resumed.end_keras_epoch(6)] == [5, 6]
+
+
+def test_a_worker_refuses_local_storage_its_node_cannot_see(tmp_path):
+    import pyarrow.fs as pafs
+
+    from raytf import ConfigError
+    from raytf._lease import RunLease
+    from raytf._worker import check_storage_visible
+
+    storage = (pafs.LocalFileSystem(), str(tmp_path / "run"))
+    lease = RunLease(storage[0], storage[1], "run")
+    lease.acquire()
+    check_storage_visible(spec(storage=storage, lease_token=lease.token), "10.0.0.7")  # the driver's claim is here
+    with pytest.raises(ConfigError, match="local path that this worker's node .10.0.0.7. cannot see"):
+        check_storage_visible(spec(storage=(storage[0], str(tmp_path / "elsewhere")), lease_token=lease.token),
+                              "10.0.0.7")
+    lease.release()
