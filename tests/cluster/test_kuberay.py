@@ -132,3 +132,18 @@ def test_the_rayjob_runs_a_job_from_jobs_on_the_raycluster_and_its_flags_fit_the
         node = {"CPU": float(limits["cpu"]), "GPU": float(limits.get(GPU, 0))}
         room += fits({k: v for k, v in bundle.items() if v}, node) * group["maxReplicas"]
     assert room >= args.num_workers
+
+
+def test_the_worker_groups_hold_each_jobs_default_scaling(scaling_of):
+    from tests.cluster.conftest import job_scripts
+
+    groups = manifest("raycluster.yaml")["spec"]["workerGroupSpecs"]
+    for script in job_scripts():
+        for args in ([], ["--gpus-per-worker", "1"]):
+            scaling = scaling_of(script, args)
+            room = 0
+            for group in groups:
+                limits = containers(group)[0]["resources"]["limits"]
+                node = {"CPU": float(limits["cpu"]), "GPU": float(limits.get(GPU, 0))}
+                room += fits(scaling.bundle(), node) * group["maxReplicas"]
+            assert room >= scaling.max_workers, (script, args)

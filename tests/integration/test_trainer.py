@@ -257,3 +257,21 @@ def test_sigterm_to_the_driver_stops_every_actor(cluster, tmp_path):
     finally:
         driver.stdin.close()
         driver.wait(timeout=60)
+
+
+def test_reported_metrics_reach_tensorboard_event_files_in_the_run_directory(tmp_path, no_leaks):
+    import os
+
+    import tensorflow as tf
+
+    result = trainer(workloads.small_train, tmp_path, "tensorboard").fit()
+    directory = tmp_path / "results" / "tensorboard" / "tensorboard"
+    [name] = os.listdir(directory)
+    scalars = [
+        (event.step, value.tag, value.simple_value)
+        for event in tf.compat.v1.train.summary_iterator(str(directory / name))
+        for value in event.summary.value
+    ]
+    # small_train reports no step: each report's number in the run is its step.
+    assert [(step, tag) for step, tag, _ in scalars if tag == "loss"] == [(0, "loss"), (1, "loss"), (2, "loss"), (3, "loss")]
+    assert [v for _, tag, v in scalars if tag == "loss"] == pytest.approx([h["loss"] for h in result.history])
