@@ -51,7 +51,7 @@ def main() -> None:
     import ray
     import tensorflow as tf
 
-    from raytf import _ingest
+    from raytf._internal.data import shard as _ingest
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)

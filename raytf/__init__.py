@@ -6,8 +6,8 @@ TF_CONFIG built from its rank. Importing raytf imports neither TensorFlow nor
 Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 """
 
-from raytf._ingest import DatasetShardError
-from raytf._session import (
+from raytf._internal.data.shard import DatasetShardError
+from raytf._internal.worker.session import (
     TrainContext,
     get_checkpoint,
     get_context,

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow.fs as pafs
 
-from raytf import _storage
+from raytf._internal import storage as _storage
 from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)

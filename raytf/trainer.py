@@ -13,15 +13,15 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from raytf import _env
-from raytf._controller import Controller
-from raytf._failure import FailurePolicy
-from raytf._lease import RunLease
-from raytf._placement import data_starvation, fits, launchable, too_few_rows, unfit_worker, unseen_storage
-from raytf._progress import ProgressDisplay, format_metrics
-from raytf._status import HISTORY_KEYS, Report
-from raytf._storage import RunStorage
-from raytf._tensorboard import EventWriter
+from raytf._internal import env as _env
+from raytf._internal.driver.controller import Controller
+from raytf._internal.driver.failure import FailurePolicy
+from raytf._internal.lease import RunLease
+from raytf._internal.driver.preflight import data_starvation, fits, launchable, too_few_rows, unfit_worker, unseen_storage
+from raytf._internal.driver.progress import ProgressDisplay, format_metrics
+from raytf._internal.protocol import HISTORY_KEYS, Report
+from raytf._internal.storage import RunStorage
+from raytf._internal.driver.tensorboard import EventWriter
 from raytf.config import DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.checkpoint import CheckpointError, CheckpointManager, new_entry
 from raytf.errors import ConfigError, RunInUseError
@@ -328,8 +328,8 @@ class Trainer:
         import ray
         from ray.data.dataset import MaterializedDataset
 
-        from raytf import _autoscaler
-        from raytf._worker_group import live_node_resources
+        from raytf._internal.driver import cluster as _autoscaler
+        from raytf._internal.driver.worker_group import live_node_resources
 
         bundle, live = self.scaling.bundle(), live_node_resources()
         node_types = _autoscaler.node_types()
@@ -351,7 +351,7 @@ class Trainer:
 
     def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
                      display: ProgressDisplay) -> Result:
-        from raytf._worker_group import RayWorkerGroup
+        from raytf._internal.driver.worker_group import RayWorkerGroup
 
         _check_storage_is_shared(storage, self.scaling.bundle())
         kept = self.run.checkpoint_config

@@ -164,7 +164,7 @@ def test_a_second_driver_in_another_namespace_is_refused_until_the_first_is_gone
 
 
 def test_the_lease_holds_on_s3_too(s3_filesystem):
-    from raytf._lease import RunLease, holds
+    from raytf._internal.lease import RunLease, holds
 
     now = [1_000_000.0]
     clock = lambda: now[0]  # noqa: E731

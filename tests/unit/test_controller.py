@@ -3,9 +3,9 @@
 import pytest
 
 from raytf import FailureConfig, PlacementTimeoutError, TrainingFailedError, WorkerFailure
-from raytf._controller import Controller, Errored, Finished, Restarting, Running, Scheduling
-from raytf._failure import Decision, FailurePolicy, root_cause
-from raytf._status import GroupStatus, Report
+from raytf._internal.driver.controller import Controller, Errored, Finished, Restarting, Running, Scheduling
+from raytf._internal.driver.failure import Decision, FailurePolicy, root_cause
+from raytf._internal.protocol import GroupStatus, Report
 
 
 def failure(rank=1, kind="died", time=1.0, message="killed"):

@@ -5,9 +5,9 @@ import threading
 import time
 
 from raytf import WorkerFailure
-from raytf._activity import ActivityTracker, classify
-from raytf._hang import blame_collective, find_hangs
-from raytf._status import Activity
+from raytf._internal.worker.activity import ActivityTracker, classify
+from raytf._internal.driver.hang import blame_collective, find_hangs
+from raytf._internal.protocol import Activity
 
 IPS = {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}
 

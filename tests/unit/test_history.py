@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from raytf._lease import RunLease
-from raytf._progress import ProgressDisplay
-from raytf._status import Report
-from raytf._storage import RunStorage
+from raytf._internal.lease import RunLease
+from raytf._internal.driver.progress import ProgressDisplay
+from raytf._internal.protocol import Report
+from raytf._internal.storage import RunStorage
 from raytf.checkpoint import CheckpointManager
 from raytf.trainer import _History, _load_history, _record_start
 

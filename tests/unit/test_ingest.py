@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raytf import ConfigError, DataConfig, DatasetShardError
-from raytf._ingest import (
+from raytf._internal.data.shard import (
     ShardRequest,
     check_request,
     dataset_from_arrays,
@@ -93,8 +93,8 @@ def test_rows_past_the_agreed_count_and_the_remainder():
 
 
 def test_shards_are_split_with_each_ranks_node_as_locality_hint():
-    from raytf._topology import WorkerAddress
-    from raytf._worker_group import RayWorkerGroup
+    from raytf._internal.driver.topology import WorkerAddress
+    from raytf._internal.driver.worker_group import RayWorkerGroup
     from raytf.config import ScalingConfig, TensorflowConfig
 
     class FakeDataset:

@@ -9,7 +9,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from raytf import RunInUseError
-from raytf._lease import LEASE_DIR, RunLease, holds
+from raytf._internal.lease import LEASE_DIR, RunLease, holds
 
 FS = pafs.LocalFileSystem()
 

@@ -1,4 +1,4 @@
-from raytf._placement import data_starvation, placement_timeout_message, unfit_worker
+from raytf._internal.driver.preflight import data_starvation, placement_timeout_message, unfit_worker
 
 NODES = [
     {"CPU": 8.0, "memory": 1e9, "node:10.0.0.1": 1.0},
@@ -48,7 +48,7 @@ def test_lazy_datasets_need_a_cpu_outside_the_worker_group():
 
 
 def test_a_local_storage_path_some_node_cannot_see_is_refused():
-    from raytf._placement import unseen_storage
+    from raytf._internal.driver.preflight import unseen_storage
 
     assert unseen_storage("/data/results", {"10.0.0.1": True, "10.0.0.2": True}) is None
     assert unseen_storage("/data/results", {"10.0.0.1": True, "10.0.0.2": None}) is None  # no answer: unknown
@@ -58,8 +58,8 @@ def test_a_local_storage_path_some_node_cannot_see_is_refused():
 
 
 def test_on_an_autoscaling_cluster_a_worker_waits_for_a_node_type_that_fits_or_is_refused_naming_them():
-    from raytf._autoscaler import NodeType
-    from raytf._placement import launchable
+    from raytf._internal.driver.cluster import NodeType
+    from raytf._internal.driver.preflight import launchable
 
     head = [{"CPU": 0.0}]
     types = [NodeType("gpu_1x", {"CPU": 4.0, "GPU": 1.0}, 8), NodeType("gpu_4x", {"CPU": 48.0, "GPU": 4.0}, 2)]

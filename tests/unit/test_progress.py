@@ -2,9 +2,9 @@
 
 import io
 
-from raytf._logs import keep
-from raytf._progress import ProgressDisplay, Rate, status_line
-from raytf._status import Progress, Report
+from raytf._internal.worker.logs import keep
+from raytf._internal.driver.progress import ProgressDisplay, Rate, status_line
+from raytf._internal.protocol import Progress, Report
 
 
 def test_the_live_line_shows_epoch_step_speed_metrics_and_time_left():

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from raytf import ConfigError
-from raytf._storage import RunStorage
+from raytf._internal.storage import RunStorage
 
 
 def test_json_is_replaced_whole_and_no_temporary_is_left(tmp_path):

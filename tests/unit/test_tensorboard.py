@@ -4,7 +4,7 @@ import os
 
 import pyarrow.fs as pafs
 
-from raytf._tensorboard import EventWriter, crc32c, scalars_of
+from raytf._internal.driver.tensorboard import EventWriter, crc32c, scalars_of
 
 
 def test_crc32c_is_castagnoli():

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from raytf._topology import (
+from raytf._internal.driver.topology import (
     WorkerAddress,
     assign_ranks,
     build_tf_config,

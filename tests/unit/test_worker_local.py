@@ -9,9 +9,9 @@ import pytest
 
 import raytf
 from raytf import RaytfError
-from raytf._session import TrainContext, WorkerSession, to_plain
-from raytf._topology import RankInfo
-from raytf._worker import WorkerSpec, reserve_port, worker_environment
+from raytf._internal.worker.session import TrainContext, WorkerSession, to_plain
+from raytf._internal.driver.topology import RankInfo
+from raytf._internal.worker.actor import WorkerSpec, reserve_port, worker_environment
 
 
 def _bind_fails(family, host, port):
@@ -148,7 +148,7 @@ def test_every_n_steps_and_a_preemption_save_whatever_the_frequency(tmp_path):
 def test_collective_errors_are_told_apart_from_bugs():
     import tensorflow as tf
 
-    from raytf._worker import failure_kind
+    from raytf._internal.worker.actor import failure_kind
 
     assert failure_kind(tf.errors.UnavailableError(None, None, "peer down")) == "collective"
     assert failure_kind(tf.errors.DeadlineExceededError(None, None, "timed out")) == "collective"
@@ -185,8 +185,8 @@ def test_a_worker_refuses_local_storage_its_node_cannot_see(tmp_path):
     import pyarrow.fs as pafs
 
     from raytf import ConfigError
-    from raytf._lease import RunLease
-    from raytf._worker import check_storage_visible
+    from raytf._internal.lease import RunLease
+    from raytf._internal.worker.actor import check_storage_visible
 
     storage = (pafs.LocalFileSystem(), str(tmp_path / "run"))
     lease = RunLease(storage[0], storage[1], "run")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from raytf._status import HISTORY_KEYS, Progress, Report
+from raytf._internal.protocol import HISTORY_KEYS, Progress, Report
 from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class WorkerSession:
     def _upload(self, checkpoint: Any) -> dict[str, Any]:
         from raytf.checkpoint import checkpoint_name, checkpoints_dir, upload
 
-        from raytf import _lease
+        from raytf._internal import lease as _lease
 
         filesystem, root = self._storage
         if self._lease_token is not None and not _lease.holds(filesystem, root, self._lease_token):
@@ -171,7 +171,7 @@ class WorkerSession:
         drop_remainder: bool = False,
         cache: bool = True,
     ) -> Any:
-        from raytf import _ingest
+        from raytf._internal.data import shard as _ingest
 
         if name not in self._datasets:
             passed = ", ".join(sorted(self._datasets)) or "none"
@@ -218,7 +218,7 @@ class WorkerSession:
 
     def _batch_size(self, name: str, batch_size: Optional[int], global_batch_size: Optional[int]) -> Any:
         """The per-worker batch, given directly or as this worker's share of a global batch."""
-        from raytf import _ingest
+        from raytf._internal.data import shard as _ingest
 
         if (batch_size is None) == (global_batch_size is None):
             raise _ingest.DatasetShardError(

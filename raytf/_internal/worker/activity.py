@@ -6,7 +6,7 @@ slow read) the others wait inside TensorFlow with no error, forever by
 default, and the rank that stopped answers the driver's polls as if all were
 well. Each poll therefore samples the training thread's stack: the innermost
 frame tells whether it is inside TensorFlow, in raytf's own code, or in the
-user's. The driver compares the ranks (:mod:`raytf._hang`).
+user's. The driver compares the ranks (:mod:`raytf._internal.driver.hang`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from types import FrameType
 from typing import Callable, Optional
 
-from raytf._status import Activity
+from raytf._internal.protocol import Activity
 
 _RAYTF_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIRS = tuple(

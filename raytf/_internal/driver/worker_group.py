@@ -11,12 +11,13 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raytf import _autoscaler, _env
-from raytf._placement import placement_timeout_message
-from raytf._hang import blame_collective, find_hangs
-from raytf._status import Activity, GroupStatus, Progress, Report
-from raytf._topology import WorkerAddress, assign_ranks, build_tf_config, worker_list
-from raytf._worker import TrainWorker, WorkerSpec
+from raytf._internal.driver import cluster as _autoscaler
+from raytf._internal import env as _env
+from raytf._internal.driver.preflight import placement_timeout_message
+from raytf._internal.driver.hang import blame_collective, find_hangs
+from raytf._internal.protocol import Activity, GroupStatus, Progress, Report
+from raytf._internal.driver.topology import WorkerAddress, assign_ranks, build_tf_config, worker_list
+from raytf._internal.worker.actor import TrainWorker, WorkerSpec
 from raytf.config import ScalingConfig, TensorflowConfig
 from raytf.errors import PlacementTimeoutError, WorkerFailure, WorkerStartError
 

@@ -15,7 +15,7 @@ class Decision(enum.Enum):
 
 
 LOST = ("died", "unresponsive", "not_started")
-# A rank that stopped taking part while its peers waited for it (see raytf._hang).
+# A rank that stopped taking part while its peers waited for it (see raytf._internal.driver.hang).
 STOPPED = ("stalled", "returned_early")
 # Raised on the side of a collective whose peer went away: a loss, not a bug in train_fn.
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional, Sequence
 
-from raytf import _session
+from raytf._internal.worker import session as _session
 from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)

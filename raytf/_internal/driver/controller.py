@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Union
 
-from raytf._failure import LOST, STOPPED, Decision, FailurePolicy, root_cause
-from raytf._status import GroupStatus, Report
+from raytf._internal.driver.failure import LOST, STOPPED, Decision, FailurePolicy, root_cause
+from raytf._internal.protocol import GroupStatus, Report
 from raytf.errors import TrainingFailedError, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)

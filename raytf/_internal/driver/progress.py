@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, TextIO
 
-from raytf._status import Progress, Report
+from raytf._internal.protocol import Progress, Report
 
 _REDRAW_INTERVAL_S = 0.25
 _RATE_WINDOW_S = 20.0

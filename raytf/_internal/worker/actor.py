@@ -22,11 +22,14 @@ from typing import Any, Optional
 
 from ray import cloudpickle
 
-from raytf import _env, _logs, _session, _strategy
-from raytf._activity import ActivityTracker
-from raytf._session import TrainContext, WorkerSession
-from raytf._status import Report, WorkerStatus
-from raytf._topology import RankInfo, WorkerAddress
+from raytf._internal import env as _env
+from raytf._internal.worker import logs as _logs
+from raytf._internal.worker import session as _session
+from raytf._internal.worker import strategy as _strategy
+from raytf._internal.worker.activity import ActivityTracker
+from raytf._internal.worker.session import TrainContext, WorkerSession
+from raytf._internal.protocol import Report, WorkerStatus
+from raytf._internal.driver.topology import RankInfo, WorkerAddress
 from raytf.errors import WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -110,7 +113,7 @@ def check_storage_visible(spec: WorkerSpec, node_ip: str) -> None:
     """
     import pyarrow.fs as pafs
 
-    from raytf import _lease
+    from raytf._internal import lease as _lease
     from raytf.errors import ConfigError
 
     if spec.storage is None or spec.lease_token is None:
@@ -162,7 +165,7 @@ def _configure_tensorflow(spec: WorkerSpec) -> None:
 
 def failure_kind(error: BaseException) -> str:
     """"collective" for TensorFlow's errors from a collective whose peer went away, else "exception"."""
-    from raytf._failure import PEER_ERRORS
+    from raytf._internal.driver.failure import PEER_ERRORS
 
     tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
     if tf_errors is not None and isinstance(error, tf_errors.OpError):

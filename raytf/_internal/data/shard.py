@@ -226,7 +226,7 @@ def dataset_from_arrays(
 def _finish(dataset: Any) -> Any:
     import tensorflow as tf
 
-    from raytf import _strategy
+    from raytf._internal.worker import strategy as _strategy
 
     options = tf.data.Options()
     # The data is already sharded by Ray Data; TensorFlow must not shard it again.

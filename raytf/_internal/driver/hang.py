@@ -2,7 +2,7 @@
 
 A collective waits for every rank. If one rank's ``train_fn`` returned, or
 it sits in its own code, its peers wait inside TensorFlow, with no error and
-no end. The driver sees each rank's :class:`~raytf._status.Activity` at every
+no end. The driver sees each rank's :class:`~raytf._internal.protocol.Activity` at every
 poll; a hang is some rank waiting in TensorFlow for ``hang_timeout_s`` while
 another has been out of it (returned, or in its own Python code) as long.
 The rank out of TensorFlow is the one named.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Mapping, Optional
 
-from raytf._status import Activity
+from raytf._internal.protocol import Activity
 from raytf.errors import WorkerFailure
 
 # A peer at least this long out of TensorFlow when a collective fails is taken as its cause.

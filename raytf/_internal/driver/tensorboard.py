@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 
 import pyarrow.fs as pafs
 
-from raytf import _storage
+from raytf._internal import storage as _storage
 
 DIRECTORY = "tensorboard"
 

@@ -45,7 +45,7 @@ from typing import Callable, Optional
 
 import pyarrow.fs as pafs
 
-from raytf import _storage
+from raytf._internal import storage as _storage
 from raytf.errors import RunInUseError
 
 logger = logging.getLogger(__name__)
