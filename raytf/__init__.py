@@ -6,17 +6,7 @@ TF_CONFIG built from its rank. Importing raytf imports neither TensorFlow nor
 Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 """
 
-from raytf._internal.data.shard import DatasetShardError
-from raytf._internal.worker.session import (
-    TrainContext,
-    get_checkpoint,
-    get_context,
-    get_dataset_shard,
-    preemption_requested,
-    report,
-    strategy,
-)
-from raytf.checkpoint import Checkpoint, CheckpointError
+from raytf.checkpoint import Checkpoint
 from raytf.config import (
     CheckpointConfig,
     DataConfig,
@@ -26,7 +16,10 @@ from raytf.config import (
     TensorflowConfig,
 )
 from raytf.errors import (
+    CheckpointError,
     ConfigError,
+    DatasetShardError,
+    FailureKind,
     PlacementTimeoutError,
     RaytfError,
     RunInUseError,
@@ -35,6 +28,15 @@ from raytf.errors import (
     WorkerStartError,
 )
 from raytf.result import Result
+from raytf.session import (
+    TrainContext,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    preemption_requested,
+    report,
+    strategy,
+)
 from raytf.trainer import Trainer
 
 __version__ = "0.1.0"
@@ -47,6 +49,7 @@ __all__ = [
     "DataConfig",
     "DatasetShardError",
     "FailureConfig",
+    "FailureKind",
     "PlacementTimeoutError",
     "RaytfError",
     "Result",

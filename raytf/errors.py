@@ -6,11 +6,20 @@ arguments in ``args`` so instances survive pickling across Ray actors.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
 class RaytfError(Exception):
     """Base class of every error raytf raises."""
+
+
+class CheckpointError(RaytfError):
+    """No usable checkpoint where one was expected, or a checkpoint that cannot be stored as given."""
+
+
+class DatasetShardError(RaytfError, ValueError):
+    """A dataset shard was asked for with a setting that does not fit its data."""
 
 
 class ConfigError(RaytfError, ValueError):
@@ -29,45 +38,51 @@ class RunInUseError(RaytfError):
     """Another driver holds the run's lease, or took the run over from this driver."""
 
 
+class FailureKind(str, enum.Enum):
+    """What ended a worker's part in an attempt. A str, so ``kind == "died"`` reads as it says."""
+
+    EXCEPTION = "exception"  # train_fn raised
+    # A TensorFlow collective failed because a peer did not answer (Unavailable,
+    # DeadlineExceeded, Cancelled, Aborted): the loss of a peer seen from this side.
+    COLLECTIVE = "collective"
+    DIED = "died"  # the worker process or its node went away
+    UNRESPONSIVE = "unresponsive"  # it stopped answering the driver
+    NOT_STARTED = "not_started"  # it never joined the group (start timeout)
+    RETURNED_EARLY = "returned_early"  # train_fn returned while its peers waited for it in a collective
+    STALLED = "stalled"  # it sat in its own code while its peers waited for it (hang_timeout_s)
+    PREEMPTED = "preempted"  # its node was drained or it got SIGTERM: not counted against max_failures
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
     """What went wrong on one rank, as plain data that crosses the actor boundary.
 
-    ``kind`` is one of:
-
-    - ``"exception"``: ``train_fn`` raised;
-    - ``"collective"``: a TensorFlow collective failed because a peer did not
-      answer (Unavailable, DeadlineExceeded, Cancelled, Aborted): the loss of a
-      peer seen from this side;
-    - ``"died"``: the worker process or its node went away;
-    - ``"unresponsive"``: it stopped answering the driver;
-    - ``"not_started"``: it never joined the group (start timeout);
-    - ``"returned_early"``: its ``train_fn`` returned while its peers waited
-      for it in a collective;
-    - ``"stalled"``: it sat in its own code, outside TensorFlow, while its
-      peers waited for it in a collective (``FailureConfig.hang_timeout_s``);
-    - ``"preempted"``: its node was drained or it got SIGTERM; not a failure,
-      and not counted against ``max_failures``.
-
-    ``time`` is when the worker caught the error, or when the driver noticed.
+    ``kind`` is a :class:`FailureKind`. ``time`` is when the worker caught the
+    error, or when the driver noticed.
     """
 
     rank: int
-    kind: str
+    kind: FailureKind
     error_type: str
     message: str
     traceback: str
     time: float
     node_ip: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FailureKind(self.kind))  # a plain string from older code reads the same
+
     def describe(self) -> str:
         where = (f"rank {self.rank}" if self.rank >= 0 else "a worker") + (
             f" on {self.node_ip}" if self.node_ip else ""
         )
-        if self.kind == "preempted" and self.rank < 0:
+        if self.kind == FailureKind.PREEMPTED and self.rank < 0:
             return f"preempted: {self.message}"
-        if self.kind not in ("exception", "collective"):
-            return f"{where}: worker {self.kind.replace('_', ' ')}: {self.message}"
+        if self.kind not in (FailureKind.EXCEPTION, FailureKind.COLLECTIVE):
+            return f"{where}: worker {self.kind.value.replace('_', ' ')}: {self.message}"
         return f"{where}: {self.error_type}: {self.message}"
 
 

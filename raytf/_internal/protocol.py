@@ -1,14 +1,96 @@
-"""What workers tell the driver, as plain data: reports and per-poll status."""
+"""The driver and the workers speak in these types: what the driver hands a worker, what a
+worker answers to a poll. Plain, picklable data; no Ray, no TensorFlow."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from raytf.errors import WorkerFailure
+from raytf.errors import FailureKind, WorkerFailure
 
 # What the driver adds to every history entry; raytf.report refuses metrics of these names.
 HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint")
+
+__all__ = [
+    "Activity", "ActivityKind", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
+    "ResumePoint", "SaveEvery", "StorageRef", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
+]
+
+
+class Phase(str, enum.Enum):
+    """Where a worker is, from actor start to its end; the order of the first five is the start-up."""
+
+    CREATED = "created"  # the actor exists
+    STARTING = "starting"  # loading train_fn and its modules, importing TensorFlow
+    READY = "ready"  # waiting for every peer to be ready
+    CONNECTING = "connecting"  # building the strategy, which waits for every peer's server
+    TRAINING = "training"  # train_fn runs
+    FINISHED = "finished"  # train_fn returned
+    PREEMPTED = "preempted"  # train_fn returned because a preemption was asked for
+    FAILED = "failed"  # train_fn raised
+    LOST = "lost"  # the driver lost it: died, or stopped answering
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STARTING_PHASES = (Phase.CREATED, Phase.STARTING, Phase.READY, Phase.CONNECTING)  # not yet in the group
+
+
+class ActivityKind(str, enum.Enum):
+    """What a training thread is doing, as its stack shows it (see raytf._internal.worker.activity)."""
+
+    TENSORFLOW = "tensorflow"  # inside a TensorFlow call: computing, or waiting in a collective for peers
+    RAYTF = "raytf"  # raytf's own work: reading a shard, uploading a checkpoint, waiting for its commit
+    PYTHON = "python"  # the user's own code, outside TensorFlow
+    FINISHED = "finished"  # train_fn returned
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """Where a run lives: a ``pyarrow.fs`` filesystem and the run's directory on it."""
+
+    filesystem: Any
+    root: str
+
+
+@dataclass(frozen=True)
+class UploadedCheckpoint:
+    """A checkpoint the chief uploaded under ``name``, waiting for the driver to commit it."""
+
+    name: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where an attempt starts: the committed checkpoint (its path and index entry), or none,
+    and the number the next checkpoint takes."""
+
+    next_seq: int = 0
+    path: Optional[str] = None
+    entry: Any = None  # raytf._internal.checkpoint.manager.CheckpointEntry
+
+    @property
+    def epoch(self) -> Optional[int]:
+        return None if self.entry is None else self.entry.epoch
+
+    @property
+    def step(self) -> Optional[int]:
+        return None if self.entry is None else self.entry.step
+
+
+@dataclass(frozen=True)
+class SaveEvery:
+    """CheckpointConfig.every_n_epochs / every_n_steps: save when ``unit`` ("epoch" or "step")
+    has moved ``n`` past the last saved checkpoint."""
+
+    unit: str
+    n: int
 
 
 @dataclass(frozen=True)
@@ -20,24 +102,20 @@ class Report:
     metrics: dict[str, Any]
     time: float
     attempt: int = 0
-    checkpoint: Optional[dict[str, Any]] = None  # a CheckpointEntry, uploaded and awaiting commit
+    checkpoint: Optional[UploadedCheckpoint] = None
 
 
 @dataclass(frozen=True)
 class Activity:
     """What a worker's training thread has been doing, continuously, as sampled at each poll.
+    ``where`` is the innermost line of the user's code on the thread's stack."""
 
-    ``kind``: ``"tensorflow"`` (inside a TensorFlow call: computing, or
-    waiting in a collective for its peers), ``"raytf"`` (raytf's own work:
-    reading a shard, uploading a checkpoint, waiting for its commit),
-    ``"python"`` (the user's own code, outside TensorFlow) or
-    ``"finished"`` (``train_fn`` returned). ``where`` is the innermost line
-    of the user's code on the thread's stack.
-    """
-
-    kind: str
+    kind: ActivityKind
     seconds: float
     where: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ActivityKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -63,7 +141,7 @@ class WorkerStatus:
     """One worker's answer to a poll: reports since the last poll, its phase, its error."""
 
     rank: int
-    phase: str
+    phase: Phase
     reports: tuple[Report, ...] = ()
     failure: Optional[WorkerFailure] = None
     preempt_reason: Optional[str] = None  # set once this worker was asked to stop for a preemption
@@ -72,24 +150,123 @@ class WorkerStatus:
 
     @property
     def finished(self) -> bool:
-        return self.phase == "finished"
+        return self.phase == Phase.FINISHED
 
 
 @dataclass(frozen=True)
 class GroupStatus:
     """The whole group's answer to a poll.
 
-    ``finished``: every worker's ``train_fn`` returned. ``stopped``: every
-    worker is done, some because they stopped for a preemption.
-    ``preempting``: a preemption was requested (a node is draining, a worker
-    got SIGTERM), with ``preempt_reason``.
+    ``ready``: every worker is ready to build the strategy (the driver then
+    releases them together). ``finished``: every worker's ``train_fn``
+    returned. ``stopped``: every worker is done, some because they stopped for
+    a preemption. ``preempting``: a preemption was requested (a node is
+    draining, a worker got SIGTERM), with ``preempt_reason``.
     """
 
     reports: tuple[Report, ...] = ()
     failures: tuple[WorkerFailure, ...] = ()
     finished: bool = False
-    phases: dict[int, str] = field(default_factory=dict)
+    phases: dict[int, Phase] = field(default_factory=dict)
     preempting: bool = False
     preempt_reason: Optional[str] = None
     stopped: bool = False
     progress: Optional[Progress] = None  # rank 0's, as last heard
+    ready: bool = False
+
+
+class PayloadKind(str, enum.Enum):
+    """What a role's actors run. Today's one: ``train_fn`` in a thread under the strategy.
+    A TensorFlow server that waits (parameter servers) and a subprocess that reads
+    TF_CONFIG (unmodified scripts) are further kinds, each a class in worker/payloads.py."""
+
+    TRAIN_FN = "train_fn"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role of a TensorFlow cluster: its name in TF_CONFIG ("worker", "chief", "ps",
+    "evaluator"), how many actors (a (min, max) pair: elastic), what each reserves, what each runs."""
+
+    name: str
+    count: Any  # int, or (min, max)
+    bundle: dict[str, float]
+    payload: PayloadKind = PayloadKind.TRAIN_FN
+
+    @property
+    def min_count(self) -> int:
+        return self.count[0] if isinstance(self.count, tuple) else self.count
+
+    @property
+    def max_count(self) -> int:
+        return self.count[1] if isinstance(self.count, tuple) else self.count
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """Where one actor lives and the port it holds for TensorFlow's server."""
+
+    node_id: str
+    node_ip: str
+    port: int
+
+    @property
+    def host_port(self) -> str:
+        return format_host_port(self.node_ip, self.port)
+
+
+def format_host_port(host: str, port: int) -> str:
+    """``host:port``, with IPv6 addresses in brackets as gRPC expects."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """The ranks of one worker. Workers on one node have contiguous world ranks."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What every worker of a run shares, built once by the driver."""
+
+    run_name: str
+    run_path: str
+    payload: bytes  # cloudpickled (train_fn, config)
+    communication: str
+    collective_timeout_s: Optional[float]
+    intra_op_threads: int
+    inter_op_threads: int
+    use_gpu: bool
+    gpu_memory_growth: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    keras: str = "auto"
+    mixed_precision: Optional[str] = None
+    log_level: str = "error"  # TensorflowConfig.log_level: TensorFlow's C++ lines shown
+    storage: Optional[StorageRef] = None
+    lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
+    save_every: Optional[SaveEvery] = None
+    split: tuple[str, ...] = ()  # the datasets split across the workers
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One actor's place in one attempt (with the :class:`RunSpec` every actor shares)."""
+
+    role: str
+    rank: RankInfo
+    tf_config: str
+    attempt: int
+    resume: ResumePoint = ResumePoint()
+    datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator

@@ -8,7 +8,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from raytf import Checkpoint, CheckpointError
-from raytf.checkpoint import CheckpointManager, checkpoint_name, new_entry, upload, verify
+from raytf._internal.checkpoint.files import checkpoint_name, upload, verify
+from raytf._internal.checkpoint.manager import CheckpointManager, new_entry
 
 FS = pafs.LocalFileSystem()
 

@@ -5,7 +5,7 @@ import pytest
 from raytf import FailureConfig, PlacementTimeoutError, TrainingFailedError, WorkerFailure
 from raytf._internal.driver.controller import Controller, Errored, Finished, Restarting, Running, Scheduling
 from raytf._internal.driver.failure import Decision, FailurePolicy, root_cause
-from raytf._internal.protocol import GroupStatus, Report
+from raytf._internal.protocol import GroupStatus, Report, UploadedCheckpoint
 
 
 def failure(rank=1, kind="died", time=1.0, message="killed"):
@@ -22,7 +22,7 @@ class FakeGroup:
         self.live = False
         self.acks = []
 
-    def start(self, attempt):
+    def start(self, attempt, resume):
         if self.start_error:
             raise self.start_error
         self.started.append(attempt)
@@ -40,6 +40,9 @@ class FakeGroup:
 
     def acknowledge(self, rank, seq, error):
         self.acks.append((rank, seq, error))
+
+    def connect(self):
+        self.connected = True
 
 
 def report(seq, attempt=0, rank=0):
@@ -187,8 +190,8 @@ def test_policy_counts():
 
 
 def test_a_reported_checkpoint_is_acknowledged_with_the_commit_outcome():
-    ok = Report(rank=0, seq=0, metrics={}, time=0.0, checkpoint={"name": "checkpoint_000000", "seq": 0})
-    bad = Report(rank=0, seq=1, metrics={}, time=1.0, checkpoint={"name": "checkpoint_000001", "seq": 1})
+    ok = Report(rank=0, seq=0, metrics={}, time=0.0, checkpoint=UploadedCheckpoint("checkpoint_000000", 0))
+    bad = Report(rank=0, seq=1, metrics={}, time=1.0, checkpoint=UploadedCheckpoint("checkpoint_000001", 1))
     plain = Report(rank=0, seq=2, metrics={}, time=2.0)
     group = FakeGroup({0: [GroupStatus(reports=(ok, bad, plain), finished=True)]})
     controller, _ = run(group, on_report=lambda r: "disk full" if r.seq == 1 else None)
@@ -216,10 +219,10 @@ def test_a_worker_that_never_started_is_retried_like_a_loss():
     from raytf import WorkerStartError
 
     class StartsLate(FakeGroup):
-        def start(self, attempt):
+        def start(self, attempt, resume):
             if attempt == 0:
                 raise WorkerStartError("worker actors did not start within 5 s")
-            super().start(attempt)
+            super().start(attempt, resume)
 
     group = StartsLate({1: [GroupStatus(finished=True)]})
     controller, _ = run(group, FailureConfig(max_failures=1))

@@ -6,23 +6,35 @@ import os
 
 import pytest
 
-from raytf._internal.lease import RunLease
+from raytf._internal.checkpoint.manager import CheckpointManager
+from raytf._internal.driver.history import RunHistory, load_history, record_start, report_handler
 from raytf._internal.driver.progress import ProgressDisplay
-from raytf._internal.protocol import Report
+from raytf._internal.lease import RunLease
+from raytf._internal.protocol import Report, UploadedCheckpoint
 from raytf._internal.storage import RunStorage
-from raytf.checkpoint import CheckpointManager
-from raytf.trainer import _History, _load_history, _record_start
 
 
-def driver(tmp_path, manager_kwargs=None):
-    """What one driver start sets up: lease, history so far, its start number."""
-    storage = RunStorage(str(tmp_path), "run")
-    lease = RunLease(storage.filesystem, storage.root, "run")
-    lease.acquire()
-    checkpoints = CheckpointManager(storage.filesystem, storage.root, **(manager_kwargs or {}))
-    history = _History(storage, ProgressDisplay("run", 0), checkpoints, lease,
-                       _record_start(storage, "run"), _load_history(storage))
-    return storage, lease, history
+class Driver:
+    """What one driver start sets up: lease, checkpoints, history so far, its report handler."""
+
+    def __init__(self, tmp_path):
+        self.storage = RunStorage(str(tmp_path), "run")
+        self.lease = RunLease(self.storage.filesystem, self.storage.root, "run")
+        self.lease.acquire()
+        checkpoints = CheckpointManager(self.storage.filesystem, self.storage.root)
+        start = record_start(self.storage, "run")
+        self.history = RunHistory(self.storage, ProgressDisplay("run", 0), start, load_history(self.storage),
+                                  guard=self.lease.check)
+        self.on_report = report_handler(checkpoints, self.history, start, guard=self.lease.check)
+        self.entries = self.history.entries
+
+    def flush(self):
+        self.history.flush()
+
+
+def driver(tmp_path):
+    d = Driver(tmp_path)
+    return d.storage, d.lease, d
 
 
 def report(seq, attempt=0, **metrics):
@@ -66,7 +78,7 @@ def test_non_finite_metrics_are_written_as_standard_json_and_read_back(tmp_path)
 def test_a_report_whose_checkpoint_cannot_be_committed_is_still_in_the_history(tmp_path):
     storage, lease, history = driver(tmp_path)
     missing = Report(rank=0, seq=0, metrics={"epoch": 0}, time=0.0,
-                     checkpoint={"name": "checkpoint_000000", "seq": 0})  # never uploaded
+                     checkpoint=UploadedCheckpoint("checkpoint_000000", 0))  # never uploaded
     error = history.on_report(missing)
     assert "did not arrive whole" in error
     assert history.entries[0]["epoch"] == 0 and "checkpoint" not in history.entries[0]

@@ -4,13 +4,9 @@ import numpy as np
 import pytest
 
 from raytf import ConfigError, DataConfig, DatasetShardError
-from raytf._internal.data.shard import (
-    ShardRequest,
-    check_request,
-    dataset_from_arrays,
-    shuffle_seed,
-    stack_column,
-)
+from raytf._internal.data.shard import ShardRequest, check_request, shuffle_seed
+from raytf._internal.data.split import split_for_ranks
+from raytf._internal.data.tfdata import dataset_from_arrays, stack_column
 
 
 def request(**kw):
@@ -93,10 +89,6 @@ def test_rows_past_the_agreed_count_and_the_remainder():
 
 
 def test_shards_are_split_with_each_ranks_node_as_locality_hint():
-    from raytf._internal.driver.topology import WorkerAddress
-    from raytf._internal.driver.worker_group import RayWorkerGroup
-    from raytf.config import ScalingConfig, TensorflowConfig
-
     class FakeDataset:
         def __init__(self):
             self.calls = []
@@ -109,12 +101,7 @@ def test_shards_are_split_with_each_ranks_node_as_locality_hint():
             return "whole"
 
     train, val = FakeDataset(), FakeDataset()
-    group = RayWorkerGroup(
-        ScalingConfig(num_workers=2), TensorflowConfig(), b"", "run", "/tmp/run",
-        datasets={"train": train, "val": val}, split=frozenset({"train"}),
-    )
-    by_rank = [WorkerAddress("node-b", "10.0.0.2", 1), WorkerAddress("node-a", "10.0.0.1", 2)]
-    assert group._shard_datasets(by_rank) == [
+    assert split_for_ranks({"train": train, "val": val}, {"train"}, ["node-b", "node-a"]) == [
         {"train": "split0", "val": "whole"},
         {"train": "split1", "val": "whole"},
     ]

@@ -62,3 +62,14 @@ def test_duplicate_address_is_rejected():
 def test_rank_outside_cluster_is_rejected():
     with pytest.raises(ValueError, match="outside"):
         build_tf_config(["h:1"], 1)
+
+
+def test_every_role_is_in_one_cluster_spec_and_the_evaluator_outside_it():
+    cluster = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"], "evaluator": ["e:1"]}
+    config = json.loads(build_tf_config(cluster, 1, task_type="worker"))
+    assert config == {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]},
+                      "task": {"type": "worker", "index": 1}}
+    evaluator = json.loads(build_tf_config(cluster, 0, task_type="evaluator"))
+    assert "evaluator" not in evaluator["cluster"] and evaluator["task"] == {"type": "evaluator", "index": 0}
+    with pytest.raises(ValueError, match="role 'ps' is outside"):
+        build_tf_config(cluster, 1, task_type="ps")

@@ -9,9 +9,12 @@ import pytest
 
 import raytf
 from raytf import RaytfError
-from raytf._internal.worker.session import TrainContext, WorkerSession, to_plain
-from raytf._internal.driver.topology import RankInfo
-from raytf._internal.worker.actor import WorkerSpec, reserve_port, worker_environment
+from raytf._internal.checkpoint.manager import CheckpointEntry
+from raytf._internal.protocol import RankInfo, ResumePoint, RunSpec, SaveEvery, StorageRef, WorkerSpec
+from raytf._internal.worker.session import WorkerSession, to_plain
+from raytf._internal.worker.tensorflow import reserve_port
+from raytf._internal.worker.tensorflow import worker_environment as _worker_environment
+from raytf.session import TrainContext
 
 
 def _bind_fails(family, host, port):
@@ -36,20 +39,24 @@ def test_reserved_port_cannot_be_taken_until_released():
 
 
 def spec(**overrides):
+    """(the run's spec, one worker's), with ``overrides`` applied to the run's."""
     values = dict(
-        rank=RankInfo(1, 2, 0, 1, 1, 2),
-        tf_config=json.dumps({"task": {"index": 1}}),
-        attempt=0,
-        run_name="r",
-        run_path="/tmp/r",
-        communication="ring",
-        collective_timeout_s=None,
-        intra_op_threads=3,
-        inter_op_threads=2,
-        use_gpu=False,
+        run_name="r", run_path="/tmp/r", payload=b"", communication="ring", collective_timeout_s=None,
+        intra_op_threads=3, inter_op_threads=2, use_gpu=False,
     )
     values.update(overrides)
-    return WorkerSpec(**values)
+    worker = WorkerSpec(role="worker", rank=RankInfo(1, 2, 0, 1, 1, 2),
+                        tf_config=json.dumps({"task": {"index": 1}}), attempt=0)
+    return RunSpec(**values), worker
+
+
+def worker_environment(specs):
+    return _worker_environment(*specs)
+
+
+def resumed_at(epoch, step):
+    entry = CheckpointEntry(name="checkpoint_000003", seq=3, attempt=0, time=0.0, epoch=epoch, step=step)
+    return ResumePoint(next_seq=4, path="x", entry=entry)
 
 
 def test_worker_environment_sets_tf_config_threads_and_hides_gpus_from_cpu_workers():
@@ -107,7 +114,7 @@ def chief_session(tmp_path, resume=None, **kw):
     context = TrainContext(0, 1, 0, 1, 0, 1, 0, "run", str(tmp_path), "{}")
     session = WorkerSession(
         context, strategy=None, sink=lambda r: (seen.append(r), session.acknowledge(r.seq)),
-        resume=resume, storage=(pafs.LocalFileSystem(), str(tmp_path)), **kw,
+        resume=resume or ResumePoint(), storage=StorageRef(pafs.LocalFileSystem(), str(tmp_path)), **kw,
     )
     return session, seen
 
@@ -116,13 +123,11 @@ def test_every_n_epochs_saves_only_the_due_checkpoints_counting_from_the_resumed
     (tmp_path / "files").mkdir()
     (tmp_path / "files" / "w").write_text("weights")
     checkpoint = raytf.Checkpoint.from_directory(tmp_path / "files")
-    session, seen = chief_session(tmp_path, checkpoint_every=("epoch", 2))
+    session, seen = chief_session(tmp_path, save_every=SaveEvery("epoch", 2))
     for epoch in range(6):
         session.report({"epoch": epoch}, checkpoint=checkpoint)
     assert [r.metrics["epoch"] for r in seen if r.checkpoint] == [1, 3, 5]
-    resumed, seen = chief_session(
-        tmp_path, resume={"path": "x", "metadata": {"epoch": 3, "step": 40}}, checkpoint_every=("epoch", 2)
-    )
+    resumed, seen = chief_session(tmp_path, resume=resumed_at(3, 40), save_every=SaveEvery("epoch", 2))
     assert resumed.first_epoch == 4
     for epoch in range(4, 8):
         resumed.report({"epoch": epoch}, checkpoint=checkpoint)
@@ -134,7 +139,7 @@ def test_every_n_epochs_saves_only_the_due_checkpoints_counting_from_the_resumed
 def test_every_n_steps_and_a_preemption_save_whatever_the_frequency(tmp_path):
     (tmp_path / "files").mkdir()
     checkpoint = raytf.Checkpoint.from_directory(tmp_path / "files")
-    session, seen = chief_session(tmp_path, checkpoint_every=("step", 100))
+    session, seen = chief_session(tmp_path, save_every=SaveEvery("step", 100))
     for step in (30, 60, 100, 150, 210):
         session.report({"step": step}, checkpoint=checkpoint)
     assert [r.metrics["step"] for r in seen if r.checkpoint] == [100, 210]
@@ -148,7 +153,7 @@ def test_every_n_steps_and_a_preemption_save_whatever_the_frequency(tmp_path):
 def test_collective_errors_are_told_apart_from_bugs():
     import tensorflow as tf
 
-    from raytf._internal.worker.actor import failure_kind
+    from raytf._internal.worker.tensorflow import failure_kind
 
     assert failure_kind(tf.errors.UnavailableError(None, None, "peer down")) == "collective"
     assert failure_kind(tf.errors.DeadlineExceededError(None, None, "timed out")) == "collective"
@@ -177,7 +182,7 @@ def test_report_callback_epochs_count_on_across_fit_calls():
     assert [fresh.end_keras_epoch(0) for _ in range(3)] == [0, 1, 2]  # fit(epochs=1) three times
     assert fresh.end_keras_epoch(5) == 5  # fit(initial_epoch=...) numbering is kept
     resumed = WorkerSession(context, strategy=None, sink=lambda r: None,
-                            resume={"path": "x", "metadata": {"epoch": 4, "step": 40}})
+                            resume=resumed_at(4, 40))
     assert [resumed.end_keras_epoch(0), resumed.end_keras_epoch(6)] == [5, 6]
 
 
@@ -186,13 +191,14 @@ def test_a_worker_refuses_local_storage_its_node_cannot_see(tmp_path):
 
     from raytf import ConfigError
     from raytf._internal.lease import RunLease
-    from raytf._internal.worker.actor import check_storage_visible
+    from raytf._internal.worker.tensorflow import check_storage_visible
 
-    storage = (pafs.LocalFileSystem(), str(tmp_path / "run"))
-    lease = RunLease(storage[0], storage[1], "run")
+    storage = StorageRef(pafs.LocalFileSystem(), str(tmp_path / "run"))
+    lease = RunLease(storage.filesystem, storage.root, "run")
     lease.acquire()
-    check_storage_visible(spec(storage=storage, lease_token=lease.token), "10.0.0.7")  # the driver's claim is here
+    run, _ = spec(storage=storage, lease_token=lease.token)
+    check_storage_visible(run, "10.0.0.7")  # the driver's claim is here
+    elsewhere, _ = spec(storage=StorageRef(storage.filesystem, str(tmp_path / "elsewhere")), lease_token=lease.token)
     with pytest.raises(ConfigError, match="local path that this worker's node .10.0.0.7. cannot see"):
-        check_storage_visible(spec(storage=(storage[0], str(tmp_path / "elsewhere")), lease_token=lease.token),
-                              "10.0.0.7")
+        check_storage_visible(elsewhere, "10.0.0.7")
     lease.release()

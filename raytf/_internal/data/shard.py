@@ -1,27 +1,12 @@
-"""A worker's shard of a Ray Dataset as a ``tf.data.Dataset``, at in-memory speed.
+"""A worker's shard of a Ray Dataset: what ``raytf.get_dataset_shard`` asks for, checked, and
+read once per dataset (the cached path) with every worker agreeing on the rows it uses.
 
-Where the time goes in Ray's ``to_tf``: it wraps ``iter_batches`` in
-``tf.data.Dataset.from_generator``, so every batch crosses from TensorFlow's
-C++ runtime into Python, holds the GIL while Ray Data slices and converts it,
-and crosses back. On a worker with one or two CPUs that Python work competes
-with the training step itself.
-
-raytf takes two paths that keep Python out of the per-batch loop:
-
-- ``cache=True`` (default): the shard is read once, in whole blocks, into
-  NumPy arrays in the worker's memory. Every epoch then runs entirely inside
-  tf.data: a shuffled range of row indices is batched, and each batch is one
-  ``tf.gather`` per column. There is no per-row work at all, which is why this
-  beats ``from_tensor_slices(...).batch(...)``, which slices row by row.
-- ``cache=False``: for shards larger than memory. Each epoch streams the shard
-  from Ray Data again; the generator yields stacks of many batches at once, so
-  Python is crossed once per stack, not once per batch.
-
-Every worker yields the same number of batches each epoch: splits are made
-with ``streaming_split(equal=True)`` (Ray Data drops at most ``num_workers - 1``
+The tf.data pipelines themselves are in tfdata.py. Every worker yields the
+same number of batches each epoch: splits are made with
+``streaming_split(equal=True)`` (Ray Data drops at most ``num_workers - 1``
 rows so every split has the same row count), and on the cached path the
-workers also agree on the smallest row count through one collective before the
-first epoch.
+workers also agree on the smallest row count through one collective before
+the first epoch.
 """
 
 from __future__ import annotations
@@ -29,20 +14,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-import numpy as np
-
-from raytf.errors import RaytfError
+from raytf.errors import DatasetShardError
 
 logger = logging.getLogger(__name__)
 
 Features = Union[str, Sequence[str], None]
-_STACK_BATCHES = 32  # batches per Python crossing on the streaming path
-
-
-class DatasetShardError(RaytfError, ValueError):
-    """A dataset shard was asked for with a setting that does not fit its data."""
 
 
 @dataclass(frozen=True)
@@ -101,72 +79,12 @@ def check_rows(dataset: str, rows: int, world_size: int) -> None:
         "workers, or leave it out of DataConfig(datasets_to_split=...) so every worker gets all of it"
     )
 
-
-def stack_column(name: str, dataset: str, values: np.ndarray) -> np.ndarray:
-    """One column as a dense array; a ragged column is an error that names it."""
-    if values.dtype != object:
-        return values
-    if len(values) and isinstance(values[0], (str, bytes)):
-        return values
-    try:
-        shapes = {np.shape(v) for v in values}
-    except Exception:  # noqa: BLE001 - any odd element is reported as ragged below
-        shapes = {None, ()}
-    if len(shapes) > 1:
-        shown = sorted(str(s) for s in shapes)[:3]
-        raise DatasetShardError(
-            f"raytf.get_dataset_shard({dataset!r}): column {name!r} is ragged (rows of shapes "
-            f"{', '.join(shown)}, ...); pad or truncate it to a fixed shape in Ray Data first, "
-            "e.g. with map_batches"
-        )
-    return np.stack(list(values)) if len(values) else values
-
-
-def read_shard(iterator: Any, dataset: str) -> dict[str, np.ndarray]:
-    """Every row of a shard, column by column, read in whole blocks."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for batch in iterator.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
-        for column, values in batch.items():
-            parts.setdefault(column, []).append(stack_column(column, dataset, values))
-    arrays = {}
-    for column, chunks in parts.items():
-        try:
-            arrays[column] = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-        except ValueError:
-            raise DatasetShardError(
-                f"raytf.get_dataset_shard({dataset!r}): column {column!r} is ragged (its blocks "
-                "have different shapes); give it a fixed shape in Ray Data first"
-            ) from None
-    return arrays
-
-
 def shuffle_seed(seed: Optional[int], name: str, world_rank: int, call: int) -> Optional[int]:
     """A per-worker, per-dataset shuffle seed derived from the user's seed, stable across runs."""
     if seed is None:
         return None
     digest = hashlib.sha256(f"{seed}/{name}/{world_rank}/{call}".encode()).digest()
     return int.from_bytes(digest[:7], "little")
-
-
-class EpochOrders:
-    """The row order of each pass over a shard: epoch ``e``'s is a permutation
-    seeded by ``(seed, e)``, so it depends on the epoch, not on how many passes
-    this process has made. A run resumed at epoch 3 shuffles epoch 3 as a run
-    without a failure did, which is what makes resumed training reproducible."""
-
-    def __init__(self, rows: int, seed: Optional[int], first_epoch: int = 0):
-        self.rows = rows
-        self.seed = seed
-        self.epoch = first_epoch
-
-    def order(self, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng(None if self.seed is None else (self.seed, epoch))
-        return rng.permutation(self.rows).astype(np.int64)
-
-    def next(self) -> np.ndarray:
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        return self.order(epoch)
-
 
 def agree_on_rows(strategy: Any, rows: int, world_rank: int, world_size: int) -> list[int]:
     """Every worker's row count, through one all-reduce, so all can take the smallest."""
@@ -181,144 +99,90 @@ def agree_on_rows(strategy: Any, rows: int, world_rank: int, world_size: int) ->
     return [int(v) for v in total.numpy()]
 
 
-def dataset_from_arrays(
-    arrays: dict[str, np.ndarray],
-    request: ShardRequest,
-    rows: int,
-    seed: Optional[int],
-    first_epoch: int = 0,
-) -> Any:
-    """tf.data over in-memory columns: batches of shuffled row indices, one gather per column."""
-    import tensorflow as tf
+class ShardReader:
+    """A worker's datasets, handed out as ``tf.data`` by ``raytf.get_dataset_shard``.
 
-    features, label = request.columns(list(arrays))
-    needed = features + ([label] if label is not None else [])
-    with tf.device("/cpu:0"):
-        tensors = {c: tf.convert_to_tensor(arrays[c][:rows]) for c in needed}
-    if request.shuffle:
-        orders = EpochOrders(rows, seed, first_epoch)
-        # One Python call per pass over the data (when its iterator is made), none per batch.
-        indices = tf.data.Dataset.range(1).flat_map(
-            lambda _: tf.data.Dataset.from_tensor_slices(
-                tf.reshape(tf.py_function(orders.next, [], tf.int64), [rows])
-            )
-        )
-    else:
-        indices = tf.data.Dataset.range(rows)
-    indices = indices.batch(request.batch_size, drop_remainder=request.drop_remainder)
-    batches = rows // request.batch_size + (0 if request.drop_remainder or rows % request.batch_size == 0 else 1)
-    # Known cardinality: Keras can count steps and size its progress without a pass.
-    indices = indices.apply(tf.data.experimental.assert_cardinality(batches))
-    single = isinstance(request.features, str)
+    ``datasets`` maps each name to this rank's Ray Data iterator; ``first_epoch``
+    is the epoch a resumed run starts at (a seeded shuffle of epoch e is the
+    same in every run). Cached shards are read once and kept.
+    """
 
-    def take(index: Any) -> Any:
-        x = (
-            tf.gather(tensors[features[0]], index)
-            if single
-            else {c: tf.gather(tensors[c], index) for c in features}
-        )
-        return x if label is None else (x, tf.gather(tensors[label], index))
+    def __init__(self, datasets: Mapping[str, Any], world_rank: int, world_size: int,
+                 strategy: Callable[[], Any], first_epoch: int = 0):
+        self._datasets = dict(datasets)
+        self._world_rank = world_rank
+        self._world_size = world_size
+        self._strategy = strategy  # called only when the workers must agree on a shard's rows
+        self._first_epoch = first_epoch
+        self._cached: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (arrays, agreed rows)
+        self._calls: dict[str, int] = {}
 
-    dataset = indices.map(take, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return _finish(dataset.prefetch(tf.data.AUTOTUNE))
-
-
-def _finish(dataset: Any) -> Any:
-    import tensorflow as tf
-
-    from raytf._internal.worker import strategy as _strategy
-
-    options = tf.data.Options()
-    # The data is already sharded by Ray Data; TensorFlow must not shard it again.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # Per-worker batches: raytf's strategy distributes it (and all built from it) per worker.
-    return _strategy.mark_shard(dataset.with_options(options))
-
-
-def _spec_of(column: str, arrow_type: Any, dataset: str) -> tuple[Any, tuple[Optional[int], ...]]:
-    """(tf dtype, per-row shape) of a column, from its Arrow type."""
-    import pyarrow as pa
-    import tensorflow as tf
-
-    if isinstance(arrow_type, pa.ExtensionType):  # Ray Data's tensor column types
-        shape = getattr(arrow_type, "shape", None)
-        if shape is None or any(d is None for d in shape):
+    def _check_known(self, name: str) -> None:
+        if name not in self._datasets:
+            passed = ", ".join(sorted(self._datasets)) or "none"
             raise DatasetShardError(
-                f"raytf.get_dataset_shard({dataset!r}): column {column!r} is ragged (variable-"
-                "shaped tensors); give it a fixed shape in Ray Data first"
+                f"raytf.get_dataset_shard({name!r}): no dataset named {name!r} was passed to "
+                f"Trainer(datasets=...); passed: {passed}"
             )
-        return tf.as_dtype(arrow_type.value_type.to_pandas_dtype()), tuple(shape)
-    if pa.types.is_fixed_size_list(arrow_type):
-        dtype, inner = _spec_of(column, arrow_type.value_type, dataset)
-        return dtype, (arrow_type.list_size, *inner)
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
-        raise DatasetShardError(
-            f"raytf.get_dataset_shard({dataset!r}): column {column!r} is a variable-length list "
-            "(ragged); use cache=True, which accepts lists of one length, or give it a fixed "
-            "shape in Ray Data first"
-        )
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_binary(arrow_type):
-        return tf.string, ()
-    return tf.as_dtype(arrow_type.to_pandas_dtype()), ()
 
-
-def streaming_dataset(iterator: Any, request: ShardRequest, schema: Any, seed: Optional[int]) -> Any:
-    """tf.data that streams the shard from Ray Data every epoch, many batches per Python crossing."""
-    import tensorflow as tf
-
-    arrow_schema = getattr(schema, "base_schema", schema)  # ray.data.Schema wraps pyarrow's
-    names = list(arrow_schema.names)
-    features, label = request.columns(names)
-    types = {name: arrow_schema.field(name).type for name in names}
-    needed = features + ([label] if label is not None else [])
-    specs = {c: _spec_of(c, types[c], request.name) for c in needed}
-    epoch = [0]
-
-    def stacks():
-        local_seed = None if seed is None else (seed + epoch[0]) % (2**31)
-        epoch[0] += 1
-        rows = 0
-        b = request.batch_size
-        carry: dict[str, np.ndarray] = {}
-        # Ask Ray Data for many batches' worth of rows at once and view each chunk
-        # as a [batches, batch_size, ...] stack: no Python work per batch. Rows
-        # left over from a short chunk (local shuffling makes some) lead the next.
-        for chunk in iterator.iter_batches(
-            batch_size=b * _STACK_BATCHES,
-            batch_format="numpy",
-            local_shuffle_buffer_size=b * _STACK_BATCHES * 2 if request.shuffle else None,
-            local_shuffle_seed=local_seed,
-            prefetch_batches=2,
-        ):
-            columns = {c: stack_column(c, request.name, chunk[c]) for c in needed}
-            if carry:
-                columns = {c: np.concatenate([carry[c], v]) for c, v in columns.items()}
-            n = len(columns[needed[0]])
-            full = n // b
-            rows += full * b
-            if full:
-                yield {c: v[: full * b].reshape(full, b, *v.shape[1:]) for c, v in columns.items()}
-            carry = {c: v[full * b :] for c, v in columns.items()} if n % b else {}
-        if carry:
-            rows += len(carry[needed[0]])
-            if not request.drop_remainder:
-                yield {c: v[None] for c, v in carry.items()}
-        if rows < b:
+    def per_worker_batch(self, name: str, batch_size: Optional[int], global_batch_size: Optional[int]) -> int:
+        """The per-worker batch, given directly or as this worker's share of a global batch."""
+        self._check_known(name)
+        if (batch_size is None) == (global_batch_size is None):
             raise DatasetShardError(
-                f"raytf.get_dataset_shard({request.name!r}): batch_size={b} is larger than the "
-                f"worker's shard ({rows} rows); lower batch_size or pass more data"
+                f"raytf.get_dataset_shard({name!r}): pass batch_size (per worker; the global batch "
+                "grows and shrinks with the group) or global_batch_size (kept; each worker gets its "
+                "share), not both and not neither"
             )
+        if global_batch_size is None:
+            return batch_size  # type: ignore[return-value]  (check_request checks it)
+        world = self._world_size
+        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < world:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): global_batch_size must be an int of at least the "
+                f"number of workers ({world}), got {global_batch_size!r}"
+            )
+        if global_batch_size % world:
+            logger.warning(
+                "dataset %r: global_batch_size=%d does not divide among %d workers; each takes %d "
+                "(a global batch of %d)", name, global_batch_size, world, global_batch_size // world,
+                global_batch_size // world * world,
+            )
+        return global_batch_size // world
 
-    batch_dim = request.batch_size if request.drop_remainder else None
-    signature = {
-        c: tf.TensorSpec((None, batch_dim, *shape), dtype) for c, (dtype, shape) in specs.items()
-    }
-    single = isinstance(request.features, str)
+    def dataset(self, request: ShardRequest, seed: Optional[int], cache: bool) -> Any:
+        """This worker's shard of ``request.name`` as a ``tf.data.Dataset``."""
+        from raytf._internal.data import tfdata
 
-    def split(stack: dict[str, Any]) -> Any:
-        x = stack[features[0]] if single else {c: stack[c] for c in features}
-        return x if label is None else (x, stack[label])
-
-    dataset = tf.data.Dataset.from_generator(stacks, output_signature=signature)
-    dataset = dataset.unbatch().map(split, num_parallel_calls=tf.data.AUTOTUNE)
-    return _finish(dataset.prefetch(tf.data.AUTOTUNE))
+        name = request.name
+        self._check_known(name)
+        check_request(request)
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        seed_here = shuffle_seed(seed, name, self._world_rank, call)
+        iterator = self._datasets[name]
+        if not cache:
+            schema = iterator.schema()
+            if schema is None:  # Ray Data has no schema for a dataset without rows
+                check_rows(name, 0, self._world_size)
+            return tfdata.streaming_dataset(iterator, request, schema, seed_here)
+        if name not in self._cached:
+            arrays = tfdata.read_shard(iterator, name)
+            own = len(next(iter(arrays.values()))) if arrays else 0
+            counts = agree_on_rows(self._strategy(), own, self._world_rank, self._world_size)
+            check_rows(name, min(counts), self._world_size)  # every rank raises alike
+            if min(counts) < own:
+                logger.warning(
+                    "dataset %r: this worker has %d rows, the smallest shard %d; using %d so every "
+                    "worker runs the same number of steps", name, own, min(counts), min(counts),
+                )
+            self._cached[name] = (arrays, min(counts))
+        arrays, rows = self._cached[name]
+        request.columns(list(arrays))
+        if rows < request.batch_size:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): batch_size={request.batch_size} is larger than the "
+                f"worker's shard ({rows} rows, the smallest across {self._world_size} workers); "
+                "lower batch_size or pass more data"
+            )
+        return tfdata.dataset_from_arrays(arrays, request, rows, seed_here, first_epoch=self._first_epoch)

@@ -1,6 +1,7 @@
-"""What the driver can learn about Ray's autoscaler: the node types it can add, and what it is launching.
+"""What the driver asks Ray about the cluster: live nodes, draining nodes, the autoscaler's node
+types and launches, and which nodes see a local storage path.
 
-Ray has no public API for either. Node types: GCS holds a cluster config
+Ray has no public API for the autoscaler's node types or launches. Node types: GCS holds a cluster config
 where the autoscaler reports one (autoscaler v2, some KubeRay setups);
 otherwise the autoscaler reads a YAML file on the head node (the
 ``--autoscaling-config`` of its monitor process: what ``ray up`` and
@@ -143,3 +144,70 @@ def launching() -> dict[str, int]:
         if isinstance(node, (list, tuple)) and len(node) >= 2:
             counts[node[1]] = counts.get(node[1], 0) + 1
     return {k: int(v) for k, v in counts.items() if v}
+
+
+def live_node_resources() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def cluster_cpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 0.0))
+
+
+def draining_nodes() -> dict[str, int]:
+    """Node id -> drain deadline (ms since the epoch, 0 for none) of every node Ray is draining.
+
+    Autoscalers and spot-instance handlers drain a node before taking it away
+    (``ray drain-node``, autoscaler v2, KubeRay). Ray has no public API for
+    this yet, so a Ray without it reads as "nothing draining".
+    """
+    try:
+        from ray._private.state import state
+
+        return dict(state.get_draining_nodes())
+    except Exception:  # noqa: BLE001 - an optional signal; training goes on without it
+        return {}
+
+
+def _sees(path: str, expected: str) -> bool:
+    try:
+        with open(path) as f:
+            return f.read() == expected
+    except OSError:
+        return False
+
+
+def nodes_seeing(directory: str, bundle: dict[str, float], timeout_s: float = 60.0) -> dict[str, Optional[bool]]:
+    """For every live node that could hold a worker of ``bundle``: does it see a file the driver
+    writes in the local ``directory``? (None: it did not answer in time.)"""
+    import os
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raytf._internal.driver.preflight import fits
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and fits(bundle, n["Resources"])]
+    if len(nodes) < 2:
+        return {}
+    token = uuid.uuid4().hex
+    probe = os.path.join(directory, f".raytf-probe-{token}")
+    with open(probe, "w") as out:
+        out.write(token)
+    task = ray.remote(num_cpus=0, max_retries=0)(_sees)
+    refs = {
+        n["NodeManagerAddress"] + f" (node {n['NodeID'][:8]})": task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(probe, token)
+        for n in nodes
+    }
+    try:
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        return {node: (ray.get(ref) if ref in ready else None) for node, ref in refs.items()}
+    finally:
+        os.remove(probe)

@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Union
 
 from raytf._internal.driver.failure import LOST, STOPPED, Decision, FailurePolicy, root_cause
-from raytf._internal.protocol import GroupStatus, Report
-from raytf.errors import TrainingFailedError, WorkerFailure, WorkerStartError
+from raytf._internal.protocol import GroupStatus, Report, ResumePoint
+from raytf.errors import FailureKind, TrainingFailedError, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
 
 class WorkerGroup(Protocol):
-    def start(self, attempt: int) -> None: ...
+    def start(self, attempt: int, resume: ResumePoint) -> None: ...
 
     def poll(self) -> GroupStatus: ...
+
+    def connect(self) -> None: ...  # release the start barrier
 
     def shutdown(self) -> None: ...
 
@@ -81,6 +83,7 @@ class Controller:
         policy: FailurePolicy,
         on_report: Callable[[Report], Optional[str]],
         *,
+        resume_point: Callable[[], ResumePoint] = ResumePoint,
         poll_interval_s: float = 0.1,
         failure_grace_s: float = 3.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -91,6 +94,7 @@ class Controller:
         self._group = group
         self._policy = policy
         self._on_report = on_report
+        self._resume_point = resume_point  # where each attempt starts (the checkpoint manager knows)
         self._poll_interval_s = poll_interval_s
         self._failure_grace_s = failure_grace_s
         self._sleep = sleep
@@ -124,10 +128,10 @@ class Controller:
     def _next(self, state: State) -> State:
         if isinstance(state, Scheduling):
             try:
-                self._group.start(state.attempt)
+                self._group.start(state.attempt, self._resume_point())
             except WorkerStartError as error:  # an actor that never came up: retried like a loss
                 return self._end_attempt(state.attempt, WorkerFailure(
-                    rank=-1, kind="not_started", error_type=type(error).__name__, message=str(error),
+                    rank=-1, kind=FailureKind.NOT_STARTED, error_type=type(error).__name__, message=str(error),
                     traceback="", time=time.time(),
                 ))
             except Exception as error:  # the group could not be placed: no retry would help
@@ -143,6 +147,8 @@ class Controller:
         self._guard()
         status = self._group.poll()
         self._on_status(state.attempt, status)
+        if status.ready:
+            self._group.connect()
         for report in status.reports:
             # on_report commits a reported checkpoint; the worker's report() returns on the ack.
             error = self._on_report(report)
@@ -163,7 +169,7 @@ class Controller:
                 # stop after the checkpoint, or the node going away) is the preemption.
                 cause = root_cause(failures) if failures else None
                 failure = WorkerFailure(
-                    rank=cause.rank if cause else -1, kind="preempted", error_type="Preempted",
+                    rank=cause.rank if cause else -1, kind=FailureKind.PREEMPTED, error_type="Preempted",
                     message=preempting + (f"; then {cause.describe()}" if cause else ""),
                     traceback="", time=time.time(), node_ip=cause.node_ip if cause else "",
                 )

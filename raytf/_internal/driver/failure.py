@@ -6,7 +6,7 @@ import enum
 from typing import Sequence
 
 from raytf.config import FailureConfig
-from raytf.errors import WorkerFailure
+from raytf.errors import FailureKind, WorkerFailure
 
 
 class Decision(enum.Enum):
@@ -14,9 +14,9 @@ class Decision(enum.Enum):
     RAISE = "raise"
 
 
-LOST = ("died", "unresponsive", "not_started")
+LOST = (FailureKind.DIED, FailureKind.UNRESPONSIVE, FailureKind.NOT_STARTED)
 # A rank that stopped taking part while its peers waited for it (see raytf._internal.driver.hang).
-STOPPED = ("stalled", "returned_early")
+STOPPED = (FailureKind.STALLED, FailureKind.RETURNED_EARLY)
 # Raised on the side of a collective whose peer went away: a loss, not a bug in train_fn.
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
 
@@ -33,7 +33,7 @@ def root_cause(failures: Sequence[WorkerFailure]) -> WorkerFailure:
     """
     if not failures:
         raise ValueError("root_cause needs at least one failure")
-    for kinds in (LOST, ("exception",), STOPPED):
+    for kinds in (LOST, (FailureKind.EXCEPTION,), STOPPED):
         found = [f for f in failures if f.kind in kinds]
         if found:
             return min(found, key=lambda f: (f.time, f.rank))
@@ -50,7 +50,7 @@ class FailurePolicy:
     @property
     def counted(self) -> int:
         """Failures that count against ``max_failures`` (preemptions do not)."""
-        return sum(1 for f in self.failures if f.kind != "preempted")
+        return sum(1 for f in self.failures if f.kind != FailureKind.PREEMPTED)
 
     def _exhausted(self) -> bool:
         limit = self._config.max_failures
@@ -58,11 +58,11 @@ class FailurePolicy:
 
     def decide(self, failure: WorkerFailure) -> Decision:
         self.failures.append(failure)
-        if failure.kind == "preempted":
+        if failure.kind == FailureKind.PREEMPTED:
             return Decision.RETRY
         # An exception, or a train_fn that returned before its peers, is the training
         # code's doing: a retry would do it again, unless the user says otherwise.
-        if failure.kind in ("exception", "returned_early") and not self._config.retry_on_exception:
+        if failure.kind in (FailureKind.EXCEPTION, FailureKind.RETURNED_EARLY) and not self._config.retry_on_exception:
             return Decision.RAISE
         if self._exhausted():
             return Decision.RAISE

@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from typing import Mapping, Optional
 
-from raytf._internal.protocol import Activity
-from raytf.errors import WorkerFailure
+from raytf._internal.protocol import Activity, ActivityKind
+from raytf.errors import FailureKind, WorkerFailure
 
 # A peer at least this long out of TensorFlow when a collective fails is taken as its cause.
 IDLE_BLAME_S = 2.0
@@ -31,9 +31,9 @@ def _ranks_wait(ranks: list[int], still: str = "") -> str:
 
 
 def _failure(rank: int, activity: Activity, waiting: list[int], node_ip: str, why: str) -> WorkerFailure:
-    if activity.kind == "finished":
+    if activity.kind == ActivityKind.FINISHED:
         return WorkerFailure(
-            rank=rank, kind="returned_early", error_type="ReturnedEarly",
+            rank=rank, kind=FailureKind.RETURNED_EARLY, error_type="ReturnedEarly",
             message=(
                 f"train_fn returned {activity.seconds:.0f} s ago while {_ranks_wait(waiting, 'still ')} "
                 f"in a TensorFlow collective, which needs every rank ({why}). Every rank must run "
@@ -43,7 +43,7 @@ def _failure(rank: int, activity: Activity, waiting: list[int], node_ip: str, wh
             traceback="", time=time.time(), node_ip=node_ip,
         )
     return WorkerFailure(
-        rank=rank, kind="stalled", error_type="Stalled",
+        rank=rank, kind=FailureKind.STALLED, error_type="Stalled",
         message=(
             f"stopped taking part: it has been in its own code, outside TensorFlow, for "
             f"{activity.seconds:.0f} s (at {activity.where or 'an unknown line'}) while "
@@ -54,7 +54,8 @@ def _failure(rank: int, activity: Activity, waiting: list[int], node_ip: str, wh
 
 
 def _out(activity: Activity, at_least_s: float) -> bool:
-    return activity.kind == "finished" or (activity.kind == "python" and activity.seconds >= at_least_s)
+    return activity.kind == ActivityKind.FINISHED or (
+        activity.kind == ActivityKind.PYTHON and activity.seconds >= at_least_s)
 
 
 def find_hangs(
@@ -63,7 +64,8 @@ def find_hangs(
     """The ranks that stopped taking part while others wait, once both have lasted ``timeout_s``."""
     if timeout_s is None:
         return []
-    waiting = sorted(r for r, a in activities.items() if a.kind == "tensorflow" and a.seconds >= timeout_s)
+    waiting = sorted(r for r, a in activities.items()
+                     if a.kind == ActivityKind.TENSORFLOW and a.seconds >= timeout_s)
     if not waiting:
         return []
     why = f"FailureConfig.hang_timeout_s={timeout_s:g}"

@@ -1,4 +1,9 @@
-"""Pure checks and messages about fitting a worker group onto a cluster's nodes."""
+"""What ``fit()`` checks before anything starts, and what it says when a group does not fit.
+
+Pure: the facts (live nodes, the autoscaler's node types, row counts, which
+nodes see a path) come from cluster.py; the decisions and messages are here,
+tested without Ray.
+"""
 
 from __future__ import annotations
 
@@ -153,3 +158,19 @@ def too_few_rows(name: str, rows: int, workers: int, split: bool) -> Optional[st
     if rows == 0:
         return f"Trainer(datasets={{{name!r}: ...}}) is empty (0 rows); pass a dataset with rows"
     return None
+
+
+def check_group(bundle: Mapping[str, float], min_workers: int, live: Sequence[NodeResources],
+                node_types: Optional[Sequence[Any]], lazy_datasets: Sequence[str],
+                cluster_cpus: float) -> tuple[Optional[str], list[str]]:
+    """(why the group can never run here, or None; node types it waits for the autoscaler to add).
+
+    ``node_types`` is None where no autoscaler can add nodes (or raytf cannot
+    read its config): then a worker must fit a live node, and lazy datasets
+    need a CPU the workers leave free.
+    """
+    if node_types is None:
+        problem = unfit_worker(bundle, live) or data_starvation(
+            lazy_datasets, cluster_cpus, min_workers * bundle.get("CPU", 0.0))
+        return problem, []
+    return launchable(bundle, min_workers, live, node_types)

@@ -1,49 +1,22 @@
-"""Ranks and TF_CONFIG, from the addresses the worker actors report.
+"""Ranks and TF_CONFIG, from the addresses the actors report. Pure: no Ray, no TensorFlow.
 
-Pure functions: no Ray, no TensorFlow. The driver gathers one
-:class:`WorkerAddress` per actor, calls :func:`assign_ranks`, then
-:func:`build_tf_config` once per rank.
+The driver gathers one :class:`WorkerAddress` per actor of each role, calls
+:func:`assign_ranks` for the training workers, and :func:`build_tf_config`
+once per actor, with the cluster of every role.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from raytf._internal.protocol import RankInfo, WorkerAddress, format_host_port
 
-@dataclass(frozen=True)
-class WorkerAddress:
-    """Where one worker actor lives and the port it holds for TensorFlow's server."""
+__all__ = ["ROLE_ORDER", "RankInfo", "WorkerAddress", "assign_ranks", "build_tf_config", "format_host_port",
+           "worker_list"]
 
-    node_id: str
-    node_ip: str
-    port: int
-    gpu_ids: tuple[str, ...] = ()
-    pid: int = 0
-
-    @property
-    def host_port(self) -> str:
-        return format_host_port(self.node_ip, self.port)
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """The ranks of one worker. Workers on one node have contiguous world ranks."""
-
-    world_rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
-
-
-def format_host_port(host: str, port: int) -> str:
-    """``host:port``, with IPv6 addresses in brackets as gRPC expects."""
-    if ":" in host and not host.startswith("["):
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
+# The cluster's roles in the order TensorFlow's docs and Kubeflow's TFJob list them.
+ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
 
 
 def assign_ranks(addresses: Sequence[WorkerAddress]) -> list[RankInfo]:
@@ -59,13 +32,7 @@ def assign_ranks(addresses: Sequence[WorkerAddress]) -> list[RankInfo]:
     node_order: dict[str, list[int]] = {}
     for index, address in enumerate(addresses):
         node_order.setdefault(address.node_id, []).append(index)
-    seen_ports: set[tuple[str, int]] = set()
-    for address in addresses:
-        key = (address.node_ip, address.port)
-        if key in seen_ports:
-            raise ValueError(f"two workers reported the same address {address.host_port}")
-        seen_ports.add(key)
-
+    check_unique(addresses)
     ranks: list[RankInfo | None] = [None] * len(addresses)
     world_rank = 0
     for node_rank, indices in enumerate(node_order.values()):
@@ -82,21 +49,34 @@ def assign_ranks(addresses: Sequence[WorkerAddress]) -> list[RankInfo]:
     return [r for r in ranks if r is not None]
 
 
+def check_unique(addresses: Sequence[WorkerAddress]) -> None:
+    seen: set[tuple[str, int]] = set()
+    for address in addresses:
+        key = (address.node_ip, address.port)
+        if key in seen:
+            raise ValueError(f"two workers reported the same address {address.host_port}")
+        seen.add(key)
+
+
 def worker_list(addresses: Sequence[WorkerAddress], ranks: Sequence[RankInfo]) -> list[str]:
     """The ``cluster.worker`` list of TF_CONFIG: each worker's ``host:port`` at its world rank."""
     by_rank = sorted(zip(ranks, addresses), key=lambda pair: pair[0].world_rank)
     return [address.host_port for _, address in by_rank]
 
 
-def build_tf_config(workers: Sequence[str], world_rank: int) -> str:
-    """The TF_CONFIG JSON of the worker at ``world_rank``.
+def build_tf_config(cluster: Mapping[str, Sequence[str]] | Sequence[str], index: int,
+                    task_type: str = "worker") -> str:
+    """The TF_CONFIG JSON of task ``index`` of role ``task_type``.
 
-    Every rank is a ``worker``; rank 0 acts as MultiWorkerMirroredStrategy's
-    chief, as TensorFlow does when no ``chief`` task is listed.
+    ``cluster`` maps each role to its tasks' ``host:port`` in index order (a
+    plain list is the "worker" role alone: MultiWorkerMirroredStrategy, whose
+    rank 0 acts as chief when no ``chief`` task is listed). An evaluator is
+    not part of the training cluster, as TensorFlow expects: it is left out of
+    ``cluster``, and its own TF_CONFIG names it as its task.
     """
-    if not 0 <= world_rank < len(workers):
-        raise ValueError(f"world_rank {world_rank} is outside 0..{len(workers) - 1}")
-    return json.dumps(
-        {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": world_rank}},
-        sort_keys=True,
-    )
+    roles = {"worker": list(cluster)} if not isinstance(cluster, Mapping) else {k: list(v) for k, v in cluster.items()}
+    tasks = roles.get(task_type, [])
+    if not 0 <= index < len(tasks):
+        raise ValueError(f"task index {index} of role {task_type!r} is outside 0..{len(tasks) - 1}")
+    members = {role: roles[role] for role in ROLE_ORDER if role != "evaluator" and roles.get(role)}
+    return json.dumps({"cluster": members, "task": {"type": task_type, "index": index}}, sort_keys=True)

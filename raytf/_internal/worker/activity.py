@@ -18,9 +18,10 @@ import time
 from types import FrameType
 from typing import Callable, Optional
 
-from raytf._internal.protocol import Activity
+from raytf._internal.protocol import Activity, ActivityKind
 
-_RAYTF_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# raytf's package directory (this file is raytf/_internal/worker/activity.py).
+_RAYTF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _STDLIB_DIRS = tuple(
     os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
@@ -55,14 +56,14 @@ def classify(frame: Optional[FrameType]) -> tuple[str, str]:
     while current is not None and not where:
         path = current.f_code.co_filename
         if tensorflow and path.startswith(tensorflow):
-            kind = kind or "tensorflow"
+            kind = kind or ActivityKind.TENSORFLOW
         elif path.startswith(_RAYTF_DIR):
-            kind = kind or "raytf"
+            kind = kind or ActivityKind.RAYTF
         elif not _is_library(path):
-            kind = kind or "python"
+            kind = kind or ActivityKind.PYTHON
             where = f"{path}:{current.f_lineno} in {current.f_code.co_name}"
         current = current.f_back
-    return kind or "raytf", where
+    return kind or ActivityKind.RAYTF, where
 
 
 class ActivityTracker:
@@ -84,4 +85,4 @@ class ActivityTracker:
         return self._update(*classify(frame))
 
     def finished(self) -> Activity:
-        return self._update("finished", "")
+        return self._update(ActivityKind.FINISHED, "")

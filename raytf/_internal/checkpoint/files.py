@@ -1,0 +1,162 @@
+"""Checkpoint directories in a run's storage: upload through a staging name, a manifest of
+every file's size and CRC32 written last, verification, and the names raytf gives them.
+
+Layout under ``<storage_path>/<run name>/checkpoints/``::
+
+    index.json                 the commit record (see manager.py)
+    checkpoint_000003/         one committed checkpoint (the user's files)
+        .raytf_manifest.json   every file's size and CRC32, written last into the staging copy
+    .staging-<uuid>/           a checkpoint being uploaded; never listed in the index
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+import zlib
+from typing import Any, Optional
+
+import pyarrow.fs as pafs
+
+from raytf._internal import storage as _storage
+from raytf.errors import CheckpointError
+
+MANIFEST = ".raytf_manifest.json"
+STAGING_PREFIX = ".staging-"
+_CHUNK = 1 << 20
+_join = _storage.join
+_NAME = re.compile(r"checkpoint_(\d{6,})")
+
+
+def _crc32(stream: Any) -> tuple[int, int]:
+    crc, size = 0, 0
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            return crc, size
+        crc = zlib.crc32(chunk, crc)
+        size += len(chunk)
+
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_links(root: str) -> None:
+    """Refuse symbolic links in a checkpoint directory that leave it, dangle or loop.
+
+    Links that stay inside the directory are followed (their targets' bytes
+    are stored). One that leaves it would copy files the user never meant to
+    store (``/etc/passwd``), and a loop would be copied level after level.
+    """
+    real_root = os.path.realpath(root)
+
+    def walk(path: str, ancestors: frozenset[str]) -> None:
+        for entry in os.scandir(path):
+            relative = os.path.relpath(entry.path, root)
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not _within(target, real_root):
+                    raise CheckpointError(
+                        f"checkpoint directory {root!r}: {relative!r} is a symbolic link to {target!r}, "
+                        "outside the checkpoint; copy the file in, or point the link inside the directory"
+                    )
+                if not os.path.exists(entry.path):
+                    raise CheckpointError(
+                        f"checkpoint directory {root!r}: {relative!r} is a symbolic link that dangles or "
+                        "loops; remove it"
+                    )
+            if entry.is_dir():  # follows links to directories
+                real = os.path.realpath(entry.path)
+                if real in ancestors:
+                    raise CheckpointError(
+                        f"checkpoint directory {root!r}: {relative!r} links back to a directory that "
+                        "contains it (a loop); remove the link"
+                    )
+                walk(entry.path, ancestors | {real})
+
+    walk(root, frozenset({real_root}))
+
+
+def _manifest(fs: pafs.FileSystem, root: str, *, checksums: bool = True) -> dict[str, dict[str, int]]:
+    """Every file under ``root``: its size, and with ``checksums`` its CRC32 (which reads it)."""
+    files = {}
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(root):].lstrip("/").lstrip(os.sep)
+        if relative == MANIFEST:
+            continue
+        entry = {"size": info.size}
+        if checksums:
+            with fs.open_input_stream(info.path) as stream:
+                entry["crc32"], entry["size"] = _crc32(stream)
+        files[relative.replace(os.sep, "/")] = entry
+    return files
+
+
+def upload(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, name: str) -> str:
+    """Copy a local checkpoint into storage under ``name``, by way of a staging directory.
+
+    Returns the final path. The manifest is computed from the source files
+    (so nothing is read back from storage) and written last, so a torn upload
+    can never look complete.
+    """
+    final = _join(fs, checkpoints_dir, name)
+    # A local disk renames directories atomically; object stores cannot, so
+    # there the upload goes straight to its final name, and the index write
+    # (done by the driver afterwards) is the only commit point.
+    local = isinstance(fs, pafs.LocalFileSystem)
+    target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
+    if fs.get_file_info(final).type != pafs.FileType.NotFound:
+        fs.delete_dir(final)  # debris of an upload whose commit never happened
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        check_links(checkpoint.path)  # again: the directory may have changed since from_directory
+    manifest = {"files": _manifest(checkpoint.filesystem, checkpoint.path)}
+    fs.create_dir(target, recursive=True)
+    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
+        out.write(json.dumps(manifest, sort_keys=True).encode())
+    if local:
+        fs.move(target, final)
+    return final
+
+
+def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True) -> Optional[str]:
+    """Why the checkpoint at ``path`` is unusable, or None if every file matches its manifest.
+
+    ``checksums=False`` compares sizes from one listing (missing or truncated
+    files) without reading the data: enough to commit a fresh upload. Resuming
+    reads everything and checks the CRC32s too.
+    """
+    try:
+        with fs.open_input_stream(_join(fs, path, MANIFEST)) as stream:
+            expected = json.loads(stream.read())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"its manifest is missing or unreadable ({error})"
+    found = _manifest(fs, path, checksums=checksums)
+    for relative, want in expected.items():
+        got = found.get(relative)
+        if got is None:
+            return f"file {relative!r} is missing"
+        if got["size"] != want["size"]:
+            return f"file {relative!r} has {got['size']} bytes, {want['size']} were written"
+        if checksums and got["crc32"] != want["crc32"]:
+            return f"file {relative!r} does not match its checksum"
+    return None
+
+def checkpoints_dir(fs: pafs.FileSystem, run_root: str) -> str:
+    return _join(fs, run_root, "checkpoints")
+
+def checkpoint_name(seq: int) -> str:
+    return f"checkpoint_{seq:06d}"
+
+
+
+def seq_of_name(name: Any) -> Optional[int]:
+    """The number in a checkpoint's name, or None for a name that is not one of raytf's."""
+    match = _NAME.fullmatch(name) if isinstance(name, str) else None
+    return int(match.group(1)) if match else None

@@ -1,0 +1,85 @@
+"""The worker's side of checkpoints: whether a reported checkpoint is due, writing it, uploading it.
+
+Every rank decides the same from the same metrics (so saves that run
+collectives stay in step); every rank writes a ``Checkpoint.from_state``
+(saving variables under MultiWorkerMirroredStrategy may run collectives);
+only the chief uploads, after checking that its driver still holds the run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any, Optional
+
+from raytf._internal import lease as _lease
+from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, upload
+from raytf._internal.protocol import ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
+from raytf.checkpoint import Checkpoint, StateCheckpoint
+from raytf.errors import RaytfError
+
+
+class CheckpointSaver:
+    def __init__(self, storage: Optional[StorageRef], resume: ResumePoint, is_chief: bool,
+                 save_every: Optional[SaveEvery] = None, lease_token: Optional[str] = None):
+        self._storage = storage
+        self._next_seq = resume.next_seq
+        self._is_chief = is_chief
+        self._save_every = save_every
+        self._lease_token = lease_token
+        # Where the last saved checkpoint was, for CheckpointConfig.every_n_*.
+        self.last_saved = {
+            "epoch": resume.epoch if resume.epoch is not None else -1,
+            "step": resume.step if resume.step is not None else 0,
+        }
+
+    def due(self, metrics: dict[str, Any], preempted: bool) -> bool:
+        """Whether CheckpointConfig.every_n_* says to save the checkpoint of this report."""
+        if self._save_every is None or preempted:
+            return True
+        unit, every = self._save_every.unit, self._save_every.n
+        value = metrics.get(unit)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RaytfError(
+                f"CheckpointConfig.every_n_{unit}s is set, so raytf.report(metrics, checkpoint=...) needs "
+                f"a number under {unit!r} in metrics to decide whether to save; got {value!r}"
+            )
+        return value - self.last_saved[unit] >= every
+
+    def save(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[UploadedCheckpoint]:
+        """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint."""
+        if not isinstance(checkpoint, (Checkpoint, StateCheckpoint)):
+            raise TypeError(
+                "raytf.report(checkpoint=...) takes raytf.Checkpoint.from_directory(path) or "
+                f"raytf.Checkpoint.from_state(model=..., optimizer=...); got {type(checkpoint).__name__}"
+            )
+        if not self.due(metrics, preempted):
+            return None
+        for unit in ("epoch", "step"):
+            if isinstance(metrics.get(unit), (int, float)):
+                self.last_saved[unit] = metrics[unit]
+        if not isinstance(checkpoint, StateCheckpoint):
+            # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
+            # only the chief's checkpoint is kept; the others' are dropped here.
+            return self._upload(checkpoint) if self._is_chief else None
+        directory = tempfile.mkdtemp(prefix="raytf-state-")
+        try:
+            checkpoint.write(directory)  # every rank: saving may run collectives
+            if not self._is_chief:
+                return None
+            return self._upload(Checkpoint.from_directory(directory))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _upload(self, checkpoint: Checkpoint) -> UploadedCheckpoint:
+        filesystem, root = self._storage.filesystem, self._storage.root
+        if self._lease_token is not None and not _lease.holds(filesystem, root, self._lease_token):
+            raise RaytfError(
+                "raytf.report: this run's driver no longer holds the run's lease (another driver took "
+                "the run over, or the driver stopped renewing it); not uploading the checkpoint"
+            )
+        seq = self._next_seq
+        self._next_seq += 1
+        name = checkpoint_name(seq)
+        upload(checkpoint, filesystem, checkpoints_dir(filesystem, root), name)
+        return UploadedCheckpoint(name=name, seq=seq)

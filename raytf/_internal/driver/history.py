@@ -1,0 +1,126 @@
+"""The run's history: every report of rank 0, over every attempt and driver start.
+
+Kept in ``<run>/history.json`` (appended to what earlier drivers wrote, and
+written with every committed checkpoint and every few seconds), shown by the
+progress display, and plotted in TensorBoard. ``<run>/run.json`` lists the
+driver starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable, Optional
+
+from raytf._internal.driver.progress import ProgressDisplay
+from raytf._internal.driver.tensorboard import EventWriter
+from raytf._internal.protocol import HISTORY_KEYS, Report
+from raytf._internal.storage import RunStorage
+
+logger = logging.getLogger(__name__)
+
+HISTORY_FILE = "history.json"
+RUN_FILE = "run.json"
+_WRITE_INTERVAL_S = 10.0
+
+
+def load_history(storage: RunStorage) -> list[dict[str, Any]]:
+    """The run's history so far (earlier attempts and driver starts), or [] for a new run.
+
+    A history.json that cannot be read is moved aside, not overwritten.
+    """
+    try:
+        previous = storage.read_json(HISTORY_FILE, default=[])
+        if isinstance(previous, list) and all(isinstance(e, dict) for e in previous):
+            return previous
+        problem = f"it holds a {type(previous).__name__}, not a list of reports"
+    except (OSError, ValueError) as error:
+        problem = str(error)
+    aside = f"{HISTORY_FILE}.unreadable-{int(time.time())}"
+    storage.filesystem.move(storage.path(HISTORY_FILE), storage.path(aside))
+    logger.warning("%s of run %s is unreadable (%s); moved it to %s and starting a new history",
+                   HISTORY_FILE, storage.uri, problem, aside)
+    return []
+
+
+def record_start(storage: RunStorage, name: str) -> int:
+    """Append this driver start to run.json; returns its number (0 for the run's first)."""
+    from raytf import __version__
+
+    record = storage.read_json(RUN_FILE, default={})
+    starts = list(record.get("starts", [])) if isinstance(record, dict) else []
+    starts.append({
+        "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "pid": os.getpid(), "raytf_version": __version__,
+    })
+    storage.write_json(RUN_FILE, {"name": name, "starts": starts})
+    return len(starts) - 1
+
+
+class RunHistory:
+    """Rank 0's reports over the whole run, as entries with ``attempt``, ``driver_start``,
+    ``report_seq`` and, when one was committed, ``checkpoint``."""
+
+    def __init__(self, storage: RunStorage, display: ProgressDisplay, driver_start: int,
+                 previous: list[dict[str, Any]], events: Optional[EventWriter] = None,
+                 guard: Callable[[], None] = lambda: None):
+        self.entries: list[dict[str, Any]] = list(previous)
+        self._storage = storage
+        self._display = display
+        self._driver_start = driver_start
+        self._events = events
+        self._guard = guard  # before every write: raises once this driver lost the run
+        self._last_write = time.monotonic()
+        self._dirty = False
+
+    def record(self, report: Report, checkpoint: Optional[str] = None) -> None:
+        """Record a report of rank 0 (with the name of the checkpoint committed from it)."""
+        logger.debug("report from rank 0, attempt %d: %s", report.attempt, report.metrics)
+        self._display.report(report)
+        entry = {**report.metrics, "attempt": report.attempt, "driver_start": self._driver_start,
+                 "report_seq": report.seq}
+        if checkpoint is not None:
+            entry["checkpoint"] = checkpoint
+        self.entries.append(entry)
+        self._dirty = True
+        if self._events is not None:
+            step = report.metrics.get("step")
+            self._events.add(step if isinstance(step, int) and not isinstance(step, bool) else len(self.entries) - 1,
+                             report.metrics)
+        # With every checkpoint, and every few seconds: a driver that dies without a
+        # word loses no report whose checkpoint it committed.
+        if report.checkpoint is not None or time.monotonic() - self._last_write >= _WRITE_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._guard()
+            self._storage.write_json(HISTORY_FILE, self.entries)
+            if self._events is not None:
+                self._events.flush()
+            self._dirty = False
+        self._last_write = time.monotonic()
+
+    @property
+    def last_metrics(self) -> dict[str, Any]:
+        if not self.entries:
+            return {}
+        return {k: v for k, v in self.entries[-1].items() if k not in HISTORY_KEYS}
+
+
+def report_handler(checkpoints: Any, history: RunHistory, driver_start: int,
+                   guard: Callable[[], None] = lambda: None) -> Callable[[Report], Optional[str]]:
+    """What the controller does with each report: rank 0's checkpoint committed by the checkpoint
+    manager (returns why not, for the worker's ``report`` to raise), then the report recorded."""
+
+    def on_report(report: Report) -> Optional[str]:
+        if report.rank != 0:
+            return None
+        committed, error = checkpoints.handle_report(report, driver_start, guard=guard)
+        history.record(report, committed)
+        return error
+
+    return on_report

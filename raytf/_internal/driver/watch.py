@@ -1,0 +1,119 @@
+"""What the driver makes of its workers' answers to one poll. Pure: no Ray.
+
+The worker group sends the polls and hands each answer (or its absence) to a
+:class:`GroupWatch`, which keeps what it heard across polls (phases, the
+activity of each training thread, rank 0's progress) and turns one round into
+a :class:`~raytf._internal.protocol.GroupStatus`: the reports, the failures
+(a lost worker, one that never joined, a hang, and who a collective error
+really points at), and whether the group is ready, finished or stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Optional
+
+from raytf._internal.driver.hang import blame_collective, find_hangs
+from raytf._internal.protocol import STARTING_PHASES, Activity, GroupStatus, Phase, Progress, Report, WorkerStatus
+from raytf.errors import FailureKind, WorkerFailure
+
+_BEHIND = {
+    Phase.CREATED: "(its actor was not started)",
+    Phase.STARTING: "(loading train_fn and its modules, importing TensorFlow)",
+    Phase.READY: "(waiting for the others)",
+    Phase.CONNECTING: "(connecting to its peers)",
+}
+
+
+class GroupWatch:
+    """One attempt's view of its workers, fed one poll at a time."""
+
+    def __init__(self, node_ips: Mapping[int, str], *, start_timeout_s: float, worker_timeout_s: float,
+                 hang_timeout_s: Optional[float], clock: Callable[[], float] = time.monotonic):
+        self._node_ips = dict(node_ips)  # world rank -> node address
+        self._start_timeout_s = start_timeout_s
+        self._worker_timeout_s = worker_timeout_s
+        self._hang_timeout_s = hang_timeout_s
+        self._clock = clock
+        self._started_at: Optional[float] = clock()
+        self.phases: dict[int, Phase] = {}
+        self._activities: dict[int, tuple[Activity, float]] = {}  # rank -> (last activity, heard at)
+        self.progress: Optional[Progress] = None  # rank 0's, as last heard
+        self.released = False  # the start barrier: every worker told to build the strategy
+        self._reports: list[Report] = []
+        self._failures: list[WorkerFailure] = []
+        self.preempt_reasons: list[str] = []  # workers that asked for a preemption (SIGTERM), this round
+
+    def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str) -> WorkerFailure:
+        return WorkerFailure(rank=rank, kind=kind, error_type=error_type, message=message, traceback="",
+                             time=time.time(), node_ip=self._node_ips.get(rank, ""))
+
+    def heard(self, rank: int, status: WorkerStatus) -> None:
+        now = self._clock()
+        self._reports.extend(status.reports)
+        self.phases[rank] = status.phase
+        if rank == 0 and status.progress is not None:
+            self.progress = status.progress
+        if status.activity is not None:
+            self._activities[rank] = (status.activity, now)
+        if status.failure is not None:
+            self._failures.append(status.failure)
+            if status.failure.kind == FailureKind.COLLECTIVE:  # a peer that stopped taking part is the cause
+                self._failures.extend(blame_collective(status.failure, self.activities(), self._node_ips))
+        if status.preempt_reason:
+            self.preempt_reasons.append(f"rank {rank}: {status.preempt_reason}")
+
+    def silent(self, rank: int, since: float) -> None:
+        """A poll sent to ``rank`` at ``since`` has not come back."""
+        if self._clock() - since > self._worker_timeout_s:
+            self._failures.append(self._failure(
+                rank, FailureKind.UNRESPONSIVE, "WorkerTimeout",
+                f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
+            ))
+            self.phases[rank] = Phase.LOST
+
+    def died(self, rank: int, error_type: str, message: str) -> None:
+        self._failures.append(self._failure(rank, FailureKind.DIED, error_type, message))
+        self.phases[rank] = Phase.LOST
+
+    def activities(self) -> dict[int, Activity]:
+        """Each rank's last activity, aged by the time since it was heard."""
+        now = self._clock()
+        return {rank: Activity(a.kind, a.seconds + (now - heard), a.where)
+                for rank, (a, heard) in self._activities.items()}
+
+    def _not_joined(self) -> list[WorkerFailure]:
+        """After start_timeout_s, the workers furthest from joining the group (a peer that never arrives)."""
+        if self._started_at is None or self._clock() - self._started_at <= self._start_timeout_s:
+            return []
+        behind = {r: p for r, p in self.phases.items() if p in STARTING_PHASES}
+        behind.update({r: Phase.CREATED for r in self._node_ips if r not in self.phases})
+        if not behind:
+            self._started_at = None  # everyone joined: stop checking
+            return []
+        slowest = min(STARTING_PHASES.index(p) for p in behind.values())
+        return [
+            self._failure(rank, FailureKind.NOT_STARTED, "StartTimeout",
+                          f"did not join the worker group within {self._start_timeout_s:g} s "
+                          f"(FailureConfig.start_timeout_s); it was still {phase.value} {_BEHIND[phase]}")
+            for rank, phase in sorted(behind.items())
+            if STARTING_PHASES.index(phase) == slowest
+        ]
+
+    def round(self, preempting: Optional[str]) -> GroupStatus:
+        """What this round of polls amounts to; starts the next round."""
+        failures = self._failures + self._not_joined()
+        if not failures:
+            failures += find_hangs(self.activities(), self._hang_timeout_s, self._node_ips)
+        done = len(self.phases) == len(self._node_ips)
+        ready = not self.released and done and all(p not in (Phase.CREATED, Phase.STARTING)
+                                                   for p in self.phases.values())
+        finished = done and all(p == Phase.FINISHED for p in self.phases.values())
+        stopped = done and not finished and all(p in (Phase.FINISHED, Phase.PREEMPTED) for p in self.phases.values())
+        reports = sorted(self._reports, key=lambda r: (r.time, r.rank, r.seq))
+        self._reports, self._failures, self.preempt_reasons = [], [], []
+        return GroupStatus(
+            tuple(reports), tuple(failures), finished, dict(self.phases),
+            preempting=preempting is not None, preempt_reason=preempting, stopped=stopped,
+            progress=self.progress, ready=ready,
+        )

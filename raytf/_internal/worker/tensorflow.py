@@ -1,0 +1,147 @@
+"""A worker's TensorFlow: its environment, set before TensorFlow is imported, then its settings.
+
+TensorFlow reads its thread counts, visible GPUs, log level and Keras choice
+when it is first imported and initialized, so a worker puts TF_CONFIG and
+those settings into its environment first, then imports TensorFlow, then
+creates the strategy (strategy.py). Nothing here imports TensorFlow at
+module level.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from raytf._internal import env as _env
+from raytf._internal.protocol import RunSpec, WorkerSpec
+from raytf._internal.worker import logs as _logs
+from raytf.errors import FailureKind
+
+logger = logging.getLogger(__name__)
+
+
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port on every interface, never listening.
+
+    Holding it keeps the port from being handed to anyone else (another
+    worker's reservation, an outgoing connection's ephemeral port) until the
+    moment TensorFlow's gRPC server binds it. TensorFlow binds the wildcard
+    address with SO_REUSEPORT off, so the reservation is on the wildcard too
+    (dual-stack where IPv6 is available) and released just before that bind.
+    """
+    if socket.has_ipv6:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+            return sock
+        except OSError:
+            sock.close()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("0.0.0.0", 0))
+    return sock
+
+
+def worker_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
+    """The variables a worker sets before importing TensorFlow."""
+    env = {
+        _env.TF_CONFIG: spec.tf_config,
+        _env.TF_NUM_INTRAOP_THREADS: str(run.intra_op_threads),
+        _env.TF_NUM_INTEROP_THREADS: str(run.inter_op_threads),
+        _env.OMP_NUM_THREADS: str(run.intra_op_threads),
+    }
+    if not run.use_gpu:
+        # A CPU worker on a GPU node must not grab the GPUs other workers own.
+        env[_env.CUDA_VISIBLE_DEVICES] = ""
+    env[_env.TF_CPP_MIN_LOG_LEVEL] = _logs.tf_cpp_min_log_level(run.log_level)
+    if run.keras != "auto":
+        # TensorFlow reads it once, on import: tf.keras is then tf-keras 2 or Keras 3.
+        env[_env.TF_USE_LEGACY_KERAS] = "1" if run.keras == "tf_keras" else "0"
+    env.update(run.env)
+    return env
+
+
+def check_storage_visible(run: RunSpec, node_ip: str) -> None:
+    """On local storage, this worker's node must see the run directory the driver writes.
+
+    The driver's lease claim is a file there; a node that cannot see it (a
+    path that is not a shared mount, on a node the autoscaler just added)
+    would keep checkpoints nobody else can read.
+    """
+    import pyarrow.fs as pafs
+
+    from raytf._internal import lease as _lease
+    from raytf.errors import ConfigError
+
+    storage, token = run.storage, run.lease_token
+    if storage is None or token is None:
+        return
+    filesystem, root = storage.filesystem, storage.root
+    if isinstance(filesystem, pafs.LocalFileSystem) and not os.path.exists(
+            _lease.claim_path(filesystem, root, token)):
+        raise ConfigError(
+            f"RunConfig.storage_path: the run directory {root!r} is a local path that this worker's "
+            f"node ({node_ip}) cannot see: what it wrote there would be lost with the node. Use "
+            "storage every node shares: s3://bucket/prefix, gs://bucket/prefix, or a network "
+            "filesystem mounted at the same path on every node"
+        )
+
+
+def configure_keras(run: RunSpec) -> None:
+    """Check that tf.keras is the Keras asked for, and set the mixed-precision policy."""
+    import tensorflow as tf
+
+    legacy = tf.keras.Sequential.__module__.startswith("tf_keras")
+    if run.keras == "tf_keras" and not legacy:
+        raise RuntimeError(
+            "TensorflowConfig(keras='tf_keras'), but tf.keras on this worker is Keras 3: install "
+            "tf-keras (pip install tf-keras) in the workers' environment, and do not import "
+            "TensorFlow before raytf sets TF_USE_LEGACY_KERAS"
+        )
+    if run.keras == "keras3" and legacy:
+        raise RuntimeError(
+            "TensorflowConfig(keras='keras3'), but tf.keras on this worker is tf-keras: TensorFlow "
+            "was imported before raytf could set TF_USE_LEGACY_KERAS=0"
+        )
+    if run.mixed_precision is not None:
+        tf.keras.mixed_precision.set_global_policy(run.mixed_precision)
+
+
+def configure_tensorflow(run: RunSpec) -> None:
+    import tensorflow as tf
+
+    _logs.quiet_tensorflow_python()
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(run.intra_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(run.inter_op_threads)
+        if run.gpu_memory_growth:
+            for gpu in tf.config.list_physical_devices("GPU"):
+                tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError as error:  # the context was initialized before raytf got here
+        logger.warning("could not apply TensorFlow settings before start-up: %s", error)
+
+
+def failure_kind(error: BaseException) -> FailureKind:
+    """COLLECTIVE for TensorFlow's errors from a collective whose peer went away, else EXCEPTION."""
+    from raytf._internal.driver.failure import PEER_ERRORS
+
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    if tf_errors is not None and isinstance(error, tf_errors.OpError):
+        if type(error).__name__ in PEER_ERRORS:
+            return FailureKind.COLLECTIVE
+        if "Collective ops is aborted" in str(error):  # an InternalError after a peer failed
+            return FailureKind.COLLECTIVE
+    return FailureKind.EXCEPTION
+
+
+def call_train_fn(train_fn: Any, config: dict[str, Any]) -> Any:
+    """Call ``train_fn(config)``, or ``train_fn()`` when it takes no argument (as Ray Train allows)."""
+    try:
+        takes_config = len(inspect.signature(train_fn).parameters) > 0
+    except (TypeError, ValueError):
+        takes_config = True
+    return train_fn(config) if takes_config else train_fn()

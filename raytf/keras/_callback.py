@@ -1,0 +1,107 @@
+"""``raytf.keras.ReportCallback``: each epoch's logs reported with a checkpoint; a preemption
+checkpointed at the current step.
+
+Keras 3 and tf-keras each have their own ``Callback`` base class, and their
+fit loops want an instance of theirs. ``ReportCallback(...)`` therefore makes
+an instance of a class derived from both ``ReportCallback`` and the base of
+the Keras in use (made once per Keras): ``isinstance(cb, ReportCallback)``
+holds, and so does ``isinstance(cb, keras.callbacks.Callback)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import raytf.session as session
+from raytf._internal.worker.session import current
+from raytf.checkpoint import Checkpoint
+from raytf.errors import RaytfError
+from raytf.keras._model import state_of
+
+_concrete: dict[type, type] = {}  # Keras Callback base -> ReportCallback subclass of it
+
+
+class ReportCallback:
+    """A Keras callback that reports each epoch's logs to the driver, with a checkpoint,
+    and checkpoints and stops when the run is preempted.
+
+    At every epoch end it calls ``raytf.report`` with the epoch logs (or only
+    ``metrics``), ``epoch`` (the run's: counted on across ``fit`` calls, so
+    code that calls ``fit`` once per epoch reports 0, 1, 2, ...) and ``step``
+    (the optimizer's iterations), and, with ``checkpoint=True``,
+    ``Checkpoint.from_state(model=..., optimizer=...)``, thinned by
+    ``CheckpointConfig.every_n_epochs``. ``raytf.keras.restore`` (and
+    ``raytf.keras.fit`` by default) resumes from it.
+
+    Every ``preemption_check_every`` batch ends (each one call into
+    TensorFlow: ``steps_per_execution`` steps) it asks
+    ``raytf.preemption_requested()``; once a node is draining or a worker got
+    SIGTERM, it reports a checkpoint of the current step and stops training.
+    ``raytf.keras.fit`` resumes from that step (tf-keras's ``model.fit``
+    restarts the interrupted epoch). ``None`` turns the check off.
+
+    Works with Keras 3 and tf-keras (``keras`` picks the package; default: the
+    one ``tf.keras`` is here), in ``raytf.keras.fit`` and in tf-keras's own
+    ``model.fit``. Every rank must use it, with the same settings: checkpoints
+    are written and preemption agreed by every rank.
+    """
+
+    def __new__(cls, *args: Any, keras: Any = None, **kwargs: Any) -> "ReportCallback":
+        if keras is None:
+            import tensorflow as tf
+
+            keras = tf.keras
+        base = keras.callbacks.Callback
+        if base not in _concrete:
+            _concrete[base] = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
+        return object.__new__(_concrete[base])
+
+    def __init__(self, *, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None,
+                 preemption_check_every: Optional[int] = 20, keras: Any = None):
+        if preemption_check_every is not None and (
+            isinstance(preemption_check_every, bool) or not isinstance(preemption_check_every, int)
+            or preemption_check_every < 1
+        ):
+            raise RaytfError(
+                f"raytf.keras.ReportCallback: preemption_check_every must be an int >= 1 or None, got "
+                f"{preemption_check_every!r}"
+            )
+        super().__init__()  # the Keras Callback's
+        self.save = checkpoint
+        self.names = list(metrics) if metrics is not None else None
+        self.check_every = preemption_check_every
+        self.batch_ends = 0
+        self.preempted = False
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        state = current("keras.ReportCallback")
+        in_progress = epoch if epoch > state.keras_epoch else state.keras_epoch + 1
+        total = self.params.get("epochs")
+        state.note_progress(epoch=in_progress, step=0, steps=self.params.get("steps"),
+                            epochs=total if total and total > in_progress else None)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        self.batch_ends += 1
+        state = current("keras.ReportCallback")
+        state.note_progress(step=batch + 1)
+        if self.check_every is None or self.preempted or self.batch_ends % self.check_every:
+            return
+        if session.preemption_requested():  # the same answer on every rank
+            self.preempted = True
+            step = int(self.model.optimizer.iterations.numpy())
+            # "epoch" is the last completed one: resuming continues this one at "step".
+            session.report({"epoch": state.keras_epoch, "step": step, "preempted_at_step": step},
+                           checkpoint=Checkpoint.from_state(**state_of(self.model)))
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if self.preempted:
+            return  # stopped mid-epoch: its checkpoint is already reported
+        logs = dict(logs or {})
+        if self.names is not None:
+            logs = {k: logs[k] for k in self.names if k in logs}
+        optimizer = getattr(self.model, "optimizer", None)
+        step = int(optimizer.iterations.numpy()) if optimizer is not None else None
+        saved = Checkpoint.from_state(**state_of(self.model)) if self.save else None
+        run_epoch = current("keras.ReportCallback").end_keras_epoch(epoch)
+        session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=saved)  # report() makes them plain

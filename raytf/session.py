@@ -1,0 +1,138 @@
+"""The functions ``train_fn`` calls on a worker: its context, the strategy, its data, reports.
+
+One session per worker process, installed by raytf before ``train_fn``
+starts. Calling these anywhere else is an error that says so, rather than a
+silent no-op. Names follow Ray Train's (``report``, ``get_context``,
+``get_checkpoint``, ``get_dataset_shard``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "preemption_requested",
+           "report", "strategy"]
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """Who this worker is. Attribute and ``get_*`` spellings both work (Ray Train uses the latter)."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    attempt: int
+    run_name: str
+    run_path: str
+    tf_config: str
+
+    def get_world_rank(self) -> int:
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
+    def get_experiment_name(self) -> str:
+        return self.run_name
+
+    @property
+    def is_chief(self) -> bool:
+        return self.world_rank == 0
+
+
+def _current(function: str) -> Any:
+    from raytf._internal.worker.session import current
+
+    return current(function)
+
+
+def get_context() -> TrainContext:
+    """This worker's ranks, world size, attempt number and run."""
+    return _current("get_context").context
+
+
+def strategy() -> Any:
+    """This worker group's ``tf.distribute.MultiWorkerMirroredStrategy``, already connected."""
+    return _current("strategy").strategy
+
+
+def get_dataset_shard(
+    name: str = "train",
+    *,
+    batch_size: Optional[int] = None,
+    global_batch_size: Optional[int] = None,
+    features: Any = None,
+    label: Optional[str] = None,
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+    drop_remainder: bool = False,
+    cache: bool = True,
+) -> Any:
+    """This worker's shard of ``Trainer(datasets={name: ...})`` as a ``tf.data.Dataset``.
+
+    ``batch_size`` is per worker; or pass ``global_batch_size`` and each of
+    the ``world_size`` workers takes ``global_batch_size // world_size`` (for
+    elastic runs that must keep the global batch when the group shrinks).
+    ``features`` is one column (a tensor), a list
+    of columns (a dict of tensors, for multi-input models) or None for every
+    column but the label; ``label`` is optional. ``shuffle`` reshuffles every
+    epoch, reproducibly when ``seed`` is set. ``cache=True`` reads the shard
+    into memory once (fastest); ``cache=False`` streams it every epoch, for
+    shards larger than memory. Every worker yields the same number of batches.
+    """
+    return _current("get_dataset_shard").get_dataset_shard(
+        name,
+        batch_size=batch_size,
+        global_batch_size=global_batch_size,
+        features=features,
+        label=label,
+        shuffle=shuffle,
+        seed=seed,
+        drop_remainder=drop_remainder,
+        cache=cache,
+    )
+
+
+def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
+    """Send metrics to the driver, which logs them and keeps rank 0's as the run's history.
+
+    With ``checkpoint=raytf.Checkpoint.from_directory(d)`` the chief's files are
+    uploaded to the run's storage and committed, and this returns only after
+    the commit: a checkpoint whose report returned is never lost. Other ranks
+    may pass their (identical) checkpoints too; only the chief's is kept.
+    Include ``epoch`` and ``step`` in ``metrics`` to resume from them.
+    """
+    _current("report").report(metrics, checkpoint)
+
+
+def preemption_requested() -> bool:
+    """Whether this run was asked to stop for a preemption, agreed by every rank.
+
+    True once any rank's node is draining (Ray's drain notice, as autoscalers
+    and spot-instance handlers send it) or any worker got SIGTERM. It runs one
+    small all-reduce, so every rank must call it at the same points: every few
+    dozen steps, or at each epoch's end. When it returns True, report a
+    checkpoint (it is saved whatever CheckpointConfig.every_n_* says) and
+    return from ``train_fn``: raytf restarts the group from that checkpoint,
+    without counting a failure.
+    """
+    return _current("preemption_requested").preemption_requested()
+
+
+def get_checkpoint() -> Any:
+    """The committed checkpoint this attempt resumes from (with ``.epoch`` and
+    ``.step``), or None on a fresh start."""
+    return _current("get_checkpoint").get_checkpoint()
