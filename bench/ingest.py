@@ -51,7 +51,8 @@ def main() -> None:
     import ray
     import tensorflow as tf
 
-    from raytf._internal.data import shard as _ingest
+    from raytf._internal.data import tfdata
+    from raytf._internal.data.shard import ShardRequest
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -60,7 +61,7 @@ def main() -> None:
     cloudpickle.register_pickle_by_value(w1)
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
     dataset = w1.ray_dataset()
-    request = _ingest.ShardRequest("train", args.batch_size, "x", "y", False, None, True)
+    request = ShardRequest("train", args.batch_size, "x", "y", False, None, True)
     results: dict[str, list[float]] = {}
 
     def record(name: str, rates: list[float], **extra) -> None:
@@ -70,10 +71,10 @@ def main() -> None:
         # raytf, cached: read the shard once, then every epoch runs inside tf.data.
         (shard,) = dataset.streaming_split(1, equal=True)
         start = time.perf_counter()
-        arrays = _ingest.read_shard(shard, "train")
+        arrays = tfdata.read_shard(shard, "train")
         read_s = time.perf_counter() - start
         rows = len(arrays["y"])
-        cached = _ingest.dataset_from_arrays(arrays, request, rows, seed=None)
+        cached = tfdata.dataset_from_arrays(arrays, request, rows, seed=None)
         record("raytf_cached", epochs_per_second(cached, args.epochs))
         results.setdefault("raytf_cached_read_rows_per_s", []).append(rows / read_s)
 
@@ -85,7 +86,7 @@ def main() -> None:
 
         # raytf, streaming (cache=False): Ray Data every epoch, many batches per Python crossing.
         (shard,) = dataset.streaming_split(1, equal=True)
-        streaming = _ingest.streaming_dataset(shard, request, shard.schema(), seed=None)
+        streaming = tfdata.streaming_dataset(shard, request, shard.schema(), seed=None)
         record("raytf_streaming", epochs_per_second(streaming, args.epochs))
 
         # Ray's to_tf: from_generator, one Python crossing per batch.

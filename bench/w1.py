@@ -12,9 +12,11 @@ training code and differ only in how data reaches it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs"))
+import common  # noqa: E402  (W1's data: jobs/common.py)
 
 ROWS = 60_000
 DIM = 784
@@ -55,22 +57,13 @@ def ring_strategy():
     )
 
 
-def projection() -> np.ndarray:
-    return np.random.default_rng(0).standard_normal((DIM, CLASSES)).astype(np.float32)
-
-
-def block(batch: dict) -> dict:
-    """One Ray Data block of W1 rows, seeded by its first row id."""
-    ids = batch["id"]
-    x = np.random.default_rng(int(ids[0])).standard_normal((len(ids), DIM)).astype(np.float32)
-    return {"x": x, "y": np.argmax(x @ projection(), axis=1).astype(np.int64)}
-
-
 def ray_dataset():
-    """W1 as a materialized Ray Dataset (columns x: 784-float tensor, y: int64)."""
-    import ray
+    """W1 as a materialized Ray Dataset (columns x: 784-float tensor, y: int64), built by the
+    same code as the jobs' (jobs/common.py): one definition of the workload."""
+    from ray import cloudpickle
 
-    return ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(block, batch_size=None).materialize()
+    cloudpickle.register_pickle_by_value(common)  # Ray Data's tasks cannot import jobs/ modules
+    return common.w1_dataset(ROWS, blocks=BLOCKS).materialize()
 
 
 def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | None = None) -> dict:

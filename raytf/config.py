@@ -7,13 +7,22 @@ any actor starts. Names follow Ray Train's where they mean the same thing.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from raytf._internal import env as _env
+from raytf._internal.validate import (
+    check_bool,
+    check_choice,
+    check_count,
+    check_environment,
+    check_int,
+    check_number,
+    check_resources,
+    check_timeout,
+)
 from raytf.errors import ConfigError
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -23,58 +32,6 @@ MIXED_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 LOG_LEVELS = ("info", "warning", "error", "fatal")  # TensorFlow's C++ log levels
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_WORKERS = 100_000  # far past any Ray cluster; a typo of 10**12 fails here, not in Ray
-
-
-def _check_number(setting: str, value: object, *, minimum: float = 0.0, forever: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"{setting} must be a number, got {value!r}")
-    if math.isinf(value):
-        raise ConfigError(
-            f"{setting} must be a finite number, got {value!r}"
-            + ("; pass None to wait forever" if forever else "")
-        )
-    if value < minimum:
-        raise ConfigError(f"{setting} must be >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _check_bool(setting: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{setting} must be True or False, got {value!r}")
-
-
-def _check_mapping(setting: str, value: object) -> dict:
-    """A mapping setting as a dict; None means empty, as in Ray Train."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{setting} must be a dict, got {type(value).__name__} {value!r}")
-    return dict(value)
-
-
-def _check_int(setting: str, value: object, *, minimum: int, maximum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{setting} must be an int, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{setting} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{setting} must be <= {maximum}, got {value}")
-    return value
-
-
-def _check_choice(setting: str, value: object, choices: Sequence[str], *, upper: bool) -> str:
-    """``value`` normalised to the case of ``choices``, or an error listing them."""
-    normalised = (value.upper() if upper else value.lower()) if isinstance(value, str) else value
-    if normalised not in choices:
-        raise ConfigError(f"{setting} must be one of {', '.join(choices)}, got {value!r}")
-    return normalised
-
-
-def _check_timeout(setting: str, value: Optional[float]) -> None:
-    if value is None:
-        return
-    if _check_number(setting, value, forever=True) <= 0:
-        raise ConfigError(f"{setting} must be > 0 seconds or None to wait forever, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -107,46 +64,23 @@ class ScalingConfig:
     resize_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_workers, (tuple, list)):
-            if len(self.num_workers) != 2:
-                raise ConfigError(
-                    f"ScalingConfig.num_workers must be an int or a (min, max) pair, got {self.num_workers!r}"
-                )
-            low = _check_int("ScalingConfig.num_workers[0] (min)", self.num_workers[0], minimum=1, maximum=MAX_WORKERS)
-            high = _check_int("ScalingConfig.num_workers[1] (max)", self.num_workers[1], minimum=1, maximum=MAX_WORKERS)
-            if low > high:
-                raise ConfigError(
-                    f"ScalingConfig.num_workers=(min, max) needs min <= max, got {tuple(self.num_workers)!r}"
-                )
-            object.__setattr__(self, "num_workers", (low, high))
-        else:
-            _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1, maximum=MAX_WORKERS)
-        if _check_number("ScalingConfig.resize_timeout_s", self.resize_timeout_s) <= 0:
+        object.__setattr__(self, "num_workers", check_count("ScalingConfig.num_workers", self.num_workers, MAX_WORKERS))
+        if check_number("ScalingConfig.resize_timeout_s", self.resize_timeout_s) <= 0:
             raise ConfigError(f"ScalingConfig.resize_timeout_s must be > 0 seconds, got {self.resize_timeout_s!r}")
-        _check_number("ScalingConfig.cpus_per_worker", self.cpus_per_worker)
-        _check_number("ScalingConfig.gpus_per_worker", self.gpus_per_worker)
+        check_number("ScalingConfig.cpus_per_worker", self.cpus_per_worker)
+        check_number("ScalingConfig.gpus_per_worker", self.gpus_per_worker)
         if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
             raise ConfigError(
                 "ScalingConfig.gpus_per_worker above 1 must be a whole number, "
                 f"got {self.gpus_per_worker!r}"
             )
-        resources = _check_mapping("ScalingConfig.resources_per_worker", self.resources_per_worker)
-        _check_bool("ScalingConfig.check_resources", self.check_resources)
-        for name, amount in resources.items():
-            if not isinstance(name, str) or not name:
-                raise ConfigError(
-                    f"ScalingConfig.resources_per_worker keys must be resource names, got {name!r}"
-                )
-            if name in ("CPU", "GPU"):
-                raise ConfigError(
-                    f"ScalingConfig.resources_per_worker[{name!r}]: set CPUs and GPUs with "
-                    "cpus_per_worker and gpus_per_worker instead"
-                )
-            _check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount)
-        placement = _check_choice("ScalingConfig.placement", self.placement, PLACEMENT_STRATEGIES, upper=True)
+        resources = check_resources("ScalingConfig.resources_per_worker", self.resources_per_worker,
+                                    cpus="cpus_per_worker", gpus="gpus_per_worker")
+        check_bool("ScalingConfig.check_resources", self.check_resources)
+        placement = check_choice("ScalingConfig.placement", self.placement, PLACEMENT_STRATEGIES, upper=True)
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "resources_per_worker", resources)
-        _check_timeout("ScalingConfig.placement_timeout_s", self.placement_timeout_s)
+        check_timeout("ScalingConfig.placement_timeout_s", self.placement_timeout_s)
         if not any(self.bundle().values()):
             raise ConfigError(
                 "ScalingConfig reserves nothing per worker (cpus_per_worker=0, gpus_per_worker=0, "
@@ -209,13 +143,13 @@ class FailureConfig:
     hang_timeout_s: Optional[float] = 300.0
 
     def __post_init__(self) -> None:
-        _check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
+        check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
         for name in ("worker_timeout_s", "start_timeout_s"):
             value = getattr(self, name)
-            if _check_number(f"FailureConfig.{name}", value) <= 0:
+            if check_number(f"FailureConfig.{name}", value) <= 0:
                 raise ConfigError(f"FailureConfig.{name} must be > 0 seconds, got {value!r}")
-        _check_timeout("FailureConfig.hang_timeout_s", self.hang_timeout_s)
-        _check_bool("FailureConfig.retry_on_exception", self.retry_on_exception)
+        check_timeout("FailureConfig.hang_timeout_s", self.hang_timeout_s)
+        check_bool("FailureConfig.retry_on_exception", self.retry_on_exception)
 
 
 @dataclass(frozen=True)
@@ -243,10 +177,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None:
-            _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+            check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
         for name in ("every_n_epochs", "every_n_steps"):
             if getattr(self, name) is not None:
-                _check_int(f"CheckpointConfig.{name}", getattr(self, name), minimum=1)
+                check_int(f"CheckpointConfig.{name}", getattr(self, name), minimum=1)
         if self.every_n_epochs is not None and self.every_n_steps is not None:
             raise ConfigError(
                 "CheckpointConfig: set every_n_epochs or every_n_steps, not both "
@@ -331,7 +265,7 @@ class RunConfig:
             )
         if self.resume not in ("auto", "never"):
             raise ConfigError(f"RunConfig.resume must be 'auto' or 'never', got {self.resume!r}")
-        _check_int("RunConfig.verbose", self.verbose, minimum=0)
+        check_int("RunConfig.verbose", self.verbose, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -414,9 +348,9 @@ class TensorflowConfig:
     log_level: str = "error"
 
     def __post_init__(self) -> None:
-        level = _check_choice("TensorflowConfig.log_level", self.log_level, LOG_LEVELS, upper=False)
+        level = check_choice("TensorflowConfig.log_level", self.log_level, LOG_LEVELS, upper=False)
         object.__setattr__(self, "log_level", level)
-        comm = _check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)
+        comm = check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)
         object.__setattr__(self, "communication", comm)
         keras = self.keras.replace("-", "_").lower() if isinstance(self.keras, str) else self.keras
         if keras not in KERAS_VERSIONS:
@@ -429,25 +363,14 @@ class TensorflowConfig:
                 f"TensorflowConfig.mixed_precision must be None, 'mixed_float16' or 'mixed_bfloat16', "
                 f"got {self.mixed_precision!r}"
             )
-        _check_timeout("TensorflowConfig.collective_timeout_s", self.collective_timeout_s)
+        check_timeout("TensorflowConfig.collective_timeout_s", self.collective_timeout_s)
         for name in ("intra_op_threads", "inter_op_threads"):
             value = getattr(self, name)
             if value is not None:
-                _check_int(f"TensorflowConfig.{name}", value, minimum=1)
-        worker_env = _check_mapping("TensorflowConfig.worker_env", self.worker_env)
-        _check_bool("TensorflowConfig.gpu_memory_growth", self.gpu_memory_growth)
-        for key, value in worker_env.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise ConfigError(
-                    f"TensorflowConfig.worker_env must map str to str, got {key!r}: {value!r}"
-                )
-            if not key or "=" in key or "\0" in key:
-                raise ConfigError(
-                    f"TensorflowConfig.worker_env: {key!r} is not an environment variable name "
-                    "(it must be non-empty, without '=' or NUL)"
-                )
-            if "\0" in value:
-                raise ConfigError(f"TensorflowConfig.worker_env[{key!r}] contains a NUL character")
+                check_int(f"TensorflowConfig.{name}", value, minimum=1)
+        worker_env = check_environment("TensorflowConfig.worker_env", self.worker_env)
+        check_bool("TensorflowConfig.gpu_memory_growth", self.gpu_memory_growth)
+        for key in worker_env:
             if key == "TF_CONFIG":
                 raise ConfigError(
                     "TensorflowConfig.worker_env must not set TF_CONFIG: raytf builds it from each "

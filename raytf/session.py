@@ -11,42 +11,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from raytf._internal.protocol import RankInfo
+
 __all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "preemption_requested",
            "report", "strategy"]
 
 
 @dataclass(frozen=True)
-class TrainContext:
-    """Who this worker is. Attribute and ``get_*`` spellings both work (Ray Train uses the latter)."""
+class TrainContext(RankInfo):
+    """Who this worker is: its ranks (world, local, node) and world sizes, the attempt, the run.
 
-    world_rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
-    attempt: int
-    run_name: str
-    run_path: str
-    tf_config: str
+    Attribute and ``get_*`` spellings both work (Ray Train uses the latter).
+    """
 
-    def get_world_rank(self) -> int:
-        return self.world_rank
+    attempt: int = 0
+    run_name: str = ""
+    run_path: str = ""
+    tf_config: str = "{}"
 
-    def get_world_size(self) -> int:
-        return self.world_size
-
-    def get_local_rank(self) -> int:
-        return self.local_rank
-
-    def get_local_world_size(self) -> int:
-        return self.local_world_size
-
-    def get_node_rank(self) -> int:
-        return self.node_rank
-
-    def get_experiment_name(self) -> str:
-        return self.run_name
+    # Ray Train's spellings.
+    def get_world_rank(self) -> int: return self.world_rank  # noqa: E704
+    def get_world_size(self) -> int: return self.world_size  # noqa: E704
+    def get_local_rank(self) -> int: return self.local_rank  # noqa: E704
+    def get_local_world_size(self) -> int: return self.local_world_size  # noqa: E704
+    def get_node_rank(self) -> int: return self.node_rank  # noqa: E704
+    def get_experiment_name(self) -> str: return self.run_name  # noqa: E704
 
     @property
     def is_chief(self) -> bool:

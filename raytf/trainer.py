@@ -230,7 +230,7 @@ class Trainer:
         failures = self.run.failure_config
         group = RayWorkerGroup(
             self._run_spec(name, storage, lease, payload),
-            [RoleSpec("worker", self.scaling.num_workers, self.scaling.bundle())],
+            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle())],
             placement_strategy=self.scaling.placement,
             elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
                                   self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),

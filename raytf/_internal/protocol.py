@@ -189,20 +189,14 @@ class PayloadKind(str, enum.Enum):
 @dataclass(frozen=True)
 class RoleSpec:
     """One role of a TensorFlow cluster: its name in TF_CONFIG ("worker", "chief", "ps",
-    "evaluator"), how many actors (a (min, max) pair: elastic), what each reserves, what each runs."""
+    "evaluator"), how many actors (from ``min_count`` to ``max_count``: elastic where they
+    differ), what each reserves, what each runs."""
 
     name: str
-    count: Any  # int, or (min, max)
+    min_count: int
+    max_count: int
     bundle: dict[str, float]
     payload: PayloadKind = PayloadKind.TRAIN_FN
-
-    @property
-    def min_count(self) -> int:
-        return self.count[0] if isinstance(self.count, tuple) else self.count
-
-    @property
-    def max_count(self) -> int:
-        return self.count[1] if isinstance(self.count, tuple) else self.count
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Union
+from typing import Callable, Optional, Protocol
 
 from raytf._internal.driver.failure import LOST, STOPPED, Decision, FailurePolicy, root_cause
 from raytf._internal.protocol import GroupStatus, Report, ResumePoint
@@ -32,40 +32,43 @@ class WorkerGroup(Protocol):
 
 
 @dataclass(frozen=True)
-class Scheduling:
+class State:
+    """A state of the run; each carries the attempt it belongs to, and what it needs."""
+
     attempt: int
+
+
+class Scheduling(State):
+    """Placing the worker group and starting its actors."""
 
 
 @dataclass(frozen=True)
-class Running:
-    """Training. ``failures`` seen so far this attempt, held for the grace period;
-    ``preempting``, why, once a preemption was requested (it ends the attempt
-    without counting as a failure)."""
+class Running(State):
+    """Training. A preemption ends the attempt without counting as a failure."""
 
-    attempt: int
-    failures: tuple[WorkerFailure, ...] = ()
-    failing_since: Optional[float] = None
-    preempting: Optional[str] = None
+    failures: tuple[WorkerFailure, ...] = ()  # seen this attempt, held for the grace period
+    failing_since: Optional[float] = None  # when the first of them came in
+    preempting: Optional[str] = None  # why, once a preemption was requested
 
 
 @dataclass(frozen=True)
-class Restarting:
-    attempt: int
+class Restarting(State):
+    """The attempt ended with a failure the policy retries."""
+
     failure: WorkerFailure
 
 
-@dataclass(frozen=True)
-class Finished:
-    attempt: int
+class Finished(State):
+    """Every worker's train_fn returned."""
 
 
 @dataclass(frozen=True)
-class Errored:
-    attempt: int
+class Errored(State):
+    """The run failed; ``error`` is raised from ``fit()``."""
+
     error: BaseException
 
 
-State = Union[Scheduling, Running, Restarting, Finished, Errored]
 TERMINAL = (Finished, Errored)
 
 

@@ -1,0 +1,90 @@
+"""The elastic policy and what a round of polls amounts to: pure, no Ray."""
+
+from raytf._internal.driver.scaling import ElasticPolicy
+from raytf._internal.driver.watch import GroupWatch
+from raytf._internal.protocol import Activity, Phase, Progress, Report, WorkerStatus
+from raytf.errors import FailureKind, WorkerFailure
+
+
+def test_a_fixed_group_asks_for_its_size_for_the_placement_timeout():
+    assert ElasticPolicy(3, 3, 120.0, 60.0).tries() == [(3, 120.0)]
+    assert ElasticPolicy(3, 3, None, 60.0).tries() == [(3, None)]
+
+
+def test_an_elastic_group_waits_for_max_then_tries_each_smaller_size_down_to_min():
+    policy = ElasticPolicy(2, 5, 120.0, 60.0, shrink_try_s=5.0)
+    assert policy.tries() == [(5, 60.0), (4, 5.0), (3, 5.0), (2, 120.0)]
+    assert policy.shrunk(5) is None
+    assert "5 workers could not be placed within 60 s (ScalingConfig.resize_timeout_s); training with 3" == policy.shrunk(3)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def watch(clock, workers=2, **kw):
+    kw = {"start_timeout_s": 100.0, "worker_timeout_s": 30.0, "hang_timeout_s": 300.0, **kw}
+    return GroupWatch({r: f"10.0.0.{r}" for r in range(workers)}, clock=clock, **kw)
+
+
+def status(rank, phase, **kw):
+    return WorkerStatus(rank=rank, phase=phase, **kw)
+
+
+def test_the_start_barrier_is_ready_once_every_worker_is_past_starting_and_only_once():
+    clock = Clock()
+    w = watch(clock)
+    w.heard(0, status(0, Phase.READY))
+    assert not w.round(None).ready  # rank 1 not heard yet
+    w.heard(1, status(1, Phase.STARTING))
+    assert not w.round(None).ready
+    w.heard(1, status(1, Phase.READY))
+    assert w.round(None).ready
+    w.released = True
+    assert not w.round(None).ready
+
+
+def test_reports_come_in_time_order_and_rank_zeros_progress_is_kept():
+    clock = Clock()
+    w = watch(clock)
+    late = Report(rank=0, seq=1, metrics={}, time=5.0)
+    early = Report(rank=1, seq=0, metrics={}, time=1.0)
+    w.heard(0, status(0, Phase.TRAINING, reports=(late,), progress=Progress(epoch=2)))
+    w.heard(1, status(1, Phase.TRAINING, reports=(early,), progress=Progress(epoch=9)))
+    round_ = w.round(None)
+    assert round_.reports == (early, late) and round_.progress == Progress(epoch=2)
+    assert w.round(None).reports == ()  # each report once
+
+
+def test_finished_stopped_lost_and_not_joined():
+    clock = Clock()
+    w = watch(clock)
+    w.heard(0, status(0, Phase.FINISHED))
+    w.heard(1, status(1, Phase.PREEMPTED))
+    assert w.round(None).stopped and not w.round(None).finished
+    w.died(1, "RayActorError", "the actor died")
+    [lost] = w.round(None).failures
+    assert (lost.rank, lost.kind, lost.node_ip) == (1, FailureKind.DIED, "10.0.0.1")
+    clock.now = 31.0
+    w.silent(0, since=0.0)
+    assert w.round(None).failures[0].kind == FailureKind.UNRESPONSIVE
+    late = watch(clock)  # started at 31
+    late.heard(0, status(0, Phase.READY))
+    clock.now = 132.0
+    [behind] = late.round(None).failures  # rank 1 never answered: further behind than rank 0
+    assert (behind.rank, behind.kind) == (1, FailureKind.NOT_STARTED) and "its actor was not started" in behind.message
+
+
+def test_a_collective_error_points_at_the_rank_that_stopped_taking_part():
+    clock = Clock()
+    w = watch(clock)
+    w.heard(1, status(1, Phase.FINISHED, activity=Activity("finished", 9.0)))
+    timed_out = WorkerFailure(rank=0, kind="collective", error_type="DeadlineExceededError", message="",
+                              traceback="", time=1.0)
+    w.heard(0, status(0, Phase.FAILED, failure=timed_out))
+    kinds = [(f.rank, f.kind) for f in w.round(None).failures]
+    assert kinds == [(0, FailureKind.COLLECTIVE), (1, FailureKind.RETURNED_EARLY)]
