@@ -27,6 +27,7 @@ from raytf.errors import (
     WorkerFailure,
     WorkerStartError,
 )
+from raytf.launch import launch
 from raytf.result import Result
 from raytf.session import (
     TrainContext,
@@ -65,6 +66,7 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "launch",
     "preemption_requested",
     "report",
     "strategy",

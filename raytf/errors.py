@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Optional
 
 
 class RaytfError(Exception):
@@ -51,6 +52,9 @@ class FailureKind(str, enum.Enum):
     RETURNED_EARLY = "returned_early"  # train_fn returned while its peers waited for it in a collective
     STALLED = "stalled"  # it sat in its own code while its peers waited for it (hang_timeout_s)
     PREEMPTED = "preempted"  # its node was drained or it got SIGTERM: not counted against max_failures
+    # A launched script could not bind the port raytf held for it (another process took it in the
+    # moment between): retried with new ports, not counted against max_failures.
+    PORT_TAKEN = "port_taken"
 
     def __str__(self) -> str:
         return self.value
@@ -61,7 +65,7 @@ class WorkerFailure:
     """What went wrong on one rank, as plain data that crosses the actor boundary.
 
     ``kind`` is a :class:`FailureKind`. ``time`` is when the worker caught the
-    error, or when the driver noticed.
+    error, or when the driver noticed. ``exit_code``: a launched script's exit status.
     """
 
     rank: int
@@ -71,6 +75,7 @@ class WorkerFailure:
     traceback: str
     time: float
     node_ip: str = ""
+    exit_code: Optional[int] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FailureKind(self.kind))  # a plain string from older code reads the same

@@ -27,7 +27,7 @@ from raytf._internal.driver.progress import ProgressDisplay, format_metrics
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.lease import RunLease
-from raytf._internal.protocol import ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef
+from raytf._internal.protocol import PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef
 from raytf._internal.storage import RunStorage
 from raytf.config import CheckpointConfig, DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import ConfigError, RunInUseError
@@ -138,19 +138,13 @@ class Trainer:
         """Train to the end and return the result; raise TrainingFailedError if a worker failed
         and no retry was left. Ctrl-C stops every worker and frees the placement group."""
         import ray
-        from ray import cloudpickle
 
         if not ray.is_initialized():
             ray.init()
         name = self.run.name or _default_run_name()
         display = ProgressDisplay(name, self.run.verbose)
         self._preflight(display)
-        try:
-            payload = cloudpickle.dumps((self.train_fn, self.config))
-        except Exception as error:
-            raise ConfigError(
-                f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
-            ) from error
+        payload = self._payload()
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
         lease = RunLease(storage.filesystem, storage.root, name, ttl_s=_env.get_float(_env.LEASE_TTL_S))
         with _sigterm_raises_systemexit():
@@ -159,6 +153,19 @@ class Trainer:
                 return self._fit_holding(name, storage, lease, payload, display)
             finally:
                 lease.release()
+
+    payload_kind = PayloadKind.TRAIN_FN  # what the workers run
+
+    def _payload(self) -> bytes:
+        """What every worker is sent to run: ``train_fn`` and its config, pickled."""
+        from ray import cloudpickle
+
+        try:
+            return cloudpickle.dumps((self.train_fn, self.config))
+        except Exception as error:
+            raise ConfigError(
+                f"Trainer: train_fn and config must be picklable to reach the workers: {error}"
+            ) from error
 
     def _preflight(self, display: ProgressDisplay) -> None:
         """Refuse, before anything starts, what can never run here; say when the group waits for
@@ -230,7 +237,8 @@ class Trainer:
         failures = self.run.failure_config
         group = RayWorkerGroup(
             self._run_spec(name, storage, lease, payload),
-            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle())],
+            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),
+                      self.payload_kind)],
             placement_strategy=self.scaling.placement,
             elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
                                   self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),

@@ -176,11 +176,11 @@ class GroupStatus:
 
 
 class PayloadKind(str, enum.Enum):
-    """What a role's actors run. Today's one: ``train_fn`` in a thread under the strategy.
-    A TensorFlow server that waits (parameter servers) and a subprocess that reads
-    TF_CONFIG (unmodified scripts) are further kinds, each a class in worker/payloads.py."""
+    """What a role's actors run, each a class in worker/payloads.py: ``train_fn`` in a thread under
+    the strategy, or a command (an unmodified TF_CONFIG script) as a subprocess."""
 
     TRAIN_FN = "train_fn"
+    SUBPROCESS = "subprocess"
 
     def __str__(self) -> str:
         return self.value

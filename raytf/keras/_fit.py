@@ -10,7 +10,7 @@ once per epoch across every worker, and drives the usual Keras callbacks.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import raytf.session as session
 from raytf._internal.worker.session import current
@@ -112,6 +112,7 @@ def fit(
     validation_steps: Optional[int] = None,
     steps_per_execution: int = 1,
     verbose: int = 0,
+    distribute_fn: Callable[[Any], Any] = distribute,
 ) -> Any:
     """Train a compiled Keras model (Keras 3 or tf-keras) on this worker's shard; returns its History.
 
@@ -121,7 +122,10 @@ def fit(
     raytf's shards guarantee. ``initial_epoch=None`` resumes from
     ``raytf.get_checkpoint()`` when there is one (see :func:`restore`).
     ``steps_per_execution`` runs that many steps per call into TensorFlow,
-    which cuts Python overhead when steps are short.
+    which cuts Python overhead when steps are short. ``distribute_fn`` hands
+    a dataset to the strategy; pass ``raytf.strategy().experimental_distribute_dataset``
+    for datasets of *global* batches (Keras's own meaning, which raytf's
+    strategy keeps for everything but raytf's shards).
 
     Epoch logs (for History, EarlyStopping, ReduceLROnPlateau, ReportCallback)
     hold each metric over every worker's data; batch-level callbacks see
@@ -146,8 +150,8 @@ def fit(
     skip = _steps_done_in_epoch(model, initial_epoch, steps_per_epoch) if resuming else 0
     if validation_steps is None and validation_data is not None:
         validation_steps = _known_length(validation_data)
-    train_data = _Feed(dataset, steps_per_epoch)
-    val_data = _Feed(validation_data, validation_steps) if validation_data is not None else None
+    train_data = _Feed(dataset, steps_per_epoch, distribute_fn)
+    val_data = _Feed(validation_data, validation_steps, distribute_fn) if validation_data is not None else None
     steps = _Steps(model, steps_per_execution)
     callback_list = keras.callbacks.CallbackList(
         list(callbacks or []), add_history=True, add_progbar=verbose != 0, model=model,
@@ -203,10 +207,11 @@ def _evaluate(model: Any, steps: _Steps, data: "_Feed", validation_steps: Option
     return _metrics(model)
 
 
-def evaluate(model: Any, dataset: Any, *, steps: Optional[int] = None) -> dict[str, float]:
+def evaluate(model: Any, dataset: Any, *, steps: Optional[int] = None,
+             distribute_fn: Callable[[Any], Any] = distribute) -> dict[str, float]:
     """The compiled loss and metrics of ``model`` over every worker's shard of ``dataset``."""
     steps = _known_length(dataset) if steps is None else steps
-    return _evaluate(model, _Steps(model, 1), _Feed(dataset, steps), steps)
+    return _evaluate(model, _Steps(model, 1), _Feed(dataset, steps, distribute_fn), steps)
 
 
 class _Feed:
@@ -219,16 +224,17 @@ class _Feed:
     its end.
     """
 
-    def __init__(self, dataset: Any, steps: Optional[int]):
+    def __init__(self, dataset: Any, steps: Optional[int], distribute_fn: Callable[[Any], Any] = distribute):
         self._dataset = dataset
         self._steps = steps
+        self._distribute = distribute_fn  # per worker: the dataset holds this worker's batches
         self._repeated: Any = None
 
     def iterator(self) -> Any:
         if self._steps is None:
-            return iter(distribute(self._dataset))
+            return iter(self._distribute(self._dataset))
         if self._repeated is None:
-            self._repeated = iter(distribute(self._dataset.repeat()))
+            self._repeated = iter(self._distribute(self._dataset.repeat()))
         return self._repeated
 
 

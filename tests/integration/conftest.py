@@ -20,9 +20,10 @@ def cluster():
     from ray import cloudpickle
     from ray.cluster_utils import Cluster
 
-    from tests import workloads
+    from tests import ray_train_examples, workloads
 
     cloudpickle.register_pickle_by_value(workloads)
+    cloudpickle.register_pickle_by_value(ray_train_examples)
     c = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "resources": {"node_a": 2}},

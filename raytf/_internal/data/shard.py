@@ -117,6 +117,9 @@ class ShardReader:
         self._cached: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (arrays, agreed rows)
         self._calls: dict[str, int] = {}
 
+    def names(self) -> list[str]:
+        return sorted(self._datasets)
+
     def _check_known(self, name: str) -> None:
         if name not in self._datasets:
             passed = ", ".join(sorted(self._datasets)) or "none"

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
-from raytf._internal.driver.failure import LOST, STOPPED, Decision, FailurePolicy, root_cause
+from raytf._internal.driver.failure import LOST, NOT_COUNTED, STOPPED, Decision, FailurePolicy, root_cause
 from raytf._internal.protocol import GroupStatus, Report, ResumePoint
 from raytf.errors import FailureKind, TrainingFailedError, WorkerFailure, WorkerStartError
 
@@ -196,7 +196,7 @@ class Controller:
     def _cause_is_clear(self, state: Running, failures: tuple[WorkerFailure, ...]) -> bool:
         """A lost worker, or one that stopped taking part, explains everything; an exception
         alone waits out the grace period."""
-        if any(f.kind in LOST + STOPPED for f in failures):
+        if any(f.kind in LOST + STOPPED + NOT_COUNTED for f in failures):
             return True
         started = state.failing_since
         return started is not None and self._clock() - started >= self._failure_grace_s

@@ -17,6 +17,8 @@ class Decision(enum.Enum):
 LOST = (FailureKind.DIED, FailureKind.UNRESPONSIVE, FailureKind.NOT_STARTED)
 # A rank that stopped taking part while its peers waited for it (see raytf._internal.driver.hang).
 STOPPED = (FailureKind.STALLED, FailureKind.RETURNED_EARLY)
+# Retried whatever max_failures says: nobody's fault.
+NOT_COUNTED = (FailureKind.PREEMPTED, FailureKind.PORT_TAKEN)
 # Raised on the side of a collective whose peer went away: a loss, not a bug in train_fn.
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
 
@@ -33,7 +35,7 @@ def root_cause(failures: Sequence[WorkerFailure]) -> WorkerFailure:
     """
     if not failures:
         raise ValueError("root_cause needs at least one failure")
-    for kinds in (LOST, (FailureKind.EXCEPTION,), STOPPED):
+    for kinds in (LOST + (FailureKind.PORT_TAKEN,), (FailureKind.EXCEPTION,), STOPPED):
         found = [f for f in failures if f.kind in kinds]
         if found:
             return min(found, key=lambda f: (f.time, f.rank))
@@ -50,7 +52,7 @@ class FailurePolicy:
     @property
     def counted(self) -> int:
         """Failures that count against ``max_failures`` (preemptions do not)."""
-        return sum(1 for f in self.failures if f.kind != FailureKind.PREEMPTED)
+        return sum(1 for f in self.failures if f.kind not in NOT_COUNTED)
 
     def _exhausted(self) -> bool:
         limit = self._config.max_failures
@@ -58,7 +60,7 @@ class FailurePolicy:
 
     def decide(self, failure: WorkerFailure) -> Decision:
         self.failures.append(failure)
-        if failure.kind == FailureKind.PREEMPTED:
+        if failure.kind in NOT_COUNTED:
             return Decision.RETRY
         # An exception, or a train_fn that returned before its peers, is the training
         # code's doing: a retry would do it again, unless the user says otherwise.

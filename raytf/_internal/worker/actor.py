@@ -18,7 +18,7 @@ from typing import Any, Optional
 from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker import logs as _logs
 from raytf._internal.worker.activity import ActivityTracker
-from raytf._internal.worker.payloads import PAYLOADS
+from raytf._internal.worker.payloads import PAYLOADS, ScriptFailed
 from raytf._internal.worker.tensorflow import failure_kind, reserve_port
 from raytf.errors import WorkerFailure
 
@@ -168,7 +168,8 @@ class TrainWorker:
     def _fail(self, spec: WorkerSpec, error: BaseException) -> None:
         self._failure = WorkerFailure(
             rank=spec.rank.world_rank,
-            kind=failure_kind(error),
+            kind=error.kind if isinstance(error, ScriptFailed) else failure_kind(error),
+            exit_code=error.exit_code if isinstance(error, ScriptFailed) else None,
             error_type=type(error).__qualname__,
             message=str(error),
             traceback="".join(traceback.format_exception(error)),

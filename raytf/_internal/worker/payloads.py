@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from dataclasses import asdict
 from typing import Any, Callable, Optional, Protocol
 
+import pyarrow.fs as pafs
 from ray import cloudpickle
 
 from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, WorkerSpec
@@ -22,6 +24,7 @@ from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
 from raytf._internal.worker import tensorflow as _tensorflow
 from raytf._internal.worker.session import WorkerSession
+from raytf.errors import FailureKind
 from raytf.session import TrainContext
 
 logger = logging.getLogger(__name__)
@@ -71,6 +74,10 @@ class TrainFnPayload:
         host.release_port()
         strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s)
         _strategy.install(strategy)
+        if run.keras != "tf_keras":  # tf.keras is Keras 3: its model.fit fails under the strategy alone
+            from raytf.keras._keras3 import install
+
+            install(strategy)
         context = TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name,
                                run_path=run.run_path, tf_config=spec.tf_config)
         self.session = WorkerSession(
@@ -83,4 +90,79 @@ class TrainFnPayload:
         _tensorflow.call_train_fn(train_fn, config)
 
 
-PAYLOADS: dict[PayloadKind, Callable[[], Any]] = {PayloadKind.TRAIN_FN: TrainFnPayload}
+class ScriptFailed(Exception):
+    """A launched script ended badly: ``kind`` says how the driver takes it, ``exit_code`` its status."""
+
+    def __init__(self, message: str, kind: FailureKind, exit_code: Optional[int]):
+        super().__init__(message)
+        self.kind, self.exit_code = kind, exit_code
+
+
+# What a script's gRPC server says when the port it was given is taken.
+_BIND_FAILED = ("Address already in use", "Failed to add port", "Could not start gRPC server", "bind(")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the actor dies (ray.kill, a lost node)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the driver's shutdown still kills the actor; the script ends on its own
+
+
+class SubprocessPayload:
+    """A command (an unmodified TF_CONFIG script) as a child process, with TF_CONFIG and the run's
+    directories in its environment. Its output passes through the actor's (prefixed by rank)."""
+
+    session = None  # no raytf session: the script reports nothing
+
+    def __init__(self) -> None:
+        self.process: Optional[subprocess.Popen] = None
+
+    def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
+        command = cloudpickle.loads(run.payload)
+        env = {**os.environ, **_tensorflow.worker_environment(run, spec), **script_environment(run, spec)}
+        host.set_phase(Phase.READY)
+        host.wait_for_go()  # every rank starts together: the last holds its port the shortest
+        host.set_phase(Phase.CONNECTING)
+        host.release_port()  # the script's server binds it next
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        host.set_phase(Phase.TRAINING)
+        tail: list[bytes] = []
+        for line in self.process.stderr:  # passed on to the actor's stderr, the last lines kept
+            os.write(2, line)
+            tail = (tail + [line])[-50:]
+        code = self.process.wait()
+        if code == 0:
+            return
+        text = b"".join(tail).decode(errors="replace")
+        if any(p in text for p in _BIND_FAILED):
+            raise ScriptFailed(f"{' '.join(command)} could not bind its port (another process took it after "
+                               "raytf released it): retrying with new ports", FailureKind.PORT_TAKEN, code)
+        if code < 0:
+            raise ScriptFailed(f"{' '.join(command)} was killed by signal {-code}", FailureKind.DIED, code)
+        raise ScriptFailed(f"{' '.join(command)} exited with status {code}:\n{text[-2000:]}",
+                           FailureKind.EXCEPTION, code)
+
+
+def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
+    """What a launched script finds besides TF_CONFIG: its run's directories and its place in the group."""
+    root = run.storage.root if run.storage is not None else run.run_path
+    return {
+        "RAYTF_RUN_DIR": run.run_path,
+        # Shared by every rank and every restart: BackupAndRestore(backup_dir=...) resumes from it.
+        "RAYTF_CHECKPOINT_DIR": os.path.join(root, "script_checkpoints") if run.storage is not None
+        and isinstance(run.storage.filesystem, pafs.LocalFileSystem) else f"{run.run_path}/script_checkpoints",
+        "RAYTF_RANK": str(spec.rank.world_rank),
+        "RAYTF_WORLD_SIZE": str(spec.rank.world_size),
+        "RAYTF_ATTEMPT": str(spec.attempt),
+    }
+
+
+PAYLOADS: dict[PayloadKind, Callable[[], Any]] = {
+    PayloadKind.TRAIN_FN: TrainFnPayload,
+    PayloadKind.SUBPROCESS: SubprocessPayload,
+}

@@ -98,6 +98,9 @@ class WorkerSession:
         if event is not None:
             event.set()
 
+    def dataset_names(self) -> list[str]:
+        return self._shards.names()
+
     def get_dataset_shard(self, name: str, *, batch_size: Optional[int] = None,
                           global_batch_size: Optional[int] = None, features: Any = None,
                           label: Optional[str] = None, shuffle: bool = False, seed: Optional[int] = None,

@@ -1,0 +1,63 @@
+"""``raytf runs``: what a storage path holds, read from the storage alone (no Ray, no driver)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pyarrow.fs as pafs
+
+from raytf._internal.checkpoint.manager import CheckpointManager
+from raytf._internal.driver.history import HISTORY_FILE, RUN_FILE
+from raytf._internal.driver.progress import format_metrics
+from raytf._internal.protocol import HISTORY_KEYS
+from raytf._internal.storage import RunStorage, resolve_storage
+from raytf.config import default_storage_path
+from raytf.errors import CheckpointError
+
+
+def describe_runs(storage_path: Optional[str] = None) -> list[dict[str, Any]]:
+    """One row per run under ``storage_path``: starts, attempts, latest checkpoint, last metrics."""
+    filesystem, root, _ = resolve_storage(storage_path or default_storage_path())
+    rows = []
+    for info in sorted(filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)),
+                       key=lambda i: i.base_name):
+        if info.type != pafs.FileType.Directory:
+            continue
+        run = RunStorage(storage_path or default_storage_path(), info.base_name)
+        record = run.read_json(RUN_FILE, default={})
+        history = run.read_json(HISTORY_FILE, default=[]) if record or _has(run, HISTORY_FILE) else []
+        if not record and not history and not _has(run, "checkpoints/index.json"):
+            continue  # not a raytf run
+        try:
+            newest = CheckpointManager(run.filesystem, run.root).newest()
+        except CheckpointError as error:
+            newest, checkpoint = None, f"unreadable index ({error})"
+        else:
+            checkpoint = "" if newest is None else (
+                f"{newest.path.rstrip('/').split('/')[-1]} (epoch {newest.epoch}, step {newest.step})")
+        last = history[-1] if history else {}
+        rows.append({
+            "name": info.base_name,
+            "driver_starts": len(record.get("starts", [])) if isinstance(record, dict) else 0,
+            "attempts": len({(e.get("driver_start", 0), e.get("attempt", 0)) for e in history}),
+            "reports": len(history),
+            "latest_checkpoint": checkpoint,
+            "last_metrics": {k: v for k, v in last.items() if k not in HISTORY_KEYS},
+        })
+    return rows
+
+
+def _has(run: RunStorage, relpath: str) -> bool:
+    return run.filesystem.get_file_info(run.path(relpath)).type == pafs.FileType.File
+
+
+def print_runs(storage_path: Optional[str] = None) -> None:
+    rows = describe_runs(storage_path)
+    if not rows:
+        print(f"no raytf runs in {storage_path or default_storage_path()}")
+        return
+    for row in rows:
+        print(f"{row['name']}: {row['driver_starts']} driver start(s), {row['attempts']} attempt(s) with reports, "
+              f"{row['reports']} report(s)")
+        print(f"  latest checkpoint: {row['latest_checkpoint'] or 'none'}")
+        print(f"  last metrics: {format_metrics(row['last_metrics']) or 'none'}")

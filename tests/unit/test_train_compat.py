@@ -1,0 +1,57 @@
+"""raytf.train's configs map onto raytf's, and what cannot map says what to write instead."""
+
+import pytest
+
+import raytf
+from raytf import ConfigError
+from raytf import train
+
+
+def test_scaling_maps_use_gpu_and_resources_per_worker():
+    assert train.ScalingConfig(num_workers=4).to_raytf().bundle() == {"CPU": 1.0}
+    gpu = train.ScalingConfig(num_workers=2, use_gpu=True).to_raytf()
+    assert (gpu.num_workers, gpu.cpus_per_worker, gpu.gpus_per_worker) == (2, 1, 1)
+    custom = train.ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 4, "GPU": 2, "ssd": 1},
+                                 placement_strategy="SPREAD", accelerator_type="A100").to_raytf()
+    assert custom.bundle() == {"CPU": 4.0, "GPU": 2.0, "ssd": 1.0, "accelerator_type:A100": 0.001}
+    assert custom.placement == "SPREAD"
+    assert train.ScalingConfig(num_workers=(2, 4)).to_raytf().elastic
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: train.ScalingConfig(resources_per_worker={"GPU": 1}).to_raytf(), "set use_gpu=True"),
+    (lambda: train.ScalingConfig(trainer_resources={"CPU": 1}).to_raytf(), "trainer_resources has no counterpart"),
+    (lambda: train.RunConfig(callbacks=[object()]).to_raytf(), "RunConfig.callbacks has no counterpart"),
+    (lambda: train.RunConfig(worker_runtime_env={"pip": ["x"]}).worker_env(), "worker_runtime_env keys ['pip']"),
+    (lambda: train.TensorflowTrainer(lambda: None, resume_from_checkpoint=raytf.Checkpoint("/x")),
+     "same RunConfig(name=..., storage_path=...)"),
+])
+def test_what_cannot_map_says_what_to_write_instead(make, fragment):
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert fragment in str(info.value)
+
+
+def test_run_failure_and_checkpoint_configs_map():
+    run = train.RunConfig(name="r", storage_path="/tmp/x", failure_config=train.FailureConfig(max_failures=3),
+                          checkpoint_config=train.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc",
+                                                                   checkpoint_score_order="min")).to_raytf()
+    assert (run.name, run.storage_path, run.failure_config.max_failures) == ("r", "/tmp/x", 3)
+    assert (run.checkpoint_config.num_to_keep, run.checkpoint_config.score_attribute,
+            run.checkpoint_config.mode) == (2, "acc", "min")
+    assert train.RunConfig(worker_runtime_env={"env_vars": {"A": "1"}}).worker_env() == {"A": "1"}
+
+
+def test_the_trainer_gives_workers_tf_keras_as_ray_train_does():
+    trainer = train.TensorflowTrainer(lambda: None, run_config=train.RunConfig(
+        worker_runtime_env={"env_vars": {"NCCL_DEBUG": "INFO"}}))
+    assert trainer._trainer.tensorflow.keras == "tf_keras"
+    assert trainer._trainer.tensorflow.worker_env == {"NCCL_DEBUG": "INFO"}
+    assert train.TensorflowConfig(keras="keras3").keras == "keras3"
+
+
+def test_report_checkpoint_callback_takes_only_epoch_ends():
+    from raytf.train.keras import ReportCheckpointCallback
+
+    with pytest.raises(ConfigError, match="reports and checkpoints at epoch ends"):
+        ReportCheckpointCallback(report_metrics_on="train_batch_end")
