@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="raytf", description="Distributed TensorFlow on Ray.")
     parser.add_argument("--version", action="version", version=f"raytf {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{launch,runs}")
+    commands = parser.add_subparsers(dest="action", metavar="{launch,runs}")
     launch = commands.add_parser("launch", help="run an unmodified TF_CONFIG script on Ray actors",
                                  usage="raytf launch --num-workers N [options] -- COMMAND [ARGS...]")
     launch.add_argument("--num-workers", type=int, required=True)
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="tf_keras: TF_USE_LEGACY_KERAS=1 (for scripts written for Keras 2's model.fit)")
     launch.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the script (repeatable)")
-    launch.add_argument("command", nargs=argparse.REMAINDER, help="after --: the script and its arguments")
+    launch.add_argument("script", nargs=argparse.REMAINDER, help="after --: the script and its arguments")
     runs = commands.add_parser("runs", help="the runs in a storage path: attempts, latest checkpoint, last metrics")
     runs.add_argument("--storage-path", default=None)
     return parser
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 def _launch(args: argparse.Namespace) -> int:
     import raytf
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not command:
         raise raytf.ConfigError("raytf launch: give the command to run after --, e.g. -- python train.py")
     env = {}
@@ -78,9 +78,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "launch":
+        if args.action == "launch":
             return _launch(args)
-        if args.command == "runs":
+        if args.action == "runs":
             from raytf._internal.runs import print_runs
 
             print_runs(args.storage_path)
