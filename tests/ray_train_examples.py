@@ -71,6 +71,7 @@ def mnist_keras(config):
     import tensorflow as tf
 
     train, ReportCheckpointCallback = api(config["api"])
+    tf.keras.utils.set_random_seed(config.get("seed", 0))  # (not in the example: both runs start alike)
     per_worker_batch_size = config.get("batch_size", 64)
     epochs = config.get("epochs", 3)
     steps_per_epoch = config.get("steps_per_epoch", 70)
@@ -139,6 +140,7 @@ def regression(config):
     import tensorflow as tf
 
     train, ReportCheckpointCallback = api(config["api"])
+    tf.keras.utils.set_random_seed(config.get("seed", 0))  # (not in the example: both runs start alike)
     batch_size = config.get("batch_size", 64)
     epochs = config.get("epochs", 3)
 
