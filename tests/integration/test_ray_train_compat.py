@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import raytf
 from tests import ray_train_examples as examples
 from tests import workloads
 

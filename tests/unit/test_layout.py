@@ -11,6 +11,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "raytf"
 # The modules that may import Ray (README, Layout).
 RAY_MODULES = {
     "trainer.py",  # connects to Ray, and takes ray.data Datasets
+    "launch.py",  # pickles the command for the workers
     "_internal/driver/cluster.py",
     "_internal/driver/placement.py",
     "_internal/driver/worker_group.py",
