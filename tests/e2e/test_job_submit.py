@@ -170,3 +170,21 @@ def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head,
     assert second[0]["epoch"] == done + 1  # resumed, not started over
     assert [h["epoch"] for h in second] == list(range(done + 1, epochs))
     assert printed(logs)["final_metrics"]["val_accuracy"] >= 0.95  # the job's stated accuracy
+
+
+def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
+    address, env = head
+    script = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
+              "print('rank', c['task']['index'], 'of', len(c['cluster']['worker']))")
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    submitted = ray_cli(
+        "job", "submit", "--address", address, "--working-dir", str(workdir), "--no-wait", "--",
+        "python", "-m", "raytf.cli", "launch", "--num-workers", "2", "--storage-path", str(tmp_path / "runs"),
+        "--", "python", "-c", script, env=env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr).group(0)
+    status, logs = wait_for_job(head, job_id)
+    assert status == "succeeded", logs[-3000:]
+    assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
