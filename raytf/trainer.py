@@ -9,12 +9,11 @@ controller that watches it and restarts it (driver/controller.py).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import signal
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from raytf._internal import env as _env
 from raytf._internal.checkpoint.manager import CheckpointManager
@@ -36,22 +35,52 @@ from raytf.result import Result
 logger = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def _sigterm_raises_systemexit() -> Iterator[None]:
-    """Turn SIGTERM (``ray job stop``, a scheduler's kill) into SystemExit while fit() runs,
-    so the worker group is torn down on the way out instead of abandoned."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _StopSignals:
+    """While fit() runs, Ctrl-C raises KeyboardInterrupt and SIGTERM (``ray job stop``, a
+    scheduler's kill) raises SystemExit, so the worker group is torn down on the way out
+    instead of abandoned.
 
-    def handler(signum: int, frame: Any) -> None:
+    fit() installs its own handlers rather than trusting the inherited ones: a library that
+    ran earlier in the process may have left a SIGINT handler that only sets a flag (Ray Tune
+    leaves one after ``Tuner.fit()``), and then Ctrl-C would never stop the run. A signal's
+    exception can still be lost when it lands while Python runs a finalizer (it is printed as
+    "Exception ignored"), so the signal is also recorded and ``raise_pending()``, called by the
+    controller on every poll, raises it again. A SIGINT that was ignored (``nohup``) stays so.
+    """
+
+    def __init__(self) -> None:
+        self.pending: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set from the main thread
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGINT and previous == signal.SIG_IGN:
+                continue
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.pending = signum
+        self._raise(signum)
+
+    @staticmethod
+    def _raise(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            self._raise(signum)
 
 
 def _check_datasets(datasets: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -147,10 +176,10 @@ class Trainer:
         payload = self._payload()
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
         lease = RunLease(storage.filesystem, storage.root, name, ttl_s=_env.get_float(_env.LEASE_TTL_S))
-        with _sigterm_raises_systemexit():
+        with _StopSignals() as stop_signals:
             lease.acquire()  # before anything of the run is read or written
             try:
-                return self._fit_holding(name, storage, lease, payload, display)
+                return self._fit_holding(name, storage, lease, payload, display, stop_signals)
             finally:
                 lease.release()
 
@@ -215,7 +244,7 @@ class Trainer:
         )
 
     def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
-                     display: ProgressDisplay) -> Result:
+                     display: ProgressDisplay, stop_signals: "_StopSignals") -> Result:
         from raytf._internal.driver.worker_group import RayWorkerGroup
 
         self._check_storage_is_shared(storage)
@@ -259,7 +288,7 @@ class Trainer:
             resume_point=resume_point,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
-            guard=lease.ensure_held,
+            guard=lambda: (stop_signals.raise_pending(), lease.ensure_held()),
             on_status=lambda attempt, status: display.update(attempt, status.progress),
         )
         display.message(

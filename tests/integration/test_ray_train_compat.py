@@ -6,6 +6,8 @@ end on raytf and reaches the loss it reaches on Ray Train, on the same data.
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
@@ -94,7 +96,11 @@ def test_two_tune_trials_each_run_raytf(cluster, tmp_path, no_leaks):
         tune_config=tune.TuneConfig(max_concurrent_trials=1),
         run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0),
     )
-    results = tuner.fit()
+    original = signal.getsignal(signal.SIGINT)
+    try:
+        results = tuner.fit()
+    finally:
+        signal.signal(signal.SIGINT, original)  # Tune leaves its own SIGINT handler installed
     assert len(results) == 2 and not results.errors
     runs = {r.metrics["run"] for r in results}
     assert len(runs) == 2  # a raytf run per trial, each under its trial's name

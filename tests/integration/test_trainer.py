@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 import threading
 
 import pytest
@@ -95,16 +96,29 @@ def test_exception_on_one_rank_is_raised_with_its_rank_and_traceback(tmp_path, n
     assert live_placement_groups() == []
 
 
-def test_ctrl_c_stops_every_actor_and_removes_the_placement_group(tmp_path, cluster):
+@pytest.mark.parametrize("inherited", ["default", "flag-only"])
+def test_ctrl_c_stops_every_actor_and_removes_the_placement_group(tmp_path, cluster, inherited):
+    """Ctrl-C stops fit() even when an earlier library left a SIGINT handler that only sets a
+    flag (Ray Tune's ``Tuner.fit()`` leaves one installed), and the handler is restored after."""
     started = tmp_path / "running0"
+    presses = []
+    original = signal.getsignal(signal.SIGINT)
+    if inherited == "flag-only":
+        signal.signal(signal.SIGINT, lambda signum, frame: presses.append(signum))
+    inherited_handler = signal.getsignal(signal.SIGINT)
 
     def press_ctrl_c():
         wait_for(started.exists, timeout_s=120, message="training to start")
         _thread.interrupt_main()
 
     threading.Thread(target=press_ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        trainer(workloads.report_until_stopped, tmp_path, "ctrl-c").fit()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer(workloads.report_until_stopped, tmp_path, "ctrl-c").fit()
+        assert signal.getsignal(signal.SIGINT) is inherited_handler
+    finally:
+        signal.signal(signal.SIGINT, original)
+    assert presses == []  # raytf's handler, not the inherited one, took the Ctrl-C
     # The driver is still alive, so Ray's end-of-job cleanup has not run: only raytf's did.
     assert live_placement_groups() == []
     wait_for(lambda: not live_workers(), timeout_s=10, message="worker actors to be gone")
