@@ -28,9 +28,11 @@ from raytf.errors import (
     WorkerStartError,
 )
 from raytf.launch import launch
+from raytf.parameter_server import ParameterServerScaling, ParameterServerTrainer
 from raytf.result import Result
 from raytf.session import (
     TrainContext,
+    coordinator,
     get_checkpoint,
     get_context,
     get_dataset_shard,
@@ -51,6 +53,8 @@ __all__ = [
     "DatasetShardError",
     "FailureConfig",
     "FailureKind",
+    "ParameterServerScaling",
+    "ParameterServerTrainer",
     "PlacementTimeoutError",
     "RaytfError",
     "Result",
@@ -63,6 +67,7 @@ __all__ = [
     "TrainingFailedError",
     "WorkerFailure",
     "WorkerStartError",
+    "coordinator",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",

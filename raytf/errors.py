@@ -76,12 +76,13 @@ class WorkerFailure:
     time: float
     node_ip: str = ""
     exit_code: Optional[int] = None
+    task: str = ""  # "worker 1", "ps 0", ... in a parameter-server group, where ranks are not the roles
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FailureKind(self.kind))  # a plain string from older code reads the same
 
     def describe(self) -> str:
-        where = (f"rank {self.rank}" if self.rank >= 0 else "a worker") + (
+        where = (self.task or (f"rank {self.rank}" if self.rank >= 0 else "a worker")) + (
             f" on {self.node_ip}" if self.node_ip else ""
         )
         if self.kind == FailureKind.PREEMPTED and self.rank < 0:
@@ -117,6 +118,6 @@ class TrainingFailedError(RaytfError):
             lines.append(f"{len(self.attempts)} attempts, each ended by:")
             lines += [f"  attempt {i}: {f.describe()}" for i, f in enumerate(self.attempts)]
         if self.failure.traceback:
-            lines.append(f"Traceback from rank {self.failure.rank}:")
+            lines.append(f"Traceback from {self.failure.task or f'rank {self.failure.rank}'}:")
             lines.append(self.failure.traceback.rstrip())
         return "\n".join(lines)

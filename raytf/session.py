@@ -28,6 +28,8 @@ class TrainContext(RankInfo):
     run_name: str = ""
     run_path: str = ""
     tf_config: str = "{}"
+    task_type: str = "worker"  # TF_CONFIG's task: "chief" in ParameterServerTrainer's train_fn
+    task_index: int = 0
 
     # Ray Train's spellings.
     def get_world_rank(self) -> int: return self.world_rank  # noqa: E704
@@ -54,8 +56,21 @@ def get_context() -> TrainContext:
 
 
 def strategy() -> Any:
-    """This worker group's ``tf.distribute.MultiWorkerMirroredStrategy``, already connected."""
+    """This worker group's ``tf.distribute.MultiWorkerMirroredStrategy``, already connected (the
+    chief's ``ParameterServerStrategy`` under ParameterServerTrainer)."""
     return _current("strategy").strategy
+
+
+def coordinator() -> Any:
+    """The ``tf.distribute.coordinator.ClusterCoordinator`` of a ParameterServerTrainer's chief,
+    already connected (``ClusterCoordinator(strategy)`` in ``train_fn`` returns the same one)."""
+    session = _current("coordinator")
+    if session.parameter_server is None:
+        from raytf.errors import RaytfError
+
+        raise RaytfError("raytf.coordinator() exists only in a ParameterServerTrainer's train_fn, which runs on "
+                         "the chief; raytf.Trainer's workers use raytf.strategy()")
+    return session.parameter_server.coordinator
 
 
 def get_dataset_shard(

@@ -243,10 +243,28 @@ class Trainer:
             split=tuple(sorted(self.data_config.split(list(self.datasets)))),
         )
 
-    def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
-                     display: ProgressDisplay, stop_signals: "_StopSignals") -> Result:
+    def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
+        """This trainer's worker group: one role, "worker", running ``train_fn`` under MWMS."""
         from raytf._internal.driver.worker_group import RayWorkerGroup
 
+        failures = self.run.failure_config
+        return RayWorkerGroup(
+            run,
+            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),
+                      self.payload_kind)],
+            placement_strategy=self.scaling.placement,
+            elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
+                                  self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),
+            datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
+            start_timeout_s=failures.start_timeout_s, hang_timeout_s=failures.hang_timeout_s,
+            notify=display.message,
+        )
+
+    def _group_text(self) -> str:
+        return f"{self._workers_text()} workers x {self.scaling.bundle()} ({self.scaling.placement})"
+
+    def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
+                     display: ProgressDisplay, stop_signals: "_StopSignals") -> Result:
         self._check_storage_is_shared(storage)
         kept = self.run.checkpoint_config
         checkpoints = CheckpointManager(
@@ -264,17 +282,7 @@ class Trainer:
         history = RunHistory(storage, display, driver_start, previous,
                              EventWriter(storage.filesystem, storage.root, driver_start), guard=lease.check)
         failures = self.run.failure_config
-        group = RayWorkerGroup(
-            self._run_spec(name, storage, lease, payload),
-            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),
-                      self.payload_kind)],
-            placement_strategy=self.scaling.placement,
-            elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
-                                  self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),
-            datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
-            start_timeout_s=failures.start_timeout_s, hang_timeout_s=failures.hang_timeout_s,
-            notify=display.message,
-        )
+        group = self._make_group(self._run_spec(name, storage, lease, payload), display)
 
         def resume_point() -> ResumePoint:
             resume = checkpoints.resume_point()
@@ -292,8 +300,7 @@ class Trainer:
             on_status=lambda attempt, status: display.update(attempt, status.progress),
         )
         display.message(
-            f"starting {self._workers_text()} workers x {self.scaling.bundle()} "
-            f"({self.scaling.placement}); results in {storage.uri}"
+            f"starting {self._group_text()}; results in {storage.uri}"
             + (f"; driver start {driver_start} of this run" if driver_start else "")
         )
         try:

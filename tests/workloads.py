@@ -11,6 +11,7 @@ import os
 import time
 
 import raytf
+import raytf.keras
 
 
 def _write(out_dir: str, name: str, value: dict) -> None:
@@ -721,3 +722,148 @@ def tune_trial(config: dict) -> None:
         run=raytf.RunConfig(name=tune.get_context().get_trial_name(), storage_path=config["storage"], verbose=0),
     ).fit()
     tune.report({"loss": result.metrics["loss"], "run": result.path})
+
+
+# Parameter-server training (raytf.ParameterServerTrainer): train_fn runs on the chief.
+
+
+def ps_custom_loop(config: dict) -> None:
+    """A Keras 3 (or tf-keras) MLP trained with the coordinator's schedule/join on dataset "train"
+    (columns x, y); a checkpoint each epoch; resumes from raytf.get_checkpoint().
+
+    ``mark_epoch``: on attempt 0, mark.json is written once that epoch's steps are scheduled, for a
+    test to act on while they run.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    coordinator = raytf.coordinator()
+    assert tf.distribute.coordinator.ClusterCoordinator(strategy) is coordinator
+    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32), features="x", label="y",
+                                    shuffle=True, seed=0)
+    iterator = iter(coordinator.create_per_worker_dataset(shard))
+    try:
+        next(iter(shard))  # the template, read on the chief: a clear error
+        on_chief = "no error"
+    except tf.errors.InvalidArgumentError as error:
+        on_chief = error.message
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
+                                     tf.keras.layers.Dense(4)])
+        optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1))
+        optimizer.build(model.trainable_variables)
+        rows = tf.Variable(0, dtype=tf.int64)  # assign_add on the ps: exact, unlike Keras 3's iterations
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(iterator):
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            rows.assign_add(tf.shape(x, out_type=tf.int64)[0])
+            return loss
+
+        x, y = next(iterator)
+        return strategy.run(step, args=(x, y))
+
+    start = 0
+    resumed = raytf.get_checkpoint()
+    if resumed is not None:
+        resumed.restore_state(model=model, optimizer=optimizer, rows=rows)
+        start = resumed.epoch + 1
+    steps = config.get("steps", 20)
+    for epoch in range(start, config["epochs"]):
+        scheduled = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
+        if ctx.attempt == 0 and epoch == config.get("mark_epoch"):
+            _write(config["out_dir"], "mark.json", {"epoch": epoch, "pid": os.getpid()})
+        coordinator.join()
+        loss = float(np.mean([float(s.fetch()) for s in scheduled]))
+        raytf.report(
+            {"epoch": epoch, "loss": loss, "iterations": int(optimizer.iterations.numpy()),
+             "rows": int(rows.numpy()), "scheduled": (epoch + 1) * steps, "resumed_at": start},
+            checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer, rows=rows),
+        )
+    held_out_x, held_out_y = make_data(512, seed=99)
+    _write(config["out_dir"], "chief.json", {
+        "eval_loss": float(loss_fn(held_out_y, model(held_out_x))),
+        "pid": os.getpid(), "template_on_chief": on_chief,
+        "task_type": ctx.task_type, "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "num_ps": strategy.extended._num_ps if hasattr(strategy.extended, "_num_ps") else None,
+        "variable_devices": sorted({getattr(v, "value", v).device for v in model.trainable_variables}),
+    })
+
+
+def ps_evaluate(checkpoint, config: dict) -> dict:
+    """The evaluator's evaluate_fn: loads the checkpoint into the same model and scores fixed data."""
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1))
+    optimizer.build(model.trainable_variables)
+    checkpoint.restore_state(model=model, optimizer=optimizer, rows=tf.Variable(0, dtype=tf.int64))
+    x, y = make_data(256, seed=7)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, model(x))
+    return {"eval_loss": float(loss), "eval_pid": os.getpid(), "eval_task": raytf_task()}
+
+
+def raytf_task() -> str:
+    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("type", "")
+
+
+def mwms_reference_loop(config: dict) -> None:
+    """ps_custom_loop's model, optimizer and data under raytf.Trainer's MultiWorkerMirroredStrategy,
+    over as many rows: the synchronous reference a parameter-server run is compared with."""
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32), features="x", label="y",
+                                    shuffle=True, seed=0)
+    batches = iter(strategy.distribute_datasets_from_function(lambda _: shard.repeat()))
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
+                                     tf.keras.layers.Dense(4)])
+        # One synchronous step averages num_workers batches where the parameter servers apply each
+        # batch on its own: the linear scaling rule gives both the same progress per row.
+        optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1) * ctx.world_size)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(batch):
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True))) / strategy.num_replicas_in_sync
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        strategy.run(step, args=batch)
+
+    for _ in range(config["epochs"] * config.get("steps", 20) // ctx.world_size):  # the same rows in all
+        train_step(next(batches))
+    held_out_x, held_out_y = make_data(512, seed=99)
+    raytf.report({"eval_loss": float(loss_fn(held_out_y, model(held_out_x)))})
+
+
+def ps_keras_fit(config: dict) -> None:
+    """tf-keras model.fit under the chief's ParameterServerStrategy, on raytf's shard as it is."""
+    import tensorflow as tf
+
+    strategy = raytf.strategy()
+    shard = raytf.get_dataset_shard("train", batch_size=32, features="x", label="y", shuffle=True, seed=0)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
+                                     tf.keras.layers.Dense(4)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), steps_per_execution=config.get("spe", 1),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(shard, epochs=config["epochs"], steps_per_epoch=config["steps"], verbose=0,
+                        callbacks=[raytf.keras.ReportCallback(checkpoint=True)])
+    held_out_x, held_out_y = make_data(512, seed=99)
+    _write(config["out_dir"], "keras.json", {
+        "keras": _keras_version(tf.keras), "losses": history.history["loss"],
+        "eval_loss": float(model.evaluate(held_out_x, held_out_y, verbose=0)) if config.get("evaluate") else None,
+        "iterations": int(model.optimizer.iterations.numpy()),
+    })

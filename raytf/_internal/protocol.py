@@ -10,7 +10,7 @@ from typing import Any, Optional
 from raytf.errors import FailureKind, WorkerFailure
 
 # What the driver adds to every history entry; raytf.report refuses metrics of these names.
-HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint")
+HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "evaluated_checkpoint")
 
 __all__ = [
     "Activity", "ActivityKind", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
@@ -181,6 +181,11 @@ class PayloadKind(str, enum.Enum):
 
     TRAIN_FN = "train_fn"
     SUBPROCESS = "subprocess"
+    # Parameter-server training (ParameterServerTrainer): the chief runs train_fn with the
+    # coordinator; workers and ps run TensorFlow's server; the evaluator evaluates checkpoints.
+    CHIEF = "chief"
+    SERVER = "server"
+    EVALUATOR = "evaluator"
 
     def __str__(self) -> str:
         return self.value
@@ -264,3 +269,4 @@ class WorkerSpec:
     attempt: int
     resume: ResumePoint = ResumePoint()
     datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator
+    task: str = ""  # "chief 0", "worker 1", "ps 0", "evaluator 0" in a parameter-server group

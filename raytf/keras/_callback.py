@@ -73,6 +73,11 @@ class ReportCallback:
         self.batch_ends = 0
         self.preempted = False
 
+    def _implements_train_batch_hooks(self) -> bool:
+        # tf-keras refuses batch-level callbacks under ParameterServerStrategy (batches run on the
+        # workers, asynchronously); there the preemption check happens at each epoch's end instead.
+        return not _parameter_server()
+
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         state = current("keras.ReportCallback")
         in_progress = epoch if epoch > state.keras_epoch else state.keras_epoch + 1
@@ -97,6 +102,8 @@ class ReportCallback:
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if self.preempted:
             return  # stopped mid-epoch: its checkpoint is already reported
+        if _parameter_server() and self.check_every is not None and session.preemption_requested():
+            self.model.stop_training = True  # this epoch's checkpoint, reported below, is the last
         logs = dict(logs or {})
         if self.names is not None:
             logs = {k: logs[k] for k in self.names if k in logs}
@@ -105,3 +112,10 @@ class ReportCallback:
         saved = Checkpoint.from_state(**state_of(self.model)) if self.save else None
         run_epoch = current("keras.ReportCallback").end_keras_epoch(epoch)
         session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=saved)  # report() makes them plain
+
+
+def _parameter_server() -> bool:
+    """Whether this callback runs on a ParameterServerTrainer's chief."""
+    from raytf._internal.worker.session import _session
+
+    return _session is not None and _session.parameter_server is not None

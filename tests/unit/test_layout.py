@@ -15,6 +15,7 @@ RAY_MODULES = {
     "_internal/driver/cluster.py",
     "_internal/driver/placement.py",
     "_internal/driver/worker_group.py",
+    "_internal/driver/ps_group.py",
     "_internal/worker/actor.py",
     "_internal/worker/payloads.py",
     "_internal/worker/logs.py",

@@ -7,6 +7,7 @@ object carrying its payload; :meth:`Controller.step` moves one transition.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -161,6 +162,11 @@ class Controller:
         preempting = state.preempting or (
             (status.preempt_reason or "preemption requested") if status.preempting else None
         )
+        if failures and not preempting:
+            kept = self._replace_in_place(state.attempt, failures)
+            if isinstance(kept, State):
+                return kept
+            failures = kept
         if failures and not preempting and not self._cause_is_clear(state, failures):
             # A worker that raised may have done so because a peer died (its
             # collective failed first); wait briefly for the loss to surface.
@@ -183,6 +189,28 @@ class Controller:
             return Finished(state.attempt)
         self._sleep(self._poll_interval_s)
         return Running(state.attempt, failures, state.failing_since, preempting)
+
+    def _replace_in_place(self, attempt: int, failures: tuple[WorkerFailure, ...]) -> "tuple[WorkerFailure, ...] | State":
+        """Failures a group can ride out (a parameter-server worker's) are replaced in place, as the
+        policy allows; the rest are returned. Errored when the policy allows no more."""
+        can_replace = getattr(self._group, "can_replace", None)
+        if can_replace is None:
+            return failures
+        kept = []
+        for failure in failures:
+            if not can_replace(failure):
+                kept.append(failure)
+                continue
+            if self._policy.decide(failure) is not Decision.RETRY:
+                self._group.shutdown()
+                return Errored(attempt, TrainingFailedError(failure, tuple(self._policy.failures)))
+            logger.warning("attempt %d: %s; replacing it in place", attempt, failure.describe())
+            try:
+                self._group.replace(failure)
+            except WorkerStartError as error:  # its replacement did not come up: the attempt ends
+                kept.append(dataclasses.replace(failure, kind=FailureKind.NOT_STARTED,
+                                                message=f"{failure.message}; its replacement: {error}"))
+        return tuple(kept)
 
     def _end_attempt(self, attempt: int, failure: WorkerFailure) -> State:
         """Shut the group down and restart it, or stop, as the policy decides."""

@@ -108,15 +108,21 @@ class RunHistory:
     def last_metrics(self) -> dict[str, Any]:
         if not self.entries:
             return {}
-        return {k: v for k, v in self.entries[-1].items() if k not in HISTORY_KEYS}
+        # The last training report: an evaluator's entries sit beside them in the history.
+        training = [e for e in self.entries if "evaluated_checkpoint" not in e] or self.entries
+        return {k: v for k, v in training[-1].items() if k not in HISTORY_KEYS}
 
 
 def report_handler(checkpoints: Any, history: RunHistory, driver_start: int,
                    guard: Callable[[], None] = lambda: None) -> Callable[[Report], Optional[str]]:
     """What the controller does with each report: rank 0's checkpoint committed by the checkpoint
-    manager (returns why not, for the worker's ``report`` to raise), then the report recorded."""
+    manager (returns why not, for the worker's ``report`` to raise), then the report recorded; an
+    evaluator's metrics (which name the checkpoint they evaluated) recorded as they are."""
 
     def on_report(report: Report) -> Optional[str]:
+        if "evaluated_checkpoint" in report.metrics:  # a parameter-server group's evaluator
+            history.record(report)
+            return None
         if report.rank != 0:
             return None
         committed, error = checkpoints.handle_report(report, driver_start, guard=guard)

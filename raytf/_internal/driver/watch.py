@@ -11,7 +11,7 @@ really points at), and whether the group is ready, finished or stopped.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Collection, Mapping, Optional
 
 from raytf._internal.driver.hang import blame_collective, find_hangs
 from raytf._internal.protocol import STARTING_PHASES, Activity, GroupStatus, Phase, Progress, Report, WorkerStatus
@@ -29,8 +29,13 @@ class GroupWatch:
     """One attempt's view of its workers, fed one poll at a time."""
 
     def __init__(self, node_ips: Mapping[int, str], *, start_timeout_s: float, worker_timeout_s: float,
-                 hang_timeout_s: Optional[float], clock: Callable[[], float] = time.monotonic):
+                 hang_timeout_s: Optional[float], clock: Callable[[], float] = time.monotonic,
+                 finishers: Optional[Collection[int]] = None, labels: Optional[Mapping[int, str]] = None):
         self._node_ips = dict(node_ips)  # world rank -> node address
+        # The ranks whose train_fn ending ends the group: all of them, or (parameter-server
+        # training) the chief and the evaluator, while workers and ps serve until shut down.
+        self._finishers = set(node_ips) if finishers is None else set(finishers)
+        self._labels = dict(labels or {})  # rank -> "ps 0", ... where ranks are not the roles
         self._start_timeout_s = start_timeout_s
         self._worker_timeout_s = worker_timeout_s
         self._hang_timeout_s = hang_timeout_s
@@ -46,7 +51,15 @@ class GroupWatch:
 
     def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str) -> WorkerFailure:
         return WorkerFailure(rank=rank, kind=kind, error_type=error_type, message=message, traceback="",
-                             time=time.time(), node_ip=self._node_ips.get(rank, ""))
+                             time=time.time(), node_ip=self._node_ips.get(rank, ""), task=self._labels.get(rank, ""))
+
+    def replaced(self, rank: int, node_ip: str) -> None:
+        """``rank``'s actor was replaced by a new one on ``node_ip``: forget the old one, and give the
+        new one ``start_timeout_s`` to join."""
+        self.phases.pop(rank, None)
+        self._activities.pop(rank, None)
+        self._node_ips[rank] = node_ip
+        self._started_at = self._clock()
 
     def heard(self, rank: int, status: WorkerStatus) -> None:
         now = self._clock()
@@ -108,8 +121,9 @@ class GroupWatch:
         done = len(self.phases) == len(self._node_ips)
         ready = not self.released and done and all(p not in (Phase.CREATED, Phase.STARTING)
                                                    for p in self.phases.values())
-        finished = done and all(p == Phase.FINISHED for p in self.phases.values())
-        stopped = done and not finished and all(p in (Phase.FINISHED, Phase.PREEMPTED) for p in self.phases.values())
+        ends = [self.phases.get(rank) for rank in self._finishers]
+        finished = done and all(p == Phase.FINISHED for p in ends)
+        stopped = done and not finished and all(p in (Phase.FINISHED, Phase.PREEMPTED) for p in ends)
         reports = sorted(self._reports, key=lambda r: (r.time, r.rank, r.seq))
         self._reports, self._failures, self.preempt_reasons = [], [], []
         return GroupStatus(

@@ -41,6 +41,8 @@ class TrainWorker:
         self._payload: Any = None
         self._preempt_reason: Optional[str] = None
         self._go = threading.Event()  # set by connect(): every peer is ready to build the strategy
+        self._go_message: Any = None
+        self._task = ""  # "ps 0", "worker 1", ... in a parameter-server group; "" in a synchronous one
         self._activity = ActivityTracker()
         self._output = _logs.OutputFilter()
         self._output.install()  # before TensorFlow is imported: its first lines are the noisiest
@@ -62,8 +64,9 @@ class TrainWorker:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.preempt("the worker process got SIGTERM")
 
-    def connect(self) -> None:
-        """Every worker is ready: build the strategy now.
+    def connect(self, message: Any = None) -> None:
+        """Every worker is ready: build the strategy now (``message``: what the payload needs for it,
+        such as the parameter-server chief's shard manifests).
 
         Creating MultiWorkerMirroredStrategy blocks until every peer's server
         is up, and holds the GIL while it waits (this actor answers nothing
@@ -72,6 +75,7 @@ class TrainWorker:
         gets ready is named as such instead of hiding behind peers that wait
         for it.
         """
+        self._go_message = message
         self._go.set()
 
     def preempt(self, reason: str) -> None:
@@ -79,12 +83,16 @@ class TrainWorker:
         if self._preempt_reason is None:
             self._preempt_reason = reason
 
-    def reserve(self) -> WorkerAddress:
-        """Reserve a port for TensorFlow's server and say where this worker is."""
+    def reserve(self, port: int = 0) -> WorkerAddress:
+        """Reserve a port for TensorFlow's server and say where this worker is. ``port``: the one
+        a replaced actor held, taken again when it is free, so the cluster's address list holds."""
         import ray
 
         if self._address is None:
-            self._sock = reserve_port()
+            try:
+                self._sock = reserve_port(port)
+            except OSError:
+                self._sock = reserve_port()
             self._address = WorkerAddress(
                 node_id=ray.get_runtime_context().get_node_id(),
                 node_ip=ray.util.get_node_ip_address(),
@@ -97,8 +105,9 @@ class TrainWorker:
         if self._thread is not None:
             raise RuntimeError("this worker has already started")
         self._rank = spec.rank.world_rank
+        self._task = spec.task
         self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
-        _logs.name_in_log_prefix(f"raytf rank {self._rank}" if spec.role == "worker" else f"raytf {spec.role}")
+        _logs.name_in_log_prefix(f"raytf {spec.task}" if spec.task else f"raytf rank {self._rank}")
         self._payload = PAYLOADS[payload]()
         self._phase = Phase.STARTING
         self._thread = threading.Thread(target=self._run, args=(run, spec), name="raytf-train", daemon=True)
@@ -134,8 +143,9 @@ class TrainWorker:
     def set_phase(self, phase: Phase) -> None:
         self._phase = phase
 
-    def wait_for_go(self) -> None:
+    def wait_for_go(self) -> Any:
         self._go.wait()
+        return self._go_message
 
     def sink(self, report: Report) -> None:
         with self._lock:
@@ -148,6 +158,26 @@ class TrainWorker:
 
     def preempt_requested(self) -> bool:
         return self._preempt_reason is not None
+
+    # Parameter-server groups (payloads.py): what the driver asks of a chief, a worker, an evaluator.
+
+    def shard_files(self) -> Any:
+        """A parameter-server worker's manifest of the shard files it wrote."""
+        return getattr(self._payload, "shard_files", None)
+
+    def retarget(self, task_type: str, task_index: int, host_port: str) -> None:
+        """The chief: a replaced task will listen at ``host_port``."""
+        self._payload.retarget(task_type, task_index, host_port)
+
+    def finish(self) -> None:
+        """The evaluator: training ended; evaluate the last committed checkpoint and stop."""
+        self._payload.finish()
+
+    def close(self) -> None:
+        """Before the group kills this actor: remove what it keeps on its node."""
+        close = getattr(self._payload, "close", None)
+        if close is not None:
+            close()
 
     def _run(self, run: RunSpec, spec: WorkerSpec) -> None:
         try:
@@ -175,5 +205,6 @@ class TrainWorker:
             traceback="".join(traceback.format_exception(error)),
             time=time.time(),
             node_ip=self.node_ip,
+            task=self._task,
         )
         self._phase = Phase.FAILED

@@ -13,6 +13,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import asdict
 from typing import Any, Callable, Optional, Protocol
 
@@ -37,7 +39,7 @@ class Host(Protocol):
 
     def set_phase(self, phase: Phase) -> None: ...
 
-    def wait_for_go(self) -> None: ...  # every peer is ready
+    def wait_for_go(self) -> Any: ...  # every peer is ready; returns what the driver sent with the go
 
     def release_port(self) -> None: ...  # just before TensorFlow's server binds it
 
@@ -79,7 +81,7 @@ class TrainFnPayload:
 
             install(strategy)
         context = TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name,
-                               run_path=run.run_path, tf_config=spec.tf_config)
+                               run_path=run.run_path, tf_config=spec.tf_config, task_index=spec.rank.world_rank)
         self.session = WorkerSession(
             context, strategy, host.sink, spec.datasets, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, split=run.split,
@@ -162,7 +164,148 @@ def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
     }
 
 
+def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> tuple[Any, Any, dict[str, Any]]:
+    """Set a parameter-server actor's environment, load (train_fn, config, options), set TensorFlow up."""
+    os.environ.update(_tensorflow.worker_environment(run, spec))
+    # A call to a worker or ps that is down fails at once, so the coordinator can reschedule it.
+    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    _tensorflow.check_storage_visible(run, host.node_ip)
+    train_fn, config, options = cloudpickle.loads(run.payload)
+    _tensorflow.configure_tensorflow(run)
+    _tensorflow.configure_keras(run)
+    return train_fn, config, options
+
+
+def _context(run: RunSpec, spec: WorkerSpec) -> TrainContext:
+    task_type, _, task_index = spec.task.partition(" ")
+    return TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name, run_path=run.run_path,
+                        tf_config=spec.tf_config, task_type=task_type, task_index=int(task_index or 0))
+
+
+class ChiefPayload:
+    """The parameter-server chief: ``train_fn(config)`` with ParameterServerStrategy and its
+    ClusterCoordinator, once every worker and ps serves."""
+
+    def __init__(self) -> None:
+        self.session: Optional[WorkerSession] = None
+        self._coordinator: Any = None
+
+    @property
+    def preempted(self) -> bool:
+        return self.session is not None and self.session.preempted
+
+    def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
+        from raytf._internal.worker import ps as _ps
+
+        train_fn, config, options = _load_ps_payload(run, spec, host)
+        host.set_phase(Phase.READY)
+        shard_files = host.wait_for_go()  # every worker's manifest, by task index
+        host.set_phase(Phase.CONNECTING)
+        host.release_port()
+        strategy, self._coordinator = _ps.make_strategy(options.get("variable_partitioner"))
+        _ps.install(strategy)
+        self.session = WorkerSession(
+            _context(run, spec), strategy, host.sink, {}, spec.resume, run.storage,
+            save_every=run.save_every, lease_token=run.lease_token, preempt_requested=host.preempt_requested,
+            parameter_server=PsData(self._coordinator, list(shard_files or [])),
+        )
+        _session.install(self.session)
+        host.set_phase(Phase.TRAINING)
+        _tensorflow.call_train_fn(train_fn, config)
+
+    def retarget(self, task_type: str, task_index: int, host_port: str) -> None:
+        from raytf._internal.worker import ps as _ps
+
+        if self._coordinator is not None:
+            _ps.retarget(self._coordinator, task_type, task_index, host_port)
+
+
+class PsData:
+    """What a parameter-server chief's session needs for ``get_dataset_shard``."""
+
+    def __init__(self, coordinator: Any, shard_files: list[Any]):
+        self.coordinator = coordinator
+        self.shard_files = shard_files  # by worker task index: dataset -> column -> ColumnFiles
+
+
+class ServerPayload:
+    """A parameter-server worker or ps: TensorFlow's server, serving until the group ends. A
+    worker first writes its pieces of the datasets to files on its node for the chief's pipelines."""
+
+    session = None
+
+    def __init__(self) -> None:
+        self.shard_files: Any = None
+        self._writer: Any = None
+        self._stop = threading.Event()
+
+    def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
+        from raytf._internal.data.worker_files import ShardFileWriter, shard_directory
+        from raytf._internal.worker import ps as _ps
+
+        _load_ps_payload(run, spec, host)
+        task_type, _, task_index = spec.task.partition(" ")
+        if task_type == "worker":
+            self._writer = ShardFileWriter(shard_directory(run.run_name, int(task_index)))
+            self.shard_files = self._writer.write(spec.datasets)
+        host.release_port()
+        self._server = _ps.start_server(task_type, int(task_index))
+        host.set_phase(Phase.TRAINING)
+        self._stop.wait()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class EvaluatorPayload:
+    """The sidecar evaluator: ``evaluate_fn(checkpoint, config)`` on each checkpoint the driver
+    commits, newest first when it falls behind, its metrics reported beside training's."""
+
+    session = None
+    poll_interval_s = 1.0
+
+    def __init__(self) -> None:
+        self._finish = threading.Event()
+        self._seq = 0
+
+    def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
+        from raytf._internal.checkpoint.manager import CheckpointManager
+
+        _, config, options = _load_ps_payload(run, spec, host)
+        evaluate_fn = options["evaluate_fn"]
+        context = _context(run, spec)
+        host.set_phase(Phase.TRAINING)
+        done: Optional[str] = None
+        while True:
+            finishing = self._finish.is_set()
+            manager = CheckpointManager(run.storage.filesystem, run.storage.root)
+            latest = manager.latest()
+            if latest is not None and latest[0].name != done:
+                entry, checkpoint = latest
+                metrics = evaluate_fn(checkpoint, config)
+                if not isinstance(metrics, dict):
+                    raise TypeError(f"ParameterServerTrainer(evaluate_fn=...) must return a dict of metrics, "
+                                    f"got {type(metrics).__name__}")
+                clean = {k: _session.to_plain(v, k) for k, v in metrics.items()}
+                clean.update({"evaluated_checkpoint": entry.name, "epoch": entry.epoch, "step": entry.step})
+                host.sink(Report(rank=context.world_rank, seq=self._seq, metrics={
+                    k: v for k, v in clean.items() if v is not None}, time=time.time(), attempt=spec.attempt))
+                self._seq += 1
+                done = entry.name
+                continue
+            if finishing:
+                return
+            self._finish.wait(self.poll_interval_s)
+
+    def finish(self) -> None:
+        self._finish.set()
+
+
 PAYLOADS: dict[PayloadKind, Callable[[], Any]] = {
     PayloadKind.TRAIN_FN: TrainFnPayload,
     PayloadKind.SUBPROCESS: SubprocessPayload,
+    PayloadKind.CHIEF: ChiefPayload,
+    PayloadKind.SERVER: ServerPayload,
+    PayloadKind.EVALUATOR: EvaluatorPayload,
 }

@@ -41,6 +41,7 @@ class WorkerSession:
         preempt_requested: Callable[[], bool] = lambda: False,
         lease_token: Optional[str] = None,
         split: Sequence[str] = (),
+        parameter_server: Any = None,
     ):
         self.context = context
         self.strategy = strategy
@@ -65,6 +66,7 @@ class WorkerSession:
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
         self.preempted = False
+        self.parameter_server = parameter_server  # payloads.PsData on a parameter-server chief
 
     def get_checkpoint(self) -> Any:
         from raytf.checkpoint import Checkpoint
@@ -99,17 +101,53 @@ class WorkerSession:
             event.set()
 
     def dataset_names(self) -> list[str]:
+        if self.parameter_server is not None:
+            files = self.parameter_server.shard_files
+            return sorted(files[0]) if files else []
         return self._shards.names()
 
     def get_dataset_shard(self, name: str, *, batch_size: Optional[int] = None,
                           global_batch_size: Optional[int] = None, features: Any = None,
                           label: Optional[str] = None, shuffle: bool = False, seed: Optional[int] = None,
                           drop_remainder: bool = False, cache: bool = True) -> Any:
+        if self.parameter_server is not None:
+            return self._parameter_server_shard(name, batch_size, global_batch_size, features, label, shuffle,
+                                                seed, drop_remainder)
         batch = self._shards.per_worker_batch(name, batch_size, global_batch_size)
         if name in self._split and "global_batch" not in self._progress:
             self._progress["global_batch"] = batch * self.context.world_size
         request = ShardRequest(name, batch, features, label, shuffle, seed, drop_remainder)
         return self._shards.dataset(request, seed, cache)
+
+    def _parameter_server_shard(self, name: str, batch_size: Optional[int], global_batch_size: Optional[int],
+                                features: Any, label: Optional[str], shuffle: bool, seed: Optional[int],
+                                drop_remainder: bool) -> Any:
+        """Each worker's piece of ``name``, as the workers' pipelines read it (data/tfdata_ps.py):
+        the pipeline itself inside a dataset function the coordinator traces, else a template
+        the coordinator and tf-keras' model.fit turn into it."""
+        from raytf._internal.data import tfdata_ps
+        from raytf._internal.worker import ps as _ps
+        from raytf.errors import DatasetShardError
+
+        files = self.parameter_server.shard_files
+        if not files or name not in files[0]:
+            passed = ", ".join(sorted(files[0])) if files else "none"
+            raise DatasetShardError(f"raytf.get_dataset_shard({name!r}): no dataset named {name!r} was passed to "
+                                    f"ParameterServerTrainer(datasets=...); passed: {passed}")
+        if global_batch_size is not None or batch_size is None:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): pass batch_size, the batch each worker takes per step; "
+                "parameter-server workers step on their own, so there is no global batch to share"
+            )
+        request = ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
+        shard = tfdata_ps.make_shard(request, [f[name] for f in files], seed, self.first_epoch)
+        if "global_batch" not in self._progress:
+            self._progress["global_batch"] = batch_size
+        if _ps.tracing_per_worker_dataset():
+            import tensorflow as tf
+
+            return shard.build(tf.distribute.coordinator.experimental_get_current_worker_index())
+        return shard.template()
 
     def preemption_requested(self) -> bool:
         """True on every rank once any rank was asked to stop for a preemption (one all-reduce)."""

@@ -24,7 +24,7 @@ from raytf.errors import FailureKind
 logger = logging.getLogger(__name__)
 
 
-def reserve_port() -> socket.socket:
+def reserve_port(port: int = 0) -> socket.socket:
     """A socket bound to a free port on every interface, never listening.
 
     Holding it keeps the port from being handed to anyone else (another
@@ -32,17 +32,18 @@ def reserve_port() -> socket.socket:
     moment TensorFlow's gRPC server binds it. TensorFlow binds the wildcard
     address with SO_REUSEPORT off, so the reservation is on the wildcard too
     (dual-stack where IPv6 is available) and released just before that bind.
+    ``port``: the one wanted (a replaced worker's old port); OSError if it is taken.
     """
     if socket.has_ipv6:
         try:
             sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::", 0))
+            sock.bind(("::", port))
             return sock
         except OSError:
             sock.close()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("0.0.0.0", 0))
+    sock.bind(("0.0.0.0", port))
     return sock
 
 

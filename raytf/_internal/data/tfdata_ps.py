@@ -1,0 +1,185 @@
+"""Parameter-server shards: pipelines the chief builds and each worker's TensorFlow server runs.
+
+Under ParameterServerStrategy the chief traces every dataset function and the
+workers run the graph, so the pipeline may only use TensorFlow ops. Each
+worker's actor has written its piece of every dataset to files on its own node
+(worker_files.py) and the driver handed the chief all of their manifests. A
+:class:`PsShard` names every worker's files in one constant table; the graph
+picks its own row with ``experimental_get_current_worker_index()``, reads the
+files once per iterator, and batches with one ``tf.gather`` per column, as the
+cached path of the synchronous trainer does.
+
+The pipeline repeats without end (ParameterServerStrategy's workers each take
+batches at their own pace; ``steps_per_epoch`` says when an epoch ends), and
+pass ``e`` over a worker's piece is shuffled by ``(seed, worker, e)`` when asked.
+
+``raytf.get_dataset_shard`` on the chief returns a *template*: a dataset with
+the right element spec that the raytf coordinator replaces by the per-worker
+pipeline in ``create_per_worker_dataset`` (and that tf-keras' ``model.fit``
+passes there). Iterated on the chief itself, it fails with a message that
+says where the data is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from raytf._internal.data.shard import ShardRequest, check_request
+from raytf._internal.data.worker_files import ColumnFiles
+from raytf.errors import DatasetShardError
+
+TEMPLATE_MARK = "_raytf_ps_shard"
+
+ON_THE_CHIEF = (
+    "raytf: a parameter-server shard is read by the workers, not by the chief: pass it to "
+    "model.fit(..., steps_per_epoch=...) or to coordinator.create_per_worker_dataset(...)"
+)
+
+
+@dataclass(frozen=True)
+class PsShard:
+    """One ``get_dataset_shard`` call under ParameterServerStrategy: what it asked for and
+    where every worker's piece of the dataset lies."""
+
+    request: ShardRequest
+    manifests: tuple[Mapping[str, ColumnFiles], ...]  # by worker task index: column -> files
+    seed: Optional[int]
+    first_epoch: int = 0
+
+    def columns(self) -> tuple[list[str], Optional[str]]:
+        return self.request.columns(list(self.manifests[0]))
+
+    def build(self, worker_index: Any) -> Any:
+        """The pipeline of the worker at ``worker_index`` (a scalar tensor), TensorFlow ops only."""
+        return self._pipeline(worker_index, on_chief=False)
+
+    def template(self) -> Any:
+        """A dataset of the same element spec that fails if the chief reads it."""
+        import tensorflow as tf
+
+        dataset = self._pipeline(tf.constant(0, tf.int64), on_chief=True)
+        setattr(dataset, TEMPLATE_MARK, self)
+        return dataset
+
+    def _pipeline(self, worker_index: Any, on_chief: bool) -> Any:
+        import tensorflow as tf
+
+        features, label = self.columns()
+        needed = features + ([label] if label is not None else [])
+        index = tf.cast(worker_index, tf.int64)
+        tables = {c: _file_table([m[c] for m in self.manifests]) for c in needed}
+        rows = tf.constant([m[needed[0]].rows for m in self.manifests], tf.int64)
+        specs = {c: self.manifests[0][c] for c in needed}
+
+        def load(_: Any) -> Any:
+            if on_chief:
+                with tf.control_dependencies([tf.debugging.Assert(False, [ON_THE_CHIEF])]):
+                    index_here = tf.identity(index)
+            else:
+                index_here = index
+            return {c: _load_column(tables[c], index_here, specs[c]) for c in needed}
+
+        batch = self.request.batch_size
+        seed = _seed(self.seed, self.request.name)
+        shuffle = self.request.shuffle
+        drop = self.request.drop_remainder
+        first_epoch = self.first_epoch
+        single = isinstance(self.request.features, str)
+
+        def one_pass(epoch: Any, arrays: Any) -> Any:
+            n = tf.gather(rows, index)
+            order = tf.range(n)
+            if shuffle:
+                order = tf.random.experimental.stateless_shuffle(
+                    order, seed=tf.stack([tf.constant(seed, tf.int64), index * 1_000_003 + epoch + first_epoch]))
+            indices = tf.data.Dataset.from_tensor_slices(order).batch(batch, drop_remainder=drop)
+
+            def take(i: Any) -> Any:
+                x = tf.gather(arrays[features[0]], i) if single else {c: tf.gather(arrays[c], i) for c in features}
+                return x if label is None else (x, tf.gather(arrays[label], i))
+
+            return indices.map(take)
+
+        with tf.device("/cpu:0"):
+            data = tf.data.Dataset.range(1).map(load).cache().repeat().enumerate().flat_map(one_pass)
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+            return data.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _file_table(columns: Sequence[ColumnFiles]) -> tuple[Any, Any]:
+    """(paths padded to a rectangle [workers, most files], files per worker) as constants."""
+    import tensorflow as tf
+
+    longest = max(len(c.files) for c in columns)
+    paths = [list(c.files) + [""] * (longest - len(c.files)) for c in columns]
+    return tf.constant(paths), tf.constant([len(c.files) for c in columns], tf.int32)
+
+
+def _load_column(table: tuple[Any, Any], index: Any, spec: ColumnFiles) -> Any:
+    """Worker ``index``'s files of one column, parsed and joined in order."""
+    import tensorflow as tf
+
+    paths, counts = table
+    mine, count = tf.gather(paths, index), tf.gather(counts, index)
+    dtype = tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
+    parts = tf.TensorArray(dtype, size=count, infer_shape=False, element_shape=tf.TensorShape([None, *spec.shape]))
+
+    def read(i: Any, parts: Any) -> Any:
+        return i + 1, parts.write(i, tf.io.parse_tensor(tf.io.read_file(mine[i]), dtype))
+
+    _, parts = tf.while_loop(lambda i, _: i < count, read, (tf.constant(0), parts))
+    return tf.ensure_shape(parts.concat(), [None, *spec.shape])
+
+
+def _seed(seed: Optional[int], name: str) -> int:
+    """The shuffle seed of a dataset: the user's, or one fixed by the dataset's name."""
+    text = f"{seed}:{name}" if seed is not None else f"raytf:{name}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
+
+
+def make_shard(request: ShardRequest, manifests: Sequence[Mapping[str, ColumnFiles]], seed: Optional[int],
+               first_epoch: int) -> PsShard:
+    """The checked :class:`PsShard` of one ``get_dataset_shard`` call on the chief."""
+    check_request(request)
+    shard = PsShard(request, tuple(manifests), seed, first_epoch)
+    shard.columns()
+    smallest = min(m[next(iter(m))].rows if m else 0 for m in manifests)
+    if smallest < request.batch_size:
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({request.name!r}): batch_size={request.batch_size} is larger than a "
+            f"worker's piece ({smallest} rows, the smallest across {len(manifests)} workers); lower "
+            "batch_size or pass more data"
+        )
+    return shard
+
+
+def template_of(dataset: Any) -> Optional[PsShard]:
+    """The :class:`PsShard` behind ``dataset`` (a template, or tf.distribute's wrapper of one)."""
+    for candidate in (dataset, getattr(dataset, "_original_dataset", None)):
+        shard = getattr(candidate, TEMPLATE_MARK, None)
+        if shard is not None:
+            return shard
+    return None
+
+
+def derived_from_template(dataset: Any) -> bool:
+    """Whether ``dataset`` was made from a template by a transformation (which the workers
+    cannot rebuild from the template's recipe)."""
+    stack, seen = [getattr(dataset, "_original_dataset", dataset)], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if getattr(current, TEMPLATE_MARK, None) is not None:
+            return True
+        inputs = getattr(current, "_inputs", None)
+        if callable(inputs):
+            try:
+                stack.extend(inputs())
+            except Exception:  # noqa: BLE001 - a dataset kind without inputs
+                pass
+    return False

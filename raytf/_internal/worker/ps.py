@@ -1,0 +1,132 @@
+"""The chief's ParameterServerStrategy and ClusterCoordinator, and the servers' TensorFlow server.
+
+As with MultiWorkerMirroredStrategy (strategy.py), a ``train_fn`` that builds
+its own ``tf.distribute.ParameterServerStrategy(...)`` gets raytf's, already
+connected, and ``ClusterCoordinator(strategy)`` (one per strategy, by
+TensorFlow's design) is raytf's coordinator. That coordinator knows raytf's
+shards: handed a shard that ``raytf.get_dataset_shard`` returned (directly, or
+as tf-keras' ``model.fit`` passes it), it builds each worker's own pipeline
+over that worker's files (data/tfdata_ps.py).
+
+When raytf replaces a lost worker and the replacement cannot hold the old
+port, :func:`retarget` points the coordinator at the new address before the
+new server starts; TensorFlow's failure handling then reconnects as it does
+for a worker restarted in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Optional
+
+from raytf._internal.data import tfdata_ps
+from raytf.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_tracing = threading.local()  # set while the coordinator traces a per-worker dataset function
+_installed: Any = None
+_classes: Optional[tuple[Any, Any]] = None
+
+
+def tracing_per_worker_dataset() -> bool:
+    """Whether the caller runs inside a dataset function the coordinator is tracing for the workers."""
+    return getattr(_tracing, "active", False)
+
+
+def _make_classes() -> tuple[Any, Any]:
+    global _classes
+    if _classes is not None:
+        return _classes
+    import tensorflow as tf
+
+    class RaytfParameterServerStrategy(tf.distribute.ParameterServerStrategy):
+        """ParameterServerStrategy that is what ``tf.distribute.ParameterServerStrategy(...)``
+        returns inside ``train_fn``."""
+
+        _raytf_connected = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if self._raytf_connected:
+                if args[1:] or any(v is not None for k, v in kwargs.items() if k != "cluster_resolver"):
+                    logger.info("ParameterServerStrategy(...) inside train_fn returns raytf's strategy, "
+                                "already connected; set variable_partitioner on ParameterServerTrainer")
+                return
+            super().__init__(*args, **kwargs)
+            self._raytf_connected = True
+
+    class RaytfClusterCoordinator(tf.distribute.coordinator.ClusterCoordinator):
+        """ClusterCoordinator that builds each worker's pipeline from raytf's shards."""
+
+        def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
+            shard = tfdata_ps.template_of(dataset_fn)
+            if shard is not None:
+                def dataset_fn() -> Any:
+                    return shard.build(tf.distribute.coordinator.experimental_get_current_worker_index())
+            elif not callable(dataset_fn) and tfdata_ps.derived_from_template(dataset_fn):
+                raise ConfigError(
+                    "create_per_worker_dataset: this dataset was made from a raytf parameter-server shard "
+                    "by a transformation, which the workers cannot rebuild from the shard; apply it in a "
+                    "dataset function instead: coordinator.create_per_worker_dataset(lambda: "
+                    "raytf.get_dataset_shard(...).map(...))"
+                )
+            previous, _tracing.active = getattr(_tracing, "active", False), True
+            try:
+                return super().create_per_worker_dataset(dataset_fn)
+            finally:
+                _tracing.active = previous
+
+    _classes = (RaytfParameterServerStrategy, RaytfClusterCoordinator)
+    return _classes
+
+
+def make_strategy(variable_partitioner: Any) -> tuple[Any, Any]:
+    """(strategy, coordinator) from TF_CONFIG; connects to every worker and ps."""
+    import tensorflow as tf
+
+    strategy_class, coordinator_class = _make_classes()
+    strategy = strategy_class(tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+                              variable_partitioner=variable_partitioner)
+    return strategy, coordinator_class(strategy)
+
+
+def install(strategy: Any) -> None:
+    """From now on, constructing a ParameterServerStrategy in this process returns ``strategy``."""
+    global _installed
+    from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+
+    base = pss.ParameterServerStrategyV2
+    if _installed is None:
+        def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+            if _installed is not None and cls is not _make_classes()[0]:
+                return _installed
+            return object.__new__(cls)
+
+        base.__new__ = staticmethod(__new__)
+    _installed = strategy
+
+
+def uninstall() -> None:
+    global _installed
+    _installed = None
+
+
+def retarget(coordinator: Any, task_type: str, task_index: int, host_port: str) -> None:
+    """Point ``coordinator`` at a replaced task's new address, before that task's server starts."""
+    server_def = coordinator._cluster.failure_handler._server_def  # noqa: SLF001 - see the module docstring
+    for job in server_def.cluster.job:
+        if job.name == task_type:
+            job.tasks[task_index] = host_port
+            return
+    raise ValueError(f"the coordinator's cluster has no job {task_type!r}")
+
+
+def start_server(task_type: str, task_index: int) -> Any:
+    """This process's TensorFlow server for a worker or ps task, from TF_CONFIG; serves until the
+    process ends."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=task_index,
+                                protocol="grpc", start=True)

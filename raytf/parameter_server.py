@@ -1,0 +1,246 @@
+"""Parameter-server training: ``tf.distribute.ParameterServerStrategy`` with every role a Ray actor.
+
+A :class:`ParameterServerTrainer` places one chief, ``num_workers`` workers,
+``num_ps`` parameter servers and optionally one evaluator, each a Ray actor with
+its own resources and a TF_CONFIG that names every task. Workers and ps run
+TensorFlow's server; the chief runs ``train_fn`` with the strategy and its
+``ClusterCoordinator`` (``raytf.strategy()``, ``raytf.coordinator()``, or
+TensorFlow's own constructors, which return the same objects); the evaluator
+runs ``evaluate_fn`` on every checkpoint the chief commits.
+
+A lost worker costs no restart: the coordinator reschedules its steps on the
+other workers while raytf replaces it at the same task index. A lost chief or
+ps restarts the group from the last committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from raytf._internal.driver import cluster
+from raytf._internal.driver.preflight import fits
+from raytf._internal.driver.progress import ProgressDisplay
+from raytf._internal.protocol import PayloadKind, RoleSpec, RunSpec
+from raytf._internal.storage import RunStorage
+from raytf._internal.validate import check_bool, check_choice, check_int, check_number, check_resources, check_timeout
+from raytf.config import PLACEMENT_STRATEGIES, DataConfig, RunConfig, TensorflowConfig
+from raytf.errors import ConfigError
+from raytf.trainer import Trainer
+
+__all__ = ["ParameterServerScaling", "ParameterServerTrainer"]
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclass(frozen=True)
+class ParameterServerScaling:
+    """How many tasks of each role, and what each reserves.
+
+    ``num_workers`` workers compute; ``num_ps`` parameter servers hold the
+    variables (a large embedding table split across them with
+    ``ParameterServerTrainer(variable_partitioner=...)``); one chief runs
+    ``train_fn``; ``num_evaluators`` (0 or 1) evaluates committed checkpoints.
+    Each role has its own CPUs and GPUs (``cpus_per_ps``, ``gpus_per_worker``,
+    ...); ``resources_per_worker`` adds custom resources to the workers, which
+    are the ones that usually need special nodes. One placement group holds
+    them all with ``placement`` as its strategy.
+    """
+
+    num_workers: int = 2
+    num_ps: int = 1
+    num_evaluators: int = 0
+    cpus_per_worker: float = 1
+    gpus_per_worker: float = 0
+    resources_per_worker: Mapping[str, float] = field(default_factory=dict)
+    cpus_per_ps: float = 1
+    gpus_per_ps: float = 0
+    cpus_per_chief: float = 1
+    gpus_per_chief: float = 0
+    cpus_per_evaluator: float = 1
+    gpus_per_evaluator: float = 0
+    placement: str = "PACK"
+    placement_timeout_s: Optional[float] = 120.0
+    check_resources: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("ParameterServerScaling.num_workers", self.num_workers, minimum=1, maximum=100_000)
+        if isinstance(self.num_ps, int) and not isinstance(self.num_ps, bool) and self.num_ps < 1:
+            raise ConfigError(
+                f"ParameterServerScaling.num_ps must be at least 1, got {self.num_ps}: parameter-server "
+                "training keeps its variables on parameter servers. To train without them, use "
+                "raytf.Trainer (MultiWorkerMirroredStrategy)"
+            )
+        check_int("ParameterServerScaling.num_ps", self.num_ps, minimum=1, maximum=100_000)
+        if isinstance(self.num_evaluators, int) and not isinstance(self.num_evaluators, bool) \
+                and self.num_evaluators > 1:
+            raise ConfigError(
+                f"ParameterServerScaling.num_evaluators must be 0 or 1, got {self.num_evaluators}: TensorFlow's "
+                "sidecar evaluator is a single task that evaluates each checkpoint in turn"
+            )
+        check_int("ParameterServerScaling.num_evaluators", self.num_evaluators, minimum=0, maximum=1)
+        for role in ROLES:
+            check_number(f"ParameterServerScaling.cpus_per_{role}", getattr(self, f"cpus_per_{role}"))
+            gpus = check_number(f"ParameterServerScaling.gpus_per_{role}", getattr(self, f"gpus_per_{role}"))
+            if gpus > 1 and gpus != int(gpus):
+                raise ConfigError(f"ParameterServerScaling.gpus_per_{role} above 1 must be a whole number, got {gpus!r}")
+            if not any(self.bundle(role).values()) and role != "worker":
+                raise ConfigError(f"ParameterServerScaling reserves nothing per {role} (cpus_per_{role}=0, "
+                                  f"gpus_per_{role}=0): give it at least one CPU or GPU")
+        resources = check_resources("ParameterServerScaling.resources_per_worker", self.resources_per_worker,
+                                    cpus="cpus_per_worker", gpus="gpus_per_worker")
+        object.__setattr__(self, "resources_per_worker", resources)
+        if not any(self.bundle("worker").values()):
+            raise ConfigError("ParameterServerScaling reserves nothing per worker (cpus_per_worker=0, "
+                              "gpus_per_worker=0, no resources_per_worker): give each at least one CPU or GPU")
+        object.__setattr__(self, "placement", check_choice("ParameterServerScaling.placement", self.placement,
+                                                           PLACEMENT_STRATEGIES, upper=True))
+        check_timeout("ParameterServerScaling.placement_timeout_s", self.placement_timeout_s)
+        check_bool("ParameterServerScaling.check_resources", self.check_resources)
+
+    def count(self, role: str) -> int:
+        return {"chief": 1, "worker": self.num_workers, "ps": self.num_ps, "evaluator": self.num_evaluators}[role]
+
+    def bundle(self, role: str = "worker") -> dict[str, float]:
+        """The placement-group bundle of one task of ``role`` (zero amounts left out, as Ray wants)."""
+        bundle = {"CPU": float(getattr(self, f"cpus_per_{role}")), "GPU": float(getattr(self, f"gpus_per_{role}"))}
+        if role == "worker":
+            bundle.update({k: float(v) for k, v in self.resources_per_worker.items()})
+        return {k: v for k, v in bundle.items() if v > 0}
+
+    # What TensorflowConfig reads of a scaling config (threads per process, GPU or not).
+
+    @property
+    def use_gpu(self) -> bool:
+        return any(getattr(self, f"gpus_per_{role}") > 0 for role in ROLES)
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers
+
+    min_workers = max_workers
+    elastic = False
+
+
+class ParameterServerTrainer(Trainer):
+    """Runs ``train_fn(config)`` on a parameter-server chief, with workers, parameter servers and
+    an optional evaluator as Ray actors (see the module docstring).
+
+    ``variable_partitioner``: how variables are split across the parameter
+    servers, a ``tf.distribute.experimental.partitioners`` object such as
+    ``MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)``, for
+    embedding tables larger than one server. ``evaluate_fn(checkpoint,
+    config) -> dict``: run by the evaluator on each committed checkpoint
+    (newest first when it falls behind); its metrics join ``result.history``
+    with ``evaluated_checkpoint`` naming the checkpoint.
+    """
+
+    payload_kind = PayloadKind.CHIEF
+
+    def __init__(
+        self,
+        train_fn: Callable[..., Any],
+        *,
+        config: Optional[dict[str, Any]] = None,
+        scaling: Optional[ParameterServerScaling] = None,
+        run: Optional[RunConfig] = None,
+        tensorflow: Optional[TensorflowConfig] = None,
+        datasets: Optional[dict[str, Any]] = None,
+        data_config: Optional[DataConfig] = None,
+        variable_partitioner: Any = None,
+        evaluate_fn: Optional[Callable[[Any, dict], dict]] = None,
+    ):
+        if scaling is not None and not isinstance(scaling, ParameterServerScaling):
+            raise ConfigError(f"ParameterServerTrainer(scaling=...) must be a raytf.ParameterServerScaling, got "
+                              f"{type(scaling).__name__}")
+        super().__init__(train_fn, config=config, run=run, tensorflow=tensorflow, datasets=datasets,
+                         data_config=data_config)
+        self.scaling = scaling or ParameterServerScaling()  # type: ignore[assignment]
+        if variable_partitioner is not None and not callable(variable_partitioner):
+            raise ConfigError(
+                "ParameterServerTrainer(variable_partitioner=...) must be a tf.distribute.experimental.partitioners "
+                f"object (or a callable of the same form), got {type(variable_partitioner).__name__}"
+            )
+        if evaluate_fn is not None and not callable(evaluate_fn):
+            raise ConfigError(f"ParameterServerTrainer(evaluate_fn=...) must be callable, got {evaluate_fn!r}")
+        if self.scaling.num_evaluators and evaluate_fn is None:
+            raise ConfigError("ParameterServerScaling(num_evaluators=1) needs ParameterServerTrainer(evaluate_fn=...), "
+                              "the function the evaluator runs on each checkpoint")
+        if evaluate_fn is not None and not self.scaling.num_evaluators:
+            raise ConfigError("ParameterServerTrainer(evaluate_fn=...) is run by the evaluator: set "
+                              "ParameterServerScaling(num_evaluators=1)")
+        if evaluate_fn is not None and self.run.checkpoint_config.num_to_keep == 0:
+            raise ConfigError("the evaluator evaluates committed checkpoints; CheckpointConfig keeps none")
+        self.variable_partitioner = variable_partitioner
+        self.evaluate_fn = evaluate_fn
+
+    def _payload(self) -> bytes:
+        from ray import cloudpickle
+
+        options = {"variable_partitioner": self.variable_partitioner, "evaluate_fn": self.evaluate_fn}
+        try:
+            return cloudpickle.dumps((self.train_fn, self.config, options))
+        except Exception as error:
+            raise ConfigError(
+                f"ParameterServerTrainer: train_fn, config, variable_partitioner and evaluate_fn must be picklable "
+                f"to reach the actors: {error}"
+            ) from error
+
+    def _roles(self) -> list[RoleSpec]:
+        kinds = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
+                 "evaluator": PayloadKind.EVALUATOR}
+        return [RoleSpec(role, self.scaling.count(role), self.scaling.count(role), self.scaling.bundle(role),
+                         kinds[role]) for role in ROLES if self.scaling.count(role)]
+
+    def _preflight(self, display: ProgressDisplay) -> None:
+        if not self.scaling.check_resources or cluster.node_types() is not None:
+            return  # an autoscaler may add the nodes a role needs
+        nodes = cluster.live_node_resources()
+        for role in self._roles():
+            if any(fits(role.bundle, node) for node in nodes):
+                continue
+            short = [r for r, amount in role.bundle.items()
+                     if max((node.get(r, 0.0) for node in nodes), default=0.0) < amount]
+            settings = ", ".join(
+                f"ParameterServerScaling.{ {'CPU': 'cpus_per_', 'GPU': 'gpus_per_'}.get(r, 'resources_per_') }"
+                f"{role.name}={role.bundle[r]:g} but the largest node has "
+                f"{max((node.get(r, 0.0) for node in nodes), default=0.0):g} {r}" for r in short)
+            raise ConfigError(
+                f"no node in the cluster can hold a {role.name} task: {settings}. Lower the {role.name}'s ask "
+                "(a parameter server rarely needs a GPU) or add a node that fits it; on an autoscaling cluster "
+                "whose node types raytf cannot read, pass ParameterServerScaling(check_resources=False)"
+            )
+
+    def _check_storage_is_shared(self, storage: RunStorage) -> None:
+        import pyarrow.fs as pafs
+
+        from raytf._internal.driver.preflight import unseen_storage
+
+        if isinstance(storage.filesystem, pafs.LocalFileSystem):  # the chief writes, the evaluator reads
+            for role in ("chief", "evaluator"):
+                if self.scaling.count(role):
+                    problem = unseen_storage(storage.root, cluster.nodes_seeing(storage.root, self.scaling.bundle(role)))
+                    if problem:
+                        raise ConfigError(problem)
+
+    def _run_spec(self, *args: Any) -> RunSpec:
+        # A server runs the chief's functions and their input pipelines on its inter-op threads, and one
+        # function waits on another's result: with a single inter-op thread (raytf's default for one CPU)
+        # the first step deadlocks. TensorFlow's own default sizes the pool unless the user set it.
+        return dataclasses.replace(super()._run_spec(*args), inter_op_threads=self.tensorflow.inter_op_threads or 0)
+
+    def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
+        from raytf._internal.driver.ps_group import ParameterServerGroup
+
+        failures = self.run.failure_config
+        return ParameterServerGroup(
+            run, self._roles(), placement_strategy=self.scaling.placement,
+            placement_timeout_s=self.scaling.placement_timeout_s, datasets=self.datasets,
+            split=run.split, worker_timeout_s=failures.worker_timeout_s,
+            start_timeout_s=failures.start_timeout_s, notify=display.message,
+        )
+
+    def _group_text(self) -> str:
+        return ", ".join(f"{role.max_count} {role.name} x {role.bundle}" for role in self._roles()) + (
+            f" ({self.scaling.placement})")
