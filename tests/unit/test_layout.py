@@ -12,6 +12,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "raytf"
 RAY_MODULES = {
     "trainer.py",  # connects to Ray, and takes ray.data Datasets
     "launch.py",  # pickles the command for the workers
+    "parameter_server.py",  # pickles train_fn, evaluate_fn and the partitioner for the actors
     "_internal/driver/cluster.py",
     "_internal/driver/placement.py",
     "_internal/driver/worker_group.py",
