@@ -297,3 +297,45 @@ def test_the_guard_stops_the_run_and_the_group_is_shut_down():
     with pytest.raises(RunInUseError):
         controller.run()
     assert group.started == [0] and not group.live
+
+
+class ReplacingGroup(FakeGroup):
+    """A parameter-server group: rank 1's losses are replaced in place."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.replaced = []
+
+    def can_replace(self, f):
+        return f.rank == 1
+
+    def replace(self, f):
+        self.replaced.append(f)
+
+
+def test_a_replaceable_loss_is_replaced_in_place_without_ending_the_attempt():
+    group = ReplacingGroup({0: [GroupStatus(failures=(failure(rank=1),)), GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1))
+    assert isinstance(controller.run(), Finished)
+    assert group.started == [0] and [f.rank for f in group.replaced] == [1]
+    assert controller._policy.counted == 1  # it still counts against max_failures
+
+
+def test_replacements_stop_when_max_failures_is_spent_and_other_losses_restart():
+    group = ReplacingGroup({0: [GroupStatus(failures=(failure(rank=1),))]})
+    controller, _ = run(group, FailureConfig(max_failures=0))
+    with pytest.raises(TrainingFailedError):
+        controller.run()
+    assert group.replaced == [] and not group.live
+    group = ReplacingGroup({0: [GroupStatus(failures=(failure(rank=2),))], 1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1))
+    assert isinstance(controller.run(), Finished)
+    assert group.started == [0, 1] and group.replaced == []  # rank 2 (a ps) restarts the group
+
+
+def test_a_preempted_worker_is_replaced_without_counting():
+    group = ReplacingGroup({0: [GroupStatus(failures=(failure(rank=1, kind="preempted"),)),
+                                GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=0))
+    assert isinstance(controller.run(), Finished)
+    assert len(group.replaced) == 1 and controller._policy.counted == 0
