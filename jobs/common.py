@@ -45,6 +45,22 @@ def scaling(args: argparse.Namespace) -> raytf.ScalingConfig:
     )
 
 
+def parameter_server_flags(p: argparse.ArgumentParser, *, num_ps: int = 1) -> None:
+    """The flags of the parameter-server jobs (--num-workers is the workers')."""
+    p.add_argument("--num-ps", type=int, default=num_ps, help="parameter servers (Ray actors)")
+    # The chief, the ps and the evaluator mostly wait: a quarter CPU each fits the group on two cores.
+    p.add_argument("--cpus-per-ps", type=float, default=0.25)
+    p.add_argument("--cpus-per-chief", type=float, default=0.25)
+
+
+def parameter_server_scaling(args: argparse.Namespace, evaluators: int = 0) -> raytf.ParameterServerScaling:
+    return raytf.ParameterServerScaling(
+        num_workers=args.num_workers, num_ps=args.num_ps, num_evaluators=evaluators,
+        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+        cpus_per_ps=args.cpus_per_ps, cpus_per_chief=args.cpus_per_chief, cpus_per_evaluator=0.25,
+    )
+
+
 def run_config(args: argparse.Namespace, **kwargs: Any) -> raytf.RunConfig:
     return raytf.RunConfig(name=args.name, storage_path=args.storage_path,
                            failure_config=raytf.FailureConfig(max_failures=args.max_failures), **kwargs)

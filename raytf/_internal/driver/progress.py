@@ -132,6 +132,11 @@ class ProgressDisplay:
         self._drawn, self._drawn_at = True, self._clock()
 
     def report(self, report: Report) -> None:
+        evaluated = report.metrics.get("evaluated_checkpoint")
+        if evaluated is not None:  # a parameter-server evaluator's: it does not replace training's metrics
+            shown = {k: v for k, v in report.metrics.items() if k not in ("evaluated_checkpoint", "epoch", "step")}
+            self._write(f"evaluator on {evaluated}: {format_metrics(shown)}")
+            return
         self._metrics = {k: v for k, v in report.metrics.items() if k not in ("epoch", "step")}
         self._write(f"attempt {report.attempt} report {report.seq}: {format_metrics(report.metrics)}")
 
