@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="tf_keras: TF_USE_LEGACY_KERAS=1 (for scripts written for Keras 2's model.fit)")
     launch.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the script (repeatable)")
+    launch.add_argument("--ps", type=int, default=None, metavar="N",
+                        help="parameter servers: run the script as a parameter-server cluster (chief, workers, ps)")
+    launch.add_argument("--chief", action="store_true", help="a chief task (implied by --ps)")
+    launch.add_argument("--evaluator", action="store_true", help="an evaluator task beside the cluster (with --ps)")
+    launch.add_argument("--cpus-per-ps", type=float, default=1)
     launch.add_argument("script", nargs=argparse.REMAINDER, help="after --: the script and its arguments")
     runs = commands.add_parser("runs", help="the runs in a storage path: attempts, latest checkpoint, last metrics")
     runs.add_argument("--storage-path", default=None)
@@ -56,11 +61,22 @@ def _launch(args: argparse.Namespace) -> int:
         if not sep:
             raise raytf.ConfigError(f"raytf launch --env {item!r}: write NAME=VALUE")
         env[name] = value
+    if args.ps is None and (args.chief or args.evaluator):
+        raise raytf.ConfigError("raytf launch: --chief and --evaluator are parameter-server tasks; add --ps N "
+                                "(the number of parameter servers)")
+    if args.ps is not None:
+        scaling = raytf.ParameterServerScaling(
+            num_workers=args.num_workers, num_ps=args.ps, num_evaluators=int(args.evaluator),
+            cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+            cpus_per_ps=args.cpus_per_ps, cpus_per_chief=args.cpus_per_ps, cpus_per_evaluator=args.cpus_per_ps,
+            placement=args.placement)
+    else:
+        scaling = raytf.ScalingConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
+                                      gpus_per_worker=args.gpus_per_worker, placement=args.placement)
     try:
         raytf.launch(
             command,
-            scaling=raytf.ScalingConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
-                                        gpus_per_worker=args.gpus_per_worker, placement=args.placement),
+            scaling=scaling,
             run=raytf.RunConfig(name=args.name, storage_path=args.storage_path,
                                 failure_config=raytf.FailureConfig(max_failures=args.max_failures)),
             tensorflow=raytf.TensorflowConfig(keras=args.keras, worker_env=env),

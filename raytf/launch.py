@@ -13,19 +13,26 @@ exit status.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 from raytf._internal.protocol import PayloadKind
 from raytf.config import RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import ConfigError
+from raytf.parameter_server import ParameterServerScaling, ParameterServerTrainer
 from raytf.result import Result
 from raytf.trainer import Trainer
 
-__all__ = ["Launcher", "launch"]
+__all__ = ["Launcher", "ParameterServerLauncher", "launch"]
 
 
 def _no_train_fn() -> None:
     raise AssertionError("a launched run has no train_fn")
+
+
+def _check_command(command: Sequence[str]) -> None:
+    if isinstance(command, str) or not command or not all(isinstance(w, str) and w for w in command):
+        raise ConfigError(f"raytf launch: the command must be a non-empty list of words (after --), got {command!r}")
 
 
 class Launcher(Trainer):
@@ -35,10 +42,7 @@ class Launcher(Trainer):
 
     def __init__(self, command: Sequence[str], *, scaling: Optional[ScalingConfig] = None,
                  run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):
-        if isinstance(command, str) or not command or not all(isinstance(w, str) and w for w in command):
-            raise ConfigError(
-                f"raytf launch: the command must be a non-empty list of words (after --), got {command!r}"
-            )
+        _check_command(command)
         super().__init__(_no_train_fn, scaling=scaling, run=run, tensorflow=tensorflow)
         self.command = list(command)
 
@@ -48,8 +52,36 @@ class Launcher(Trainer):
         return cloudpickle.dumps(self.command)
 
 
-def launch(command: Sequence[str], *, scaling: Optional[ScalingConfig] = None, run: Optional[RunConfig] = None,
-           tensorflow: Optional[TensorflowConfig] = None) -> Result:
-    """Run ``command`` on ``scaling.num_workers`` actors, each with its TF_CONFIG; raise
+class ParameterServerLauncher(ParameterServerTrainer):
+    """Every task of a parameter-server cluster (chief, workers, ps, evaluator) runs ``command``,
+    as TFJob's replica specs do: the script reads its role from TF_CONFIG. A lost worker is
+    replaced in place at its old address (the script's coordinator reconnects to it); the run
+    ends when the chief's script does, and the evaluator's is stopped then."""
+
+    role_payloads = {role: PayloadKind.SUBPROCESS for role in ("chief", "worker", "ps", "evaluator")}
+    finishing_roles = ("chief",)
+
+    def __init__(self, command: Sequence[str], *, scaling: Optional[ParameterServerScaling] = None,
+                 run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):
+        _check_command(command)
+        scaling = scaling or ParameterServerScaling()
+        # The script evaluates in its evaluator task: there is no evaluate_fn to ask for.
+        super().__init__(_no_train_fn, scaling=dataclasses.replace(scaling, num_evaluators=0), run=run,
+                         tensorflow=tensorflow)
+        self.scaling = scaling
+        self.command = list(command)
+
+    def _payload(self) -> bytes:
+        from ray import cloudpickle
+
+        return cloudpickle.dumps(self.command)
+
+
+def launch(command: Sequence[str], *, scaling: Optional[ScalingConfig | ParameterServerScaling] = None,
+           run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None) -> Result:
+    """Run ``command`` on ``scaling.num_workers`` actors, each with its TF_CONFIG (with a
+    :class:`ParameterServerScaling`, on every task of a parameter-server cluster); raise
     TrainingFailedError (its failure's ``exit_code`` the script's status) when it fails."""
+    if isinstance(scaling, ParameterServerScaling):
+        return ParameterServerLauncher(command, scaling=scaling, run=run, tensorflow=tensorflow).fit()
     return Launcher(command, scaling=scaling, run=run, tensorflow=tensorflow).fit()

@@ -137,6 +137,9 @@ class ParameterServerTrainer(Trainer):
     """
 
     payload_kind = PayloadKind.CHIEF
+    role_payloads = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
+                     "evaluator": PayloadKind.EVALUATOR}
+    finishing_roles = ("chief", "evaluator")  # whose end ends the run
 
     def __init__(
         self,
@@ -188,10 +191,8 @@ class ParameterServerTrainer(Trainer):
             ) from error
 
     def _roles(self) -> list[RoleSpec]:
-        kinds = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
-                 "evaluator": PayloadKind.EVALUATOR}
         return [RoleSpec(role, self.scaling.count(role), self.scaling.count(role), self.scaling.bundle(role),
-                         kinds[role]) for role in ROLES if self.scaling.count(role)]
+                         self.role_payloads[role]) for role in ROLES if self.scaling.count(role)]
 
     def _preflight(self, display: ProgressDisplay) -> None:
         if not self.scaling.check_resources or cluster.node_types() is not None:
@@ -250,7 +251,7 @@ class ParameterServerTrainer(Trainer):
             run, self._roles(), placement_strategy=self.scaling.placement,
             placement_timeout_s=self.scaling.placement_timeout_s, datasets=self.datasets,
             split=run.split, worker_timeout_s=failures.worker_timeout_s,
-            start_timeout_s=failures.start_timeout_s, notify=display.message,
+            start_timeout_s=failures.start_timeout_s, notify=display.message, finishers=self.finishing_roles,
         )
 
     def _group_text(self) -> str:

@@ -108,3 +108,27 @@ def test_stopping_raytf_launch_stops_every_rank(cluster, tmp_path, no_leaks):
         return False
 
     wait_for(lambda: all(gone(int(p.read_text())) for p in pids), 60, "every rank's script to end")
+
+
+PS_TUTORIAL = os.path.join(REPO, "tests", "scripts", "tf_ps_tutorial.py")
+
+
+def test_the_parameter_server_tutorial_runs_as_chief_workers_ps_and_evaluator(cluster, tmp_path, no_leaks):
+    out = tmp_path / "out"
+    out.mkdir()
+    done = raytf(cluster, "launch", "--num-workers", "2", "--cpus-per-worker", "0.5", "--ps", "1", "--chief",
+                 "--evaluator", "--cpus-per-ps", "0.5", "--storage-path", str(tmp_path / "runs"), "--name", "ps",
+                 "--", sys.executable, PS_TUTORIAL, "--out", str(out), "--steps", "200")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    chief = json.loads((out / "chief.json").read_text())
+    assert chief["steps"] == chief["scheduled"] == 200  # every scheduled step ran once, on the workers
+    assert chief["last_loss"] < chief["first_loss"]
+    cluster_spec = chief["tf_config"]["cluster"]
+    assert {k: len(v) for k, v in cluster_spec.items()} == {"chief": 1, "worker": 2, "ps": 1}
+    assert chief["tf_config"]["task"] == {"type": "chief", "index": 0}
+    assert json.loads((out / "evaluator.json").read_text())["evaluated"]  # the evaluator task ran the script too
+
+
+def test_chief_or_evaluator_without_ps_is_a_clear_error(cluster):
+    done = raytf(cluster, "launch", "--num-workers", "2", "--evaluator", "--", "python", "x.py")
+    assert done.returncode == 2 and "add --ps N" in done.stderr, done.stderr

@@ -35,7 +35,7 @@ from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.driver.worker_group import _RemoteWorker, _first_line
 from raytf._internal.protocol import (
-    GroupStatus, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
+    GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
 )
 from raytf.errors import FailureKind, PlacementTimeoutError, WorkerFailure, WorkerStartError
 
@@ -79,8 +79,10 @@ class ParameterServerGroup:
         worker_timeout_s: float = 30.0,
         start_timeout_s: float = 120.0,
         notify: Callable[[str], None] = lambda message: None,
+        finishers: Sequence[str] = FINISHERS,
     ):
         self._run = run
+        self._finishers = tuple(finishers)
         self._run_ref: Any = None
         self._roles = list(roles)
         self._strategy = placement_strategy
@@ -174,7 +176,7 @@ class ParameterServerGroup:
         self._watch = GroupWatch(
             {i: m.address.node_ip for i, m in enumerate(members)}, start_timeout_s=self._start_timeout_s,
             worker_timeout_s=self._worker_timeout_s, hang_timeout_s=None,  # no collectives to hang in
-            finishers=[i for i, m in enumerate(members) if m.role.name in FINISHERS],
+            finishers=[i for i, m in enumerate(members) if m.role.name in self._finishers],
             labels={i: m.label for i, m in enumerate(members)},
         )
 
@@ -242,7 +244,7 @@ class ParameterServerGroup:
         if self._evaluator_told or self._watch.phases.get(0) != Phase.FINISHED:
             return
         for member in self._members:
-            if member.role.name == "evaluator":
+            if member.role.name == "evaluator" and member.role.payload == PayloadKind.EVALUATOR:
                 member.actor.finish.remote()
         self._evaluator_told = True
 
@@ -316,6 +318,7 @@ class ParameterServerGroup:
         self._get([member.actor.start.remote(self._run_ref, self._spec(member), member.role.payload)],
                   "start a replacement")
         self._watch.replaced(index, address.node_ip)
+        member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
         if member.role.name == "evaluator" and self._evaluator_told:
             member.actor.finish.remote()
         self._notify(f"{member.label} lost ({failure.kind.value}); replaced at {address.host_port}, "

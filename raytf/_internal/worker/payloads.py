@@ -127,6 +127,8 @@ class SubprocessPayload:
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         command = cloudpickle.loads(run.payload)
         env = {**os.environ, **_tensorflow.worker_environment(run, spec), **script_environment(run, spec)}
+        if spec.task:  # a parameter-server task: a call to a lost peer fails at once, as TensorFlow's guide sets
+            env.setdefault("GRPC_FAIL_FAST", "use_caller")
         host.set_phase(Phase.READY)
         host.wait_for_go()  # every rank starts together: the last holds its port the shortest
         host.set_phase(Phase.CONNECTING)
