@@ -60,7 +60,7 @@ class ShardFileWriter:
     def __init__(self, directory: str):
         self._directory = directory
         shutil.rmtree(directory, ignore_errors=True)  # what a dead predecessor left half written
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)  # the user's data: readable by its owner only
 
     def write(self, datasets: Mapping[str, Any]) -> ShardFiles:
         """Read each dataset's iterator to the end and write every column to files."""

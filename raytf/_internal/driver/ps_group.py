@@ -259,9 +259,12 @@ class ParameterServerGroup:
 
     def connect(self) -> None:
         """Every server is up: hand the chief every worker's shard manifest and let it connect."""
-        self._watch.released = True
         workers = [m for m in self._members if m.role.name == "worker"]
-        manifests = ray.get([m.actor.shard_files.remote() for m in workers], timeout=self._start_timeout_s)
+        try:
+            manifests = ray.get([m.actor.shard_files.remote() for m in workers], timeout=self._start_timeout_s)
+        except (RayActorError, GetTimeoutError):
+            return  # a worker was lost just now: the next polls name it, and the group is ready again once replaced
+        self._watch.released = True
         for member in self._members:
             member.actor.connect.remote(manifests if member.role.name == "chief" else None)
 

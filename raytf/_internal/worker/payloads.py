@@ -9,6 +9,7 @@ forward through the :class:`Host` it is given. Today's payload runs
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -216,10 +217,16 @@ class ChiefPayload:
         _tensorflow.call_train_fn(train_fn, config)
 
     def retarget(self, task_type: str, task_index: int, host_port: str) -> None:
+        """A replaced task listens at ``host_port``: tell the coordinator, or, before the strategy
+        exists, the TF_CONFIG it will be built from."""
         from raytf._internal.worker import ps as _ps
 
         if self._coordinator is not None:
             _ps.retarget(self._coordinator, task_type, task_index, host_port)
+            return
+        tf_config = json.loads(os.environ["TF_CONFIG"])
+        tf_config["cluster"][task_type][task_index] = host_port
+        os.environ["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
 
 
 class PsData:
