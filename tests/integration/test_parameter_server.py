@@ -117,6 +117,25 @@ def test_a_lost_worker_is_replaced_in_place_and_the_run_goes_on(cluster, tmp_pat
     assert "raytf:ps-kill-worker:0:worker-1:1" in names
 
 
+def test_a_preempted_worker_is_replaced_without_counting_a_failure(cluster, tmp_path, no_leaks):
+    """SIGTERM to a worker (what a spot node's shutdown sends): replaced in place, as a preemption,
+    so even max_failures=0 does not end the run."""
+    import threading
+
+    config = {"epochs": 4, "steps": 400, "mark_epoch": 1}
+    trainer = ps_trainer(tmp_path, "ps-preempt", config, failures=raytf.FailureConfig(max_failures=0))
+
+    def preempt_worker_0():
+        wait_for((tmp_path / "out" / "mark.json").exists, timeout_s=180, message="epoch 1 to be scheduled")
+        os.kill(actor_pid("ps-preempt", "worker-0"), signal.SIGTERM)
+
+    threading.Thread(target=preempt_worker_0, daemon=True).start()
+    result = trainer.fit()
+    assert result.attempts == 1
+    assert [(f.task, f.kind) for f in result.failures] == [("worker 0", raytf.FailureKind.PREEMPTED)]
+    assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
+
+
 def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path, no_leaks):
     config = {"epochs": 4, "steps": 200, "mark_epoch": 1}
     # One more failure than the ps loss: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
