@@ -335,6 +335,13 @@ class TensorflowConfig:
     notices and the like), ``"info"`` shows everything. CPU workers never show
     the CUDA stubs' lines saying there is no GPU. The user's own output and
     Python warnings always come through, prefixed with the worker's rank.
+
+    ``bytes_per_pack`` is TensorFlow's all-reduce fusion
+    (``CommunicationOptions(bytes_per_pack=...)``): the gradients of one step
+    are packed into all-reduces of about this many bytes, fewer and larger
+    collectives where a model has many small variables. 0 (default) lets
+    TensorFlow choose (one all-reduce per variable on the ring). The update
+    is the same either way; only the number of collectives changes.
     """
 
     communication: str = "auto"
@@ -346,8 +353,10 @@ class TensorflowConfig:
     keras: str = "auto"
     mixed_precision: Optional[str] = None
     log_level: str = "error"
+    bytes_per_pack: int = 0
 
     def __post_init__(self) -> None:
+        check_int("TensorflowConfig.bytes_per_pack", self.bytes_per_pack, minimum=0)
         level = check_choice("TensorflowConfig.log_level", self.log_level, LOG_LEVELS, upper=False)
         object.__setattr__(self, "log_level", level)
         comm = check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)

@@ -867,3 +867,39 @@ def ps_keras_fit(config: dict) -> None:
         "eval_loss": float(model.evaluate(held_out_x, held_out_y, verbose=0)) if config.get("evaluate") else None,
         "iterations": int(model.optimizer.iterations.numpy()),
     })
+
+
+def fused_update(config: dict) -> None:
+    """Three SGD steps of a seeded MLP with many small variables on fixed per-rank data; rank 0
+    saves the weights and the all-reduce options the strategy was built with."""
+    import numpy as np
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    x, y = make_data(64, seed=10 + ctx.world_rank)
+    with strategy.scope():
+        init = tf.keras.initializers.GlorotUniform(seed=0)
+        model = tf.keras.Sequential([tf.keras.Input((32,))] + [
+            tf.keras.layers.Dense(16, activation="relu", kernel_initializer=init) for _ in range(6)
+        ] + [tf.keras.layers.Dense(4, kernel_initializer=init)])
+        optimizer = tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=64 * ctx.world_size)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        strategy.run(replica, args=(x, y))
+
+    initial = model.trainable_variables[0].numpy().copy()
+    for _ in range(3):
+        step(tf.constant(x), tf.constant(y))
+    if ctx.world_rank == 0:
+        options = strategy.extended._communication_options
+        np.savez(os.path.join(config["out_dir"], f"{config['name']}.npz"),
+                 *[v.numpy() for v in model.trainable_variables], initial=initial)
+        _write(config["out_dir"], f"{config['name']}.json", {"bytes_per_pack": options.bytes_per_pack})

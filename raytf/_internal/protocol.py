@@ -257,6 +257,7 @@ class RunSpec:
     lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
     save_every: Optional[SaveEvery] = None
     split: tuple[str, ...] = ()  # the datasets split across the workers
+    bytes_per_pack: int = 0  # TensorflowConfig.bytes_per_pack: all-reduce fusion
 
 
 @dataclass(frozen=True)

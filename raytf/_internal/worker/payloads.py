@@ -75,7 +75,7 @@ class TrainFnPayload:
         host.wait_for_go()
         host.set_phase(Phase.CONNECTING)
         host.release_port()
-        strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s)
+        strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s, run.bytes_per_pack)
         _strategy.install(strategy)
         if run.keras != "tf_keras":  # tf.keras is Keras 3: its model.fit fails under the strategy alone
             from raytf.keras._keras3 import install

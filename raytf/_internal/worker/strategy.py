@@ -89,7 +89,7 @@ def _note_ignored_arguments(args: tuple, kwargs: dict) -> None:
         )
 
 
-def make_strategy(communication: str, collective_timeout_s: Optional[float]) -> Any:
+def make_strategy(communication: str, collective_timeout_s: Optional[float], bytes_per_pack: int = 0) -> Any:
     """This worker's MultiWorkerMirroredStrategy from TF_CONFIG; blocks until every peer has joined."""
     import tensorflow as tf
 
@@ -99,7 +99,7 @@ def make_strategy(communication: str, collective_timeout_s: Optional[float]) -> 
         "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
     }[communication]
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=collective_timeout_s
+        implementation=implementation, timeout_seconds=collective_timeout_s, bytes_per_pack=bytes_per_pack
     )
     return _class()(
         cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
