@@ -198,18 +198,6 @@ class ParameterServerTrainer(Trainer):
         if not self.scaling.check_resources or cluster.node_types() is not None:
             return  # an autoscaler may add the nodes a role needs
         nodes = cluster.live_node_resources()
-        roles = self._roles()
-        wanted = {r: sum(role.bundle.get(r, 0.0) * role.max_count for role in roles) for r in ("CPU", "GPU")}
-        for resource, amount in wanted.items():
-            total = sum(node.get(resource, 0.0) for node in nodes)
-            if amount > total:
-                asks = ", ".join(f"{role.max_count} {role.name} x {role.bundle.get(resource, 0.0):g}" for role in roles
-                                 if role.bundle.get(resource))
-                raise ConfigError(
-                    f"the parameter-server group needs {amount:g} {resource} in all ({asks}) and the cluster has "
-                    f"{total:g}: lower ParameterServerScaling's {resource.lower()}s_per_* (the chief, ps and "
-                    "evaluator mostly wait; a fraction of a CPU each is enough) or add nodes"
-                )
         for role in self._roles():
             if any(fits(role.bundle, node) for node in nodes):
                 continue
@@ -224,6 +212,18 @@ class ParameterServerTrainer(Trainer):
                 "(a parameter server rarely needs a GPU) or add a node that fits it; on an autoscaling cluster "
                 "whose node types raytf cannot read, pass ParameterServerScaling(check_resources=False)"
             )
+        roles = self._roles()
+        wanted = {r: sum(role.bundle.get(r, 0.0) * role.max_count for role in roles) for r in ("CPU", "GPU")}
+        for resource, amount in wanted.items():
+            total = sum(node.get(resource, 0.0) for node in nodes)
+            if amount > total:
+                asks = ", ".join(f"{role.max_count} {role.name} x {role.bundle.get(resource, 0.0):g}" for role in roles
+                                 if role.bundle.get(resource))
+                raise ConfigError(
+                    f"the parameter-server group needs {amount:g} {resource} in all ({asks}) and the cluster has "
+                    f"{total:g}: lower ParameterServerScaling's {resource.lower()}s_per_* (the chief, ps and "
+                    "evaluator mostly wait; a fraction of a CPU each is enough) or add nodes"
+                )
 
     def _check_storage_is_shared(self, storage: RunStorage) -> None:
         import pyarrow.fs as pafs

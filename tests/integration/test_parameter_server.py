@@ -187,11 +187,17 @@ def test_an_evaluator_needs_evaluate_fn_and_the_other_way_round(tmp_path):
         raytf.ParameterServerTrainer(workloads.ps_custom_loop, scaling=raytf.ScalingConfig())
 
 
-def test_a_ps_with_gpus_on_a_cluster_without_any_is_refused_before_anything_starts(cluster, tmp_path, no_leaks):
+@pytest.mark.parametrize("scaling, message", [
+    # More GPUs than any node has (the test cluster's nodes have none, or a few where GPU nodes were added).
+    (dict(gpus_per_ps=64), "gpus_per_ps=64 but the largest node has"),
+    (dict(cpus_per_worker=2), "the parameter-server group needs 5 CPU in all"),
+])
+def test_a_group_the_cluster_cannot_hold_is_refused_before_anything_starts(cluster, tmp_path, no_leaks, scaling,
+                                                                           message):
     trainer = raytf.ParameterServerTrainer(
-        workloads.ps_custom_loop, scaling=raytf.ParameterServerScaling(gpus_per_ps=1, **SMALL),
-        run=raytf.RunConfig(name="ps-gpu", storage_path=str(tmp_path / "runs"), verbose=0),
+        workloads.ps_custom_loop, scaling=raytf.ParameterServerScaling(**{**SMALL, **scaling}),
+        run=raytf.RunConfig(name="ps-too-big", storage_path=str(tmp_path / "runs"), verbose=0),
     )
-    with pytest.raises(raytf.ConfigError, match="gpus_per_ps=1 but the largest node has 0 GPU"):
+    with pytest.raises(raytf.ConfigError, match=message):
         trainer.fit()
-    assert not (tmp_path / "runs" / "ps-gpu" / "checkpoints").exists()
+    assert not (tmp_path / "runs" / "ps-too-big" / "checkpoints").exists()
