@@ -190,7 +190,7 @@ def test_an_evaluator_needs_evaluate_fn_and_the_other_way_round(tmp_path):
 @pytest.mark.parametrize("scaling, message", [
     # More GPUs than any node has (the test cluster's nodes have none, or a few where GPU nodes were added).
     (dict(gpus_per_ps=64), "gpus_per_ps=64 but the largest node has"),
-    (dict(cpus_per_worker=2), "the parameter-server group needs 5 CPU in all"),
+    (dict(num_workers=40, cpus_per_worker=2), "the parameter-server group needs 81 CPU in all"),
 ])
 def test_a_group_the_cluster_cannot_hold_is_refused_before_anything_starts(cluster, tmp_path, no_leaks, scaling,
                                                                            message):
