@@ -45,11 +45,14 @@ def read(tmp_path, name):
 
 
 def actor_pid(run: str, label: str) -> int:
+    """The process of the live actor of task ``label`` ("worker-1") of ``run``, whatever its attempt."""
+    import re
+
     from ray.util.state import list_actors
 
-    name = f"raytf:{run}:0:{label}"
-    found = [a for a in list_actors(filters=[("name", "=", name), ("state", "=", "ALIVE")])]
-    assert found, f"no live actor {name}"
+    pattern = re.compile(rf"raytf:{re.escape(run)}:\d+:{label}$")
+    found = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000) if pattern.match(a.name or "")]
+    assert found, f"no live actor of {label} in {run}"
     return found[0].pid
 
 

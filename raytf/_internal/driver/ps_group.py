@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
@@ -163,14 +163,15 @@ class ParameterServerGroup:
         self._members = members
         for member in members:
             member.actor = self._new_actor(member)
-        addresses = self._get([m.actor.reserve.remote() for m in members], "start")
+        addresses = self._call([m.actor for m in members], "reserve", lambda i: (), "start")
         self._cluster = {}
         for member, address in zip(members, addresses):
             member.address = address
             self._cluster.setdefault(member.role.name, []).append(address.host_port)
         if self._run_ref is None:
             self._run_ref = ray.put(self._run)
-        self._get([m.actor.start.remote(self._run_ref, self._spec(m), m.role.payload) for m in members], "start")
+        self._call([m.actor for m in members], "start",
+                   lambda i: (self._run_ref, self._spec(members[i]), members[i].role.payload), "start")
         logger.info("attempt %d: %s", self._attempt, ", ".join(f"{m.label} {m.address.host_port}" for m in members))
         self._in_flight = {}
         self._watch = GroupWatch(
@@ -190,9 +191,35 @@ class ParameterServerGroup:
                           tf_config=build_tf_config(self._cluster, member.task, member.role.name),
                           attempt=self._attempt, resume=self._resume, datasets=datasets, task=member.label)
 
-    def _get(self, refs: list, what: str) -> list:
+    def _call(self, actors: list, method: str, args_of: Callable[[int], tuple], what: str) -> list:
+        """``actor.method(*args_of(i))`` on every actor, retried where Ray says an actor is only
+        temporarily unavailable (a fresh worker process whose RPC server is not up yet): the
+        methods called this way (reserve, start, retarget) may safely run twice."""
+        deadline = time.monotonic() + self._start_timeout_s
+        results: list = [None] * len(actors)
+        pending = list(range(len(actors)))
+        while pending:
+            refs = {i: getattr(actors[i], method).remote(*args_of(i)) for i in pending}
+            pending = []
+            for i, ref in refs.items():
+                try:
+                    results[i] = self._get([ref], what, deadline)[0]
+                except ActorUnavailableError:
+                    if time.monotonic() > deadline:
+                        raise WorkerStartError(f"a parameter-server actor stayed unavailable: cannot {what}") from None
+                    pending.append(i)
+            if pending:
+                time.sleep(0.5)
+        return results
+
+    def _get(self, refs: list, what: str, deadline: Optional[float] = None) -> list:
+        timeout = self._start_timeout_s if deadline is None else max(0.1, deadline - time.monotonic())
         try:
-            return ray.get(refs, timeout=self._start_timeout_s)
+            return ray.get(refs, timeout=timeout)
+        except ActorUnavailableError:
+            if deadline is not None:
+                raise  # _call retries it
+            raise WorkerStartError(f"a parameter-server actor was unavailable: cannot {what}") from None
         except GetTimeoutError:
             raise WorkerStartError(
                 f"parameter-server actors did not {what} within {self._start_timeout_s:g} s "
@@ -218,6 +245,10 @@ class ParameterServerGroup:
             del self._in_flight[index]
             try:
                 status = ray.get(ref)
+            except ActorUnavailableError:  # not an answer yet: FailureConfig.worker_timeout_s decides
+                self._in_flight[index] = (self._members[index].actor.poll.remote(), sent)
+                watch.silent(index, sent)
+                continue
             except RayActorError as error:
                 watch.died(index, type(error).__name__, _first_line(error))
                 continue
@@ -311,15 +342,15 @@ class ParameterServerGroup:
         old = member.address
         member.generation += 1
         member.actor = self._new_actor(member)
-        address = self._get([member.actor.reserve.remote(old.port if old else 0)], "replace a lost task")[0]
+        address = self._call([member.actor], "reserve", lambda i: (old.port if old else 0,), "replace a lost task")[0]
         member.address = address
         if old is None or address.host_port != old.host_port:
             # The coordinator must dial the new address before the new server answers there.
-            self._get([self._members[0].actor.retarget.remote(member.role.name, member.task, address.host_port)],
-                      "retarget the chief")
+            self._call([self._members[0].actor], "retarget",
+                       lambda i: (member.role.name, member.task, address.host_port), "retarget the chief")
         self._cluster[member.role.name][member.task] = address.host_port
-        self._get([member.actor.start.remote(self._run_ref, self._spec(member), member.role.payload)],
-                  "start a replacement")
+        self._call([member.actor], "start", lambda i: (self._run_ref, self._spec(member), member.role.payload),
+                   "start a replacement")
         self._watch.replaced(index, address.node_ip)
         member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
         if member.role.name == "evaluator" and self._evaluator_told:

@@ -103,7 +103,7 @@ class TrainWorker:
     def start(self, run: RunSpec, spec: WorkerSpec, payload: PayloadKind) -> None:
         """Start the role's payload in a thread and return at once; the driver polls for progress."""
         if self._thread is not None:
-            raise RuntimeError("this worker has already started")
+            return  # the driver's call again, after Ray said this actor was briefly unavailable
         self._rank = spec.rank.world_rank
         self._task = spec.task
         self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
