@@ -15,7 +15,13 @@ class Result:
     directory or URI, ``attempts`` how many times the worker group started,
     ``checkpoint`` the latest committed checkpoint, ``failures`` what ended
     each attempt before the last (a ``WorkerFailure`` each; preemptions have
-    kind ``"preempted"``).
+    kind ``"preempted"``). ``startup``: where each attempt's start-up went, in
+    seconds per phase from ``fit()`` placing the group (``placement``; the
+    actors' processes, ``actors``; loading ``train_fn`` and importing
+    TensorFlow, ``loading``; the strategy's connection, ``connect``; until
+    rank 0's first step, ``first_step``, or its first report, ``first_report``,
+    where the loop tells raytf of no step; and the ``total``), one dict per
+    attempt.
     """
 
     metrics: dict[str, Any]
@@ -24,6 +30,7 @@ class Result:
     attempts: int = 1
     checkpoint: Any = None  # the latest committed raytf.Checkpoint, or None
     failures: list[Any] = field(default_factory=list)
+    startup: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def metrics_dataframe(self) -> Any:

@@ -261,6 +261,14 @@ class Trainer:
             notify=display.message,
         )
 
+    @staticmethod
+    def _on_status(display: ProgressDisplay, startups: list, attempt: int, status: Any) -> None:
+        display.update(attempt, status.progress)
+        if status.startup:
+            startups.append({"attempt": attempt, **status.startup})
+            display.message("start-up: " + ", ".join(f"{name.replace('_', ' ')} {seconds:.1f} s"
+                                                     for name, seconds in status.startup.items()))
+
     def _group_text(self) -> str:
         return f"{self._workers_text()} workers x {self.scaling.bundle()} ({self.scaling.placement})"
 
@@ -292,13 +300,14 @@ class Trainer:
             return resume
 
         policy = FailurePolicy(failures)
+        startups: list[dict[str, float]] = []  # each attempt's start-up, phase by phase
         controller = Controller(
             group, policy, report_handler(checkpoints, history, driver_start, guard=lease.check),
             resume_point=resume_point,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
             guard=lambda: (stop_signals.raise_pending(), lease.ensure_held()),
-            on_status=lambda attempt, status: display.update(attempt, status.progress),
+            on_status=lambda attempt, status: self._on_status(display, startups, attempt, status),
         )
         display.message(
             f"starting {self._group_text()}; results in {storage.uri}"
@@ -320,4 +329,5 @@ class Trainer:
             attempts=finished.attempt + 1,
             checkpoint=checkpoints.newest(),
             failures=list(policy.failures),
+            startup=startups,
         )

@@ -173,6 +173,7 @@ class GroupStatus:
     stopped: bool = False
     progress: Optional[Progress] = None  # rank 0's, as last heard
     ready: bool = False
+    startup: Optional[dict[str, float]] = None  # once per attempt: seconds per start-up phase (watch.py)
 
 
 class PayloadKind(str, enum.Enum):

@@ -41,6 +41,13 @@ def test_two_workers_train_one_model(tmp_path, no_leaks):
     assert result.attempts == 1
     assert json.loads((tmp_path / "results" / "pack" / "history.json").read_text())[-1]["loss"] == losses[-1]
     assert result.path == str(tmp_path / "results" / "pack")
+    # Where the start-up went, phase by phase, the phases adding up to the whole.
+    [startup] = result.startup
+    # small_train's loop reports each epoch and tells raytf of no step: the last phase ends at its report.
+    assert list(startup) == ["attempt", "placement", "actors", "loading", "connect", "first_report", "total"]
+    assert startup["loading"] > 0.5  # importing TensorFlow, at least
+    phases = sum(v for k, v in startup.items() if k not in ("attempt", "total"))
+    assert startup["total"] == pytest.approx(phases, abs=0.06)
 
     ranks = read_ranks(tmp_path, 2)
     workers = ranks[0]["tf_config"]["cluster"]["worker"]

@@ -88,3 +88,28 @@ def test_a_collective_error_points_at_the_rank_that_stopped_taking_part():
     w.heard(0, status(0, Phase.FAILED, failure=timed_out))
     kinds = [(f.rank, f.kind) for f in w.round(None).failures]
     assert kinds == [(0, FailureKind.COLLECTIVE), (1, FailureKind.RETURNED_EARLY)]
+
+
+def test_the_start_up_breakdown_times_each_phase_from_the_slowest_worker():
+    clock = Clock()
+    w = watch(clock)
+    began, placed, actors_up = 0.0, 0.5, 2.0
+    clock.now = 2.0
+    w.heard(0, status(0, Phase.READY))
+    w.heard(1, status(1, Phase.STARTING))
+    clock.now = 5.0
+    w.round(None)
+    assert w.startup(began, placed, actors_up) == {"placement": 0.5, "actors": 1.5, "total": 2.0}
+    w.heard(1, status(1, Phase.READY))  # the slower worker sets when the group has loaded
+    clock.now = 6.0
+    w.round(None)
+    w.heard(0, status(0, Phase.TRAINING))
+    w.heard(1, status(1, Phase.TRAINING))
+    clock.now = 7.5
+    w.round(None)
+    w.heard(0, status(0, Phase.TRAINING, progress=Progress(epoch=0, step=1)))
+    clock.now = 8.0
+    w.round(None)
+    assert w.startup(began, placed, actors_up) == {
+        "placement": 0.5, "actors": 1.5, "loading": 4.0, "connect": 1.5, "first_step": 0.5, "total": 8.0,
+    }

@@ -48,6 +48,8 @@ class GroupWatch:
         self._reports: list[Report] = []
         self._failures: list[WorkerFailure] = []
         self.preempt_reasons: list[str] = []  # workers that asked for a preemption (SIGTERM), this round
+        # When the whole group first got past each start-up phase (the clock's time), for the breakdown.
+        self.reached: dict[str, float] = {}
 
     def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str) -> WorkerFailure:
         return WorkerFailure(rank=rank, kind=kind, error_type=error_type, message=message, traceback="",
@@ -113,6 +115,38 @@ class GroupWatch:
             if STARTING_PHASES.index(phase) == slowest
         ]
 
+    def _note_reached(self, done: bool) -> None:
+        """"loaded": every worker loaded train_fn and imported TensorFlow; "connected": every
+        worker's strategy is connected; "first_step": rank 0 trained a step (as its progress shows),
+        or "first_report", rank 0's first report, where its loop tells raytf of no step."""
+        now, phases = self._clock(), self.phases.values()
+        if done and "loaded" not in self.reached and all(p not in (Phase.CREATED, Phase.STARTING) for p in phases):
+            self.reached["loaded"] = now
+        if done and "connected" not in self.reached and all(p not in STARTING_PHASES for p in phases):
+            self.reached["connected"] = now
+        if "first_step" in self.reached or "first_report" in self.reached or "connected" not in self.reached:
+            return
+        progress = self.progress
+        if progress is not None and ((progress.global_step or 0) >= 1 or (progress.step or 0) >= 1):
+            self.reached["first_step"] = now
+        elif any(r.rank == 0 for r in self._reports):  # a loop that tells raytf of no step: its first report
+            self.reached["first_report"] = now
+
+    def startup(self, began: float, placed: float, actors_up: float) -> dict[str, float]:
+        """Seconds per start-up phase, from the attempt's start, as far as the group has got."""
+        marks = [("placement", placed), ("actors", actors_up), ("loading", self.reached.get("loaded")),
+                 ("connect", self.reached.get("connected"))]
+        first = "first_step" if "first_step" in self.reached else "first_report"
+        marks.append((first, self.reached.get(first)))
+        phases, last = {}, began
+        for name, at in marks:
+            if at is None:
+                break
+            phases[name] = round(max(0.0, at - last), 2)
+            last = at
+        phases["total"] = round(last - began, 2)
+        return phases
+
     def round(self, preempting: Optional[str]) -> GroupStatus:
         """What this round of polls amounts to; starts the next round."""
         failures = self._failures + self._not_joined()
@@ -121,6 +155,7 @@ class GroupWatch:
         done = len(self.phases) == len(self._node_ips)
         ready = not self.released and done and all(p not in (Phase.CREATED, Phase.STARTING)
                                                    for p in self.phases.values())
+        self._note_reached(done)
         ends = [self.phases.get(rank) for rank in self._finishers]
         finished = done and all(p == Phase.FINISHED for p in ends)
         stopped = done and not finished and all(p in (Phase.FINISHED, Phase.PREEMPTED) for p in ends)

@@ -11,6 +11,7 @@ data/split.py; this module does what needs Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -79,6 +80,8 @@ class RayWorkerGroup:
         self._watch: Optional[GroupWatch] = None
         self._preempt_reason: Optional[str] = None
         self._drain_checked_at = 0.0
+        self._began = self._placed = self._actors_up = 0.0  # this attempt's start-up, as it went
+        self._startup_sent = False
         self.num_workers = elastic.max_workers  # this attempt's, once placed
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
@@ -87,8 +90,11 @@ class RayWorkerGroup:
 
     def start(self, attempt: int, resume: ResumePoint) -> None:
         self._preempt_reason = None
+        self._began = time.monotonic()
+        self._startup_sent = False
         try:
             self._place()
+            self._placed = time.monotonic()
             self._start_actors(attempt, resume)
         except BaseException:
             self.shutdown()
@@ -135,6 +141,7 @@ class RayWorkerGroup:
             ) from None
         except RayActorError as error:
             raise WorkerStartError(f"a worker actor died while starting: {error}") from None
+        self._actors_up = time.monotonic()
         trained = [(a, address) for a, address in zip(actors, addresses) if a[0].name == TRAINING_ROLE]
         ranks = assign_ranks([address for _, address in trained])
         by_rank = sorted(zip(ranks, trained), key=lambda pair: pair[0].world_rank)
@@ -188,7 +195,12 @@ class RayWorkerGroup:
             if self._preempt_reason is None:
                 self._request_preemption(reason)
         self._watch_drains(now)
-        return watch.round(self._preempt_reason)
+        status = watch.round(self._preempt_reason)
+        if not self._startup_sent and "connected" in watch.reached and (
+                "first_step" in watch.reached or "first_report" in watch.reached or status.finished):
+            self._startup_sent = True
+            status = dataclasses.replace(status, startup=watch.startup(self._began, self._placed, self._actors_up))
+        return status
 
     def connect(self) -> None:
         """Release the start barrier: every worker is ready, so all build the strategy together."""
