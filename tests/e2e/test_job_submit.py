@@ -188,3 +188,20 @@ def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
     status, logs = wait_for_job(head, job_id)
     assert status == "succeeded", logs[-3000:]
     assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
+
+
+@pytest.mark.parametrize("script", ["train_ps_custom_loop.py", "train_ps_keras.py"])
+def test_submitted_parameter_server_jobs_train(head, tmp_path, script):
+    logs, printed = submit(
+        head, tmp_path, script, "--epochs", "2", "--rows", "4096", "--steps-per-epoch", "40", "--name", "ps",
+        "--storage-path", str(tmp_path / "results"),
+    )
+    metrics = printed["final_metrics"]
+    assert metrics["epoch"] == 1 and metrics["loss"] > 0
+    history = json.loads((tmp_path / "results" / "ps" / "history.json").read_text())
+    assert [h["epoch"] for h in history if "evaluated_checkpoint" not in h] == [0, 1]
+    if script == "train_ps_custom_loop.py":  # its evaluator scored the last checkpoint
+        assert history[-1]["evaluated_checkpoint"] == [h for h in history if "checkpoint" in h][-1]["checkpoint"]
+    else:  # the kernel split across the two parameter servers
+        assert "the first kernel lives in 2 parts across the ps" in logs
+    assert "1 chief x" in logs and "ps x" in logs
