@@ -202,3 +202,21 @@ def test_a_worker_refuses_local_storage_its_node_cannot_see(tmp_path):
     with pytest.raises(ConfigError, match="local path that this worker's node .10.0.0.7. cannot see"):
         check_storage_visible(elsewhere, "10.0.0.7")
     lease.release()
+
+
+def test_a_parameter_server_template_is_found_as_it_is_but_not_once_transformed():
+    """tfdata_ps: the coordinator rebuilds a template (or tf.distribute's wrapper of one) per worker,
+    and names a transformed template as an error instead of running it on the chief."""
+    import tensorflow as tf
+
+    from raytf._internal.data.tfdata_ps import TEMPLATE_MARK, derived_from_template, template_of
+
+    template = tf.data.Dataset.range(4)
+    setattr(template, TEMPLATE_MARK, "recipe")
+
+    class Wrapped:  # what strategy.experimental_distribute_dataset returns, as far as this goes
+        _original_dataset = template
+
+    assert template_of(template) == "recipe" and template_of(Wrapped()) == "recipe"
+    assert template_of(template.batch(2)) is None and derived_from_template(template.batch(2).repeat())
+    assert not derived_from_template(tf.data.Dataset.range(4).batch(2))

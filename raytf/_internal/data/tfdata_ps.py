@@ -168,18 +168,7 @@ def template_of(dataset: Any) -> Optional[PsShard]:
 def derived_from_template(dataset: Any) -> bool:
     """Whether ``dataset`` was made from a template by a transformation (which the workers
     cannot rebuild from the template's recipe)."""
-    stack, seen = [getattr(dataset, "_original_dataset", dataset)], set()
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if getattr(current, TEMPLATE_MARK, None) is not None:
-            return True
-        inputs = getattr(current, "_inputs", None)
-        if callable(inputs):
-            try:
-                stack.extend(inputs())
-            except Exception:  # noqa: BLE001 - a dataset kind without inputs
-                pass
-    return False
+    from raytf._internal.worker.strategy import lineage
+
+    original = getattr(dataset, "_original_dataset", dataset)
+    return any(getattr(d, TEMPLATE_MARK, None) is not None for d in lineage(original))

@@ -19,7 +19,7 @@ is, each worker's batches as its replica's batches.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -34,23 +34,26 @@ def mark_shard(dataset: Any) -> Any:
     return dataset
 
 
-def is_shard(dataset: Any) -> bool:
-    """Whether ``dataset`` is a raytf shard or built from one (``.repeat()``, ``.map()``, ...)."""
+def lineage(dataset: Any) -> Iterator[Any]:
+    """``dataset`` and every dataset it was made from (``.repeat()``, ``.map()``, ...), each once."""
     stack, seen = [dataset], set()
     while stack:
         current = stack.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if getattr(current, _SHARD_MARK, False):
-            return True
+        yield current
         inputs = getattr(current, "_inputs", None)
         if callable(inputs):
             try:
                 stack.extend(inputs())
             except Exception:  # noqa: BLE001 - a dataset kind without inputs
                 pass
-    return False
+
+
+def is_shard(dataset: Any) -> bool:
+    """Whether ``dataset`` is a raytf shard or built from one (``.repeat()``, ``.map()``, ...)."""
+    return any(getattr(d, _SHARD_MARK, False) for d in lineage(dataset))
 
 
 def _class() -> Any:
