@@ -96,14 +96,9 @@ def install(strategy: Any) -> None:
     global _installed
     from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
 
-    base = pss.ParameterServerStrategyV2
-    if _installed is None:
-        def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-            if _installed is not None and cls is not _make_classes()[0]:
-                return _installed
-            return object.__new__(cls)
+    from raytf._internal.worker.strategy import return_installed
 
-        base.__new__ = staticmethod(__new__)
+    return_installed(pss.ParameterServerStrategyV2, lambda: _make_classes()[0], lambda: _installed)
     _installed = strategy
 
 

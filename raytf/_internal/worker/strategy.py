@@ -19,7 +19,7 @@ is, each worker's batches as its replica's batches.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -110,20 +110,29 @@ def make_strategy(communication: str, collective_timeout_s: Optional[float], byt
     )
 
 
+def return_installed(base: type, own_class: Callable[[], type], installed: Callable[[], Any]) -> None:
+    """Make ``base(...)`` return ``installed()`` while it is set: how a ``train_fn``'s own strategy
+    becomes raytf's, connected one. ``own_class()`` (raytf's subclass) still constructs normally;
+    its ``__init__`` is a no-op on a connected strategy."""
+    if base.__dict__.get("_raytf_returns_installed"):
+        return
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        current = installed()
+        if current is not None and cls is not own_class():
+            return current
+        return object.__new__(cls)
+
+    base.__new__ = staticmethod(__new__)
+    base._raytf_returns_installed = True
+
+
 def install(strategy: Any) -> None:
     """From now on, constructing any MultiWorkerMirroredStrategy in this process returns ``strategy``."""
     global _installed
     from tensorflow.python.distribute import collective_all_reduce_strategy as collective
 
-    base = collective.CollectiveAllReduceStrategy
-    if _installed is None:
-
-        def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-            if _installed is not None and cls is not _class():
-                return _installed  # its __init__ (raytf's class) is a no-op on a connected strategy
-            return object.__new__(cls)
-
-        base.__new__ = staticmethod(__new__)
+    return_installed(collective.CollectiveAllReduceStrategy, _class, lambda: _installed)
     _installed = strategy
 
 
