@@ -32,6 +32,7 @@ from raytf.parameter_server import ParameterServerScaling, ParameterServerTraine
 from raytf.result import Result
 from raytf.session import (
     TrainContext,
+    all_reduce_gradients,
     coordinator,
     get_checkpoint,
     get_context,
@@ -67,6 +68,7 @@ __all__ = [
     "TrainingFailedError",
     "WorkerFailure",
     "WorkerStartError",
+    "all_reduce_gradients",
     "coordinator",
     "get_checkpoint",
     "get_context",

@@ -29,6 +29,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 KERAS_VERSIONS = ("auto", "keras3", "tf_keras")
 MIXED_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
+GRADIENT_COMPRESSIONS = ("bfloat16", "float16")  # raytf/_internal/worker/compression.py DTYPES
 LOG_LEVELS = ("info", "warning", "error", "fatal")  # TensorFlow's C++ log levels
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_WORKERS = 100_000  # far past any Ray cluster; a typo of 10**12 fails here, not in Ray
@@ -337,11 +338,26 @@ class TensorflowConfig:
     Python warnings always come through, prefixed with the worker's rank.
 
     ``bytes_per_pack`` is TensorFlow's all-reduce fusion
-    (``CommunicationOptions(bytes_per_pack=...)``): the gradients of one step
-    are packed into all-reduces of about this many bytes, fewer and larger
-    collectives where a model has many small variables. 0 (default) lets
-    TensorFlow choose (one all-reduce per variable on the ring). The update
-    is the same either way; only the number of collectives changes.
+    (``CommunicationOptions(bytes_per_pack=...)``). 0 (default, TensorFlow's
+    own) concatenates every gradient of a step into one all-reduce, which can
+    start only when the whole backward pass is done; N > 0 packs them into
+    all-reduces of about N bytes, each starting as soon as its gradients exist,
+    overlapping communication with the rest of the backward pass; 1 is one
+    all-reduce per variable. The update is the same either way; only the number
+    and timing of the collectives change.
+
+    ``gradient_compression`` (``"bfloat16"`` or ``"float16"``) all-reduces the
+    gradients in 16 bits: half the bytes on the network, while the weights,
+    the optimizer's state and the update stay float32. It applies wherever a
+    Keras optimizer sums gradients across workers (``raytf.keras.fit``, tf-keras
+    ``model.fit``, ``optimizer.apply_gradients`` in a custom loop) and in
+    ``raytf.all_reduce_gradients``; metrics and losses are reduced in full
+    precision. bfloat16 keeps float32's range with 8 bits of mantissa; float16
+    keeps 11 bits but overflows above 65504 and flushes gradients below about
+    6e-8 to zero. ``error_feedback=True`` keeps what the cast rounded away on
+    each worker and adds it to that worker's next gradient, so small gradient
+    components accumulate instead of vanishing (one float32 residual per
+    weight on each worker, not checkpointed).
     """
 
     communication: str = "auto"
@@ -354,9 +370,22 @@ class TensorflowConfig:
     mixed_precision: Optional[str] = None
     log_level: str = "error"
     bytes_per_pack: int = 0
+    gradient_compression: Optional[str] = None
+    error_feedback: bool = False
 
     def __post_init__(self) -> None:
         check_int("TensorflowConfig.bytes_per_pack", self.bytes_per_pack, minimum=0)
+        if self.gradient_compression is not None and self.gradient_compression not in GRADIENT_COMPRESSIONS:
+            raise ConfigError(
+                f"TensorflowConfig.gradient_compression must be None, 'bfloat16' or 'float16', "
+                f"got {self.gradient_compression!r}"
+            )
+        check_bool("TensorflowConfig.error_feedback", self.error_feedback)
+        if self.error_feedback and self.gradient_compression is None:
+            raise ConfigError(
+                "TensorflowConfig.error_feedback=True corrects the rounding of compressed gradients: set "
+                "gradient_compression='bfloat16' (or 'float16') too, or leave error_feedback off"
+            )
         level = check_choice("TensorflowConfig.log_level", self.log_level, LOG_LEVELS, upper=False)
         object.__setattr__(self, "log_level", level)
         comm = check_choice("TensorflowConfig.communication", self.communication, COMMUNICATIONS, upper=False)

@@ -44,6 +44,11 @@ class Launcher(Trainer):
                  run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):
         _check_command(command)
         super().__init__(_no_train_fn, scaling=scaling, run=run, tensorflow=tensorflow)
+        if self.tensorflow.gradient_compression is not None:
+            raise ConfigError(
+                "TensorflowConfig.gradient_compression applies to a train_fn's optimizers; a launched script "
+                "builds its own and all-reduces in its own process: leave it unset for raytf.launch"
+            )
         self.command = list(command)
 
     def _payload(self) -> bytes:

@@ -160,6 +160,11 @@ class ParameterServerTrainer(Trainer):
         super().__init__(train_fn, config=config, run=run, tensorflow=tensorflow, datasets=datasets,
                          data_config=data_config)
         self.scaling = scaling or ParameterServerScaling()  # type: ignore[assignment]
+        if self.tensorflow.gradient_compression is not None:
+            raise ConfigError(
+                "TensorflowConfig.gradient_compression compresses MultiWorkerMirroredStrategy's all-reduce; "
+                "parameter-server workers send their updates to the ps tasks instead: leave it unset here"
+            )
         if variable_partitioner is not None and not callable(variable_partitioner):
             raise ConfigError(
                 "ParameterServerTrainer(variable_partitioner=...) must be a tf.distribute.experimental.partitioners "

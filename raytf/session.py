@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from raytf._internal.protocol import RankInfo
 
-__all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "preemption_requested",
+__all__ = ["TrainContext", "all_reduce_gradients", "get_checkpoint", "get_context", "get_dataset_shard", "preemption_requested",
            "report", "strategy"]
 
 
@@ -120,6 +120,21 @@ def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
     Include ``epoch`` and ``step`` in ``metrics`` to resume from them.
     """
     _current("report").report(metrics, checkpoint)
+
+
+def all_reduce_gradients(gradients: Any, variables: Any = None) -> list:
+    """Sum ``gradients`` across the workers, as the run's ``TensorflowConfig`` says to send them.
+
+    For custom loops that all-reduce gradients themselves rather than through
+    ``optimizer.apply_gradients`` (which already does this). Call it inside
+    ``strategy.run``; it returns the summed gradients in ``gradients``' order and
+    dtypes. With ``gradient_compression`` they travel in 16 bits; pass the
+    ``variables`` (one per gradient) for ``error_feedback`` to keep each one's
+    rounding residual. Without compression it is ``ReplicaContext.all_reduce(SUM, ...)``.
+    """
+    from raytf._internal.worker.compression import all_reduce_sum
+
+    return all_reduce_sum(list(gradients), None if variables is None else list(variables))
 
 
 def preemption_requested() -> bool:

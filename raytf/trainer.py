@@ -241,7 +241,8 @@ class Trainer:
             log_level=tensorflow.log_level, storage=StorageRef(storage.filesystem, storage.root),
             lease_token=lease.token, save_every=_save_every(self.run.checkpoint_config),
             split=tuple(sorted(self.data_config.split(list(self.datasets)))),
-            bytes_per_pack=tensorflow.bytes_per_pack,
+            bytes_per_pack=tensorflow.bytes_per_pack, gradient_compression=tensorflow.gradient_compression,
+            error_feedback=tensorflow.error_feedback,
         )
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:

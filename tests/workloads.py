@@ -545,9 +545,10 @@ def keras_callbacks_and_metrics(config: dict) -> None:
 
 
 def gradient_accumulation(config: dict) -> None:
-    """Two copies of one model, one step each on the same batch of 64 rows per worker:
-    one accumulates over 4 micro-batches of 16, the other takes the batch whole.
-    Writes both models' weights after ``steps`` steps."""
+    """Three copies of one model on the same rows, 64 per worker per update: one takes each
+    batch of 64 whole, one accumulates it over 4 micro-batches of 16 (``micro_batches=4``), one
+    takes batches of 16 and all-reduces and applies every 4th step (``steps=4``). Writes the
+    models' weights and optimizer step counts after ``steps`` updates."""
     import numpy as np
     import tensorflow as tf
 
@@ -567,19 +568,28 @@ def gradient_accumulation(config: dict) -> None:
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         return model
 
-    whole, parts = build(), build()
+    whole, parts, deferred = build(), build(), build()
     initial = whole.get_weights()
     parts.set_weights(initial)
+    deferred.set_weights(initial)
     raytf.keras.accumulate_gradients(parts, 4)
-    for model in (whole, parts):
+    raytf.keras.accumulate_gradients(deferred, steps=4)
+    # The deferred model takes the same rows as batches of 16, four steps per update.
+    small = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    for model, batches, steps in ((whole, data, config["steps"]), (parts, data, config["steps"]),
+                                  (deferred, small, 4 * config["steps"])):
         if config["path"] == "keras3":
-            raytf.keras.fit(model, data, epochs=1)
+            raytf.keras.fit(model, batches, epochs=1)
         else:
-            model.fit(raytf.keras.distribute(data.repeat()), steps_per_epoch=config["steps"], epochs=1, verbose=0)
+            model.fit(raytf.keras.distribute(batches.repeat()), steps_per_epoch=steps, epochs=1, verbose=0)
     if ctx.world_rank == 0:
-        np.savez(os.path.join(config["out_dir"], "whole.npz"), *whole.get_weights())
-        np.savez(os.path.join(config["out_dir"], "parts.npz"), *parts.get_weights())
-        _write(config["out_dir"], "moved.json", {"moved": float(np.abs(whole.get_weights()[0] - initial[0]).max())})
+        for name, model in (("whole", whole), ("parts", parts), ("deferred", deferred)):
+            np.savez(os.path.join(config["out_dir"], f"{name}.npz"), *model.get_weights())
+        _write(config["out_dir"], "moved.json", {
+            "moved": float(np.abs(whole.get_weights()[0] - initial[0]).max()),
+            "updates": {name: int(model.optimizer.iterations.numpy())
+                        for name, model in (("whole", whole), ("parts", parts), ("deferred", deferred))},
+        })
 
 
 def _keras_version(keras) -> str:

@@ -259,6 +259,8 @@ class RunSpec:
     save_every: Optional[SaveEvery] = None
     split: tuple[str, ...] = ()  # the datasets split across the workers
     bytes_per_pack: int = 0  # TensorflowConfig.bytes_per_pack: all-reduce fusion
+    gradient_compression: Optional[str] = None  # TensorflowConfig.gradient_compression: "bfloat16", "float16"
+    error_feedback: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,45 +1,99 @@
-"""``raytf.keras.accumulate_gradients``: K micro-batches per step, one update.
+"""``raytf.keras.accumulate_gradients``: several batches' gradients, one update.
 
-The step's batch is cut into K equal parts; each part's gradients (weighted by
-its share) are summed and applied once, so the weights move as one step on the
-whole batch would move them, with the activation memory of one part.
+Two modes, both applying the summed gradients of K parts as one update:
+
+- ``micro_batches=K`` saves memory: each step's batch is cut into K equal
+  parts whose gradients are summed locally, so the weights move as one step
+  on the whole batch would, with the activation memory of one part.
+- ``steps=K`` saves bandwidth: each step adds its batch's gradients to a
+  local accumulator on its own worker, and only every K-th step all-reduces
+  the sum (once) and applies it. Bytes all-reduced per sample drop K-fold.
+  The update is one step on the K batches together: a K times larger
+  effective batch, with K times fewer updates per epoch (scale the learning
+  rate or the epochs as for a larger batch).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from raytf.errors import RaytfError
 from raytf.keras._model import keras_of
 
 
-def accumulate_gradients(model: Any, micro_batches: int) -> Any:
-    """Make each training step split its batch into ``micro_batches`` parts and apply one update.
+def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, steps: Optional[int] = None) -> Any:
+    """Make ``model`` apply one update per K parts: ``micro_batches=K`` or ``steps=K``.
 
-    The gradients of the parts are summed (each weighted by its share of the
-    batch), so a step on a batch of K x b rows updates the weights as one step
-    on the whole batch would, with the activation memory of b rows. Pair it
-    with ``get_dataset_shard(batch_size=K * b, drop_remainder=True)``: the
-    batch must divide into equal parts. Works for Keras 3 and tf-keras, in
-    ``raytf.keras.fit`` and in tf-keras's ``model.fit``. Returns ``model``.
+    ``micro_batches=K``: each step splits its batch into K parts and sums their
+    gradients (each weighted by its share), so a step on a batch of K x b rows
+    updates the weights as one step on the whole batch would, with the
+    activation memory of b rows. Pair it with
+    ``get_dataset_shard(batch_size=K * b, drop_remainder=True)``: the batch must
+    divide into equal parts.
+
+    ``steps=K``: each step's gradients are added up locally on its worker, and
+    every K-th step all-reduces the sum once and applies it (the mean over the
+    K batches), so the workers exchange gradients K times less often. The
+    update equals one step on the K batches together; the optimizer steps (and
+    ``optimizer.iterations``) once per K training steps. A partly accumulated
+    sum is not checkpointed: a run resumed mid-way starts a fresh one.
+
+    Works for Keras 3 and tf-keras, in ``raytf.keras.fit`` and in tf-keras's
+    ``model.fit``. Returns ``model``.
     """
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise RaytfError(f"raytf.keras.accumulate_gradients: micro_batches must be an int >= 1, got {micro_batches!r}")
-    model.train_step = _accumulating_train_step(model, micro_batches)
+    if (micro_batches is None) == (steps is None):
+        raise RaytfError("raytf.keras.accumulate_gradients: pass micro_batches=K (split each batch, to save memory) "
+                         "or steps=K (all-reduce every K steps, to save bandwidth), one of the two")
+    k = micro_batches if steps is None else steps
+    name = "micro_batches" if steps is None else "steps"
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise RaytfError(f"raytf.keras.accumulate_gradients: {name} must be an int >= 1, got {k!r}")
+    model.train_step = _accumulating_train_step(model, k) if steps is None else _deferred_train_step(model, k)
     if hasattr(model, "train_function"):
         model.train_function = None  # rebuilt around the new step
     return model
 
 
+class _Loss:
+    """One part's loss, scaled for the optimizer, and its gradients, in either Keras."""
+
+    def __init__(self, model: Any):
+        keras = keras_of(model)
+        self.model = model
+        self.legacy = keras.__name__ == "tf_keras"
+        self.unpack = keras.utils.unpack_x_y_sample_weight
+        # Keras 3 reports the loss through the model's metric named "loss" (its first), which its
+        # own train_step updates with the loss before it was scaled for the replicas.
+        self.loss_metric = None if self.legacy else next((m for m in model.metrics if m.name == "loss"), None)
+
+    def gradients(self, x: Any, y: Any, sample_weight: Any, share: int) -> tuple[Any, list]:
+        """(predictions, unscaled gradients of the loss / share) for one part."""
+        import tensorflow as tf
+
+        model, optimizer = self.model, self.model.optimizer
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            if self.legacy:
+                loss = model.compute_loss(x, y, y_pred, sample_weight)
+                scaled = optimizer.get_scaled_loss(loss / share) if hasattr(optimizer, "get_scaled_loss") \
+                    else loss / share
+            else:
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                if self.loss_metric is not None:
+                    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+                    self.loss_metric.update_state(loss * tf.cast(replicas, loss.dtype),
+                                                  sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+                scaled = optimizer.scale_loss(loss / share)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if self.legacy and hasattr(optimizer, "get_unscaled_gradients"):
+            grads = optimizer.get_unscaled_gradients(grads)
+        return y_pred, grads
+
+
 def _accumulating_train_step(model: Any, k: int) -> Any:
     import tensorflow as tf
 
-    keras = keras_of(model)
-    legacy = keras.__name__ == "tf_keras"
-    unpack = keras.utils.unpack_x_y_sample_weight
-    # Keras 3 reports the loss through the model's metric named "loss" (its first), which its
-    # own train_step updates with the loss before it was scaled for the replicas.
-    loss_metric = None if legacy else next((m for m in model.metrics if m.name == "loss"), None)
+    losses = _Loss(model)
 
     def part(value: Any, index: int) -> Any:
         if value is None:
@@ -52,7 +106,7 @@ def _accumulating_train_step(model: Any, k: int) -> Any:
         return tf.nest.map_structure(cut, value)
 
     def train_step(data: Any) -> Any:
-        x, y, sample_weight = unpack(data)
+        x, y, sample_weight = losses.unpack(data)
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
         tf.debugging.assert_equal(
             rows % k, 0,
@@ -60,28 +114,58 @@ def _accumulating_train_step(model: Any, k: int) -> Any:
                     f"use a batch size divisible by {k} and drop_remainder=True",
         )
         variables = model.trainable_variables
-        optimizer = model.optimizer
         total = [tf.zeros_like(v) for v in variables]
         for index in range(k):
             xi, yi, wi = part(x, index), part(y, index), part(sample_weight, index)
-            with tf.GradientTape() as tape:
-                y_pred = model(xi, training=True)
-                if legacy:
-                    loss = model.compute_loss(xi, yi, y_pred, wi)
-                    scaled = optimizer.get_scaled_loss(loss / k) if hasattr(optimizer, "get_scaled_loss") else loss / k
-                else:
-                    loss = model.compute_loss(x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True)
-                    if loss_metric is not None:
-                        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-                        loss_metric.update_state(loss * tf.cast(replicas, loss.dtype),
-                                                 sample_weight=tf.shape(tf.nest.flatten(xi)[0])[0])
-                    scaled = optimizer.scale_loss(loss / k)
-            grads = tape.gradient(scaled, variables)
-            if legacy and hasattr(optimizer, "get_unscaled_gradients"):
-                grads = optimizer.get_unscaled_gradients(grads)
+            y_pred, grads = losses.gradients(xi, yi, wi, k)
             total = [t + g for t, g in zip(total, grads)]
             model.compute_metrics(xi, yi, y_pred, wi)
-        optimizer.apply_gradients(zip(total, variables))
+        model.optimizer.apply_gradients(zip(total, variables))
+        return model.get_metrics_result()
+
+    return train_step
+
+
+def _deferred_train_step(model: Any, k: int) -> Any:
+    import tensorflow as tf
+
+    losses = _Loss(model)
+    state: dict[str, Any] = {}
+
+    def local(value: Any, name: str) -> Any:
+        # Each worker's own copy (ON_READ, no aggregation): never synchronized, never all-reduced.
+        return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
+                           aggregation=tf.VariableAggregation.NONE)
+
+    def accumulators(variables: list) -> tuple[list, Any]:
+        if "sums" not in state:  # made once, on the first trace, outside the traced step
+            with tf.init_scope():
+                state["sums"] = [local(tf.zeros(v.shape, v.dtype), "raytf_accumulated_gradient") for v in variables]
+                state["count"] = local(tf.constant(0, tf.int64), "raytf_accumulated_steps")
+        return state["sums"], state["count"]
+
+    def train_step(data: Any) -> Any:
+        x, y, sample_weight = losses.unpack(data)
+        variables = model.trainable_variables
+        sums, count = accumulators(variables)
+        y_pred, grads = losses.gradients(x, y, sample_weight, k)
+        for total, grad in zip(sums, grads):
+            if grad is not None:
+                total.assign_add(tf.convert_to_tensor(grad))
+        steps = count.assign_add(1)
+
+        def apply() -> Any:
+            model.optimizer.apply_gradients(zip([total.read_value() for total in sums], variables))
+            return tf.group([total.assign(tf.zeros_like(total)) for total in sums])  # after the reads above
+
+        def maybe_apply(strategy: Any, due: Any) -> None:
+            # In cross-replica context: the optimizer's own synchronization (its all-reduce and
+            # merge_call) cannot sit inside a tf.cond in a replica, but a strategy.run inside a
+            # tf.cond here can. Every worker is on the same step, so all take the branch together.
+            tf.cond(due, lambda: tf.group(strategy.run(apply)), tf.no_op)
+
+        tf.distribute.get_replica_context().merge_call(maybe_apply, args=(steps % k == 0,))
+        model.compute_metrics(x, y, y_pred, sample_weight)
         return model.get_metrics_result()
 
     return train_step

@@ -86,12 +86,17 @@ def test_keras3_fit_aggregates_metrics_over_workers_and_runs_callbacks(cluster, 
 
 
 @pytest.mark.parametrize("path", ["keras3", "tf_keras"])
-def test_gradient_accumulation_equals_one_step_on_the_whole_batch(cluster, tmp_path, no_leaks, path):
+def test_gradient_accumulation_over_micro_batches_or_steps_equals_one_step_on_all_rows(cluster, tmp_path, no_leaks, path):
     fit(workloads.gradient_accumulation, tmp_path, f"accumulate-{path}", {"path": path, "steps": 3}, keras=path)
-    with np.load(tmp_path / "whole.npz") as whole, np.load(tmp_path / "parts.npz") as parts:
+    with np.load(tmp_path / "whole.npz") as whole, np.load(tmp_path / "parts.npz") as parts, \
+            np.load(tmp_path / "deferred.npz") as deferred:
         for key in whole.files:
             np.testing.assert_allclose(parts[key], whole[key], rtol=1e-4, atol=1e-5)
-    assert json.loads((tmp_path / "moved.json").read_text())["moved"] > 1e-2  # the steps did change the weights
+            # K steps of b rows, all-reduced and applied once: the same update as one step on K x b rows.
+            np.testing.assert_allclose(deferred[key], parts[key], rtol=1e-5, atol=1e-6)
+    moved = json.loads((tmp_path / "moved.json").read_text())
+    assert moved["moved"] > 1e-2  # the steps did change the weights
+    assert moved["updates"] == {"whole": 3, "parts": 3, "deferred": 3}  # 12 steps of 16 rows, 3 updates
 
 
 @pytest.mark.parametrize("path, policy", [("keras3", "mixed_float16"), ("tf_keras", "mixed_bfloat16")])

@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 from ray import cloudpickle
 
 from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, WorkerSpec
+from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
 from raytf._internal.worker import tensorflow as _tensorflow
@@ -77,6 +78,7 @@ class TrainFnPayload:
         host.release_port()
         strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s, run.bytes_per_pack)
         _strategy.install(strategy)
+        _compression.install(run.gradient_compression, run.error_feedback, run.keras)
         if run.keras != "tf_keras":  # tf.keras is Keras 3: its model.fit fails under the strategy alone
             from raytf.keras._keras3 import install
 

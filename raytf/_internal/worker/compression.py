@@ -1,0 +1,204 @@
+"""Gradient compression for the all-reduce: ``TensorflowConfig(gradient_compression=...)``.
+
+Each worker casts its float32 gradients to bfloat16 (or float16) before the
+all-reduce and the sums back to float32 after it, so half the bytes cross the
+network; the weights, the optimizer's slots and the update itself stay float32
+("master weights"). With error feedback, what the cast rounded away on a
+worker is kept in a per-worker residual and added to its next step's gradient,
+so no part of a gradient is lost for good, only delayed by a step.
+
+Only the gradient all-reduce is compressed, never metric or loss reductions
+(a bfloat16 sum of 60,000 counts is not 60,000). It happens where the Keras
+optimizers sum gradients across replicas (``apply_gradients`` inside
+``strategy.run``: ``raytf.keras.fit``, tf-keras ``model.fit`` and custom loops
+alike) and in :func:`raytf.all_reduce_gradients` for loops that all-reduce
+their gradients themselves.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+DTYPES = ("bfloat16", "float16")
+_COMPRESSIBLE = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class Compression:
+    dtype: str  # "bfloat16" or "float16"
+    error_feedback: bool
+
+
+_active: Optional[Compression] = None
+# Error-feedback residuals: owner (an optimizer, or _LOOSE) -> {variable.ref(): residual}.
+_residuals: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+class _Loose:
+    """Owner of the residuals of gradients all-reduced outside an optimizer."""
+
+
+_LOOSE = _Loose()
+
+
+def active() -> Optional[Compression]:
+    return _active
+
+
+def all_reduce_sum(gradients: Sequence[Any], variables: Optional[Sequence[Any]] = None, owner: Any = None) -> list:
+    """Sum ``gradients`` over the replicas, compressed as this worker's run says.
+
+    Called in a replica context (inside ``strategy.run``). ``variables`` (one per
+    gradient) key the error-feedback residuals; without them there is none.
+    Dense float32/float64 gradients are compressed; others (``IndexedSlices``,
+    gradients already in 16 bits) are all-reduced as they are.
+    """
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None:
+        raise RuntimeError("raytf.all_reduce_gradients runs in a replica context: call it inside strategy.run")
+    gradients = list(gradients)
+    compression = _active
+    if compression is None or context.num_replicas_in_sync == 1:
+        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)) if gradients else []
+    wire = tf.as_dtype(compression.dtype)
+    residuals = _residual_table(owner) if compression.error_feedback and variables is not None else None
+    sent, original = [], []
+    for index, gradient in enumerate(gradients):
+        original.append(gradient.dtype if isinstance(gradient, tf.Tensor) else None)
+        if not (isinstance(gradient, tf.Tensor) and gradient.dtype.name in _COMPRESSIBLE):
+            sent.append(gradient)
+            continue
+        if residuals is not None:
+            residual = _residual(residuals, variables[index], gradient)
+            gradient = gradient + residual
+            compressed = tf.cast(gradient, wire)
+            residual.assign(gradient - tf.cast(compressed, gradient.dtype))
+            sent.append(compressed)
+        else:
+            sent.append(tf.cast(gradient, wire))
+    reduced = _all_reduce_by_kind(context, sent)
+    return [tf.cast(r, dtype) if dtype is not None and r.dtype != dtype else r for r, dtype in zip(reduced, original)]
+
+
+def _all_reduce_by_kind(context: Any, values: list) -> list:
+    """One all-reduce per dtype (TensorFlow packs a batch into one concatenated tensor, which needs
+    one dtype), results in the order given."""
+    import tensorflow as tf
+
+    groups: dict[Any, list[int]] = {}
+    for index, value in enumerate(values):
+        key = "sparse" if isinstance(value, tf.IndexedSlices) else value.dtype
+        groups.setdefault(key, []).append(index)
+    out: list = [None] * len(values)
+    for indices in groups.values():
+        for index, result in zip(indices, context.all_reduce(tf.distribute.ReduceOp.SUM, [values[i] for i in indices])):
+            out[index] = result
+    return out
+
+
+def _residual_table(owner: Any) -> dict:
+    owner = _LOOSE if owner is None else owner
+    table = _residuals.get(owner)
+    if table is None:
+        table = _residuals[owner] = {}
+    return table
+
+
+def _residual(table: dict, variable: Any, gradient: Any) -> Any:
+    """This worker's own residual for ``variable``: a variable each replica keeps for itself
+    (ON_READ, no aggregation), made once, outside the traced step."""
+    import tensorflow as tf
+
+    key = variable.ref()
+    residual = table.get(key)
+    if residual is None:
+        with tf.init_scope():
+            residual = tf.Variable(
+                tf.zeros(gradient.shape, gradient.dtype), trainable=False, name="raytf_gradient_residual",
+                synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.NONE,
+            )
+        table[key] = residual
+    return residual
+
+
+def install(dtype: Optional[str], error_feedback: bool, keras: str) -> None:
+    """Compress this worker's gradient all-reduces from now on (``dtype=None``: stop)."""
+    global _active
+    _active = Compression(dtype, error_feedback) if dtype else None
+    if _active is None:
+        return
+    import os
+    import sys
+
+    legacy = keras == "tf_keras" or (keras == "auto" and os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"))
+    if legacy or "tf_keras" in sys.modules:
+        _patch_tf_keras()
+    if not legacy or "keras" in sys.modules:
+        _patch_keras3()
+
+
+def _engaged() -> bool:
+    """Whether an optimizer's gradient sum is compressed now: compression is on and the
+    optimizer is applying inside ``strategy.run``."""
+    import tensorflow as tf
+
+    return _active is not None and tf.distribute.get_replica_context() is not None
+
+
+def _grads_and_vars(owner: Any, grads_and_vars: Any) -> list:
+    pairs = list(grads_and_vars)
+    present = [(g, v) for g, v in pairs if g is not None]
+    reduced = iter(all_reduce_sum([g for g, _ in present], [v for _, v in present], owner))
+    return [(None if g is None else next(reduced), v) for g, v in pairs]
+
+
+def _patch_keras3() -> None:
+    try:
+        from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    except ImportError:  # no Keras 3 here
+        return
+    if getattr(TFOptimizer._all_reduce_sum_gradients, "_raytf", False):
+        return
+    original = TFOptimizer._all_reduce_sum_gradients
+
+    def _all_reduce_sum_gradients(self: Any, grads_and_vars: Any) -> Any:
+        if not _engaged():
+            return original(self, grads_and_vars)
+        return _grads_and_vars(self, grads_and_vars)
+
+    _all_reduce_sum_gradients._raytf = True  # type: ignore[attr-defined]
+    TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+
+
+def _patch_tf_keras() -> None:
+    try:
+        from tf_keras.src.optimizers import optimizer as v2
+        from tf_keras.src.optimizers import utils
+        from tf_keras.src.optimizers.legacy import optimizer_v2 as legacy
+    except ImportError:  # no tf-keras here
+        return
+    if not getattr(v2.Optimizer.aggregate_gradients, "_raytf", False):
+        original_v2 = v2.Optimizer.aggregate_gradients
+
+        def aggregate_gradients(self: Any, grads_and_vars: Any) -> Any:
+            if not _engaged() or self._mesh or self._run_with_dtensor:
+                return original_v2(self, grads_and_vars)
+            return _grads_and_vars(self, grads_and_vars)
+
+        aggregate_gradients._raytf = True  # type: ignore[attr-defined]
+        v2.Optimizer.aggregate_gradients = aggregate_gradients
+    if not getattr(legacy.OptimizerV2._aggregate_gradients, "_raytf", False):
+        original_legacy = legacy.OptimizerV2._aggregate_gradients
+
+        def _aggregate_gradients(self: Any, grads_and_vars: Any) -> Any:
+            # A user's own gradient_aggregator is theirs to keep.
+            if not _engaged() or self.gradient_aggregator is not utils.all_reduce_sum_gradients:
+                return original_legacy(self, grads_and_vars)
+            return _grads_and_vars(self, grads_and_vars)
+
+        _aggregate_gradients._raytf = True  # type: ignore[attr-defined]
+        legacy.OptimizerV2._aggregate_gradients = _aggregate_gradients
