@@ -879,37 +879,91 @@ def ps_keras_fit(config: dict) -> None:
     })
 
 
-def fused_update(config: dict) -> None:
-    """Three SGD steps of a seeded MLP with many small variables on fixed per-rank data; rank 0
-    saves the weights and the all-reduce options the strategy was built with."""
+def communication_update(config: dict) -> None:
+    """The gradient all-reduce under the run's TensorflowConfig, three ways, on fixed per-rank data.
+
+    1. Three SGD steps of a seeded MLP with many small variables through
+       ``optimizer.apply_gradients`` (the Keras optimizer's own all-reduce).
+    2. Three SGD steps of a linear model on raw ``tf.Variable``s summed with
+       ``raytf.all_reduce_gradients``.
+    3. With ``fit_epochs``: a seeded MLP trained through the run's Keras path
+       (``raytf.keras.fit`` or tf-keras ``model.fit``) on 2,048 rows per worker.
+
+    Rank 0 saves 1's and 2's weights (``<name>.npz``) and writes ``<name>.json``: the
+    strategy's ``bytes_per_pack``, 3's epoch losses, the variables' dtypes, and the sum of
+    the error-feedback residuals raytf kept for 2's variables.
+    """
     import numpy as np
     import tensorflow as tf
 
+    import raytf.keras
+    from raytf._internal.worker import compression
+
+    keras = tf.keras
     ctx = raytf.get_context()
     strategy = raytf.strategy()
     x, y = make_data(64, seed=10 + ctx.world_rank)
     with strategy.scope():
-        init = tf.keras.initializers.GlorotUniform(seed=0)
-        model = tf.keras.Sequential([tf.keras.Input((32,))] + [
-            tf.keras.layers.Dense(16, activation="relu", kernel_initializer=init) for _ in range(6)
-        ] + [tf.keras.layers.Dense(4, kernel_initializer=init)])
-        optimizer = tf.keras.optimizers.SGD(0.1)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        init = keras.initializers.GlorotUniform(seed=0)
+        model = keras.Sequential([keras.Input((32,))] + [
+            keras.layers.Dense(16, activation="relu", kernel_initializer=init) for _ in range(6)
+        ] + [keras.layers.Dense(4, kernel_initializer=init)])
+        optimizer = keras.optimizers.SGD(0.1)
+        w = tf.Variable(np.random.default_rng(1).standard_normal((32, 4)).astype("float32") * 0.1,
+                        aggregation=tf.VariableAggregation.MEAN)
+        b = tf.Variable(tf.zeros(4), aggregation=tf.VariableAggregation.MEAN)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    global_batch = 64 * ctx.world_size
 
     @tf.function
     def step(x, y):
         def replica(x, y):
             with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=64 * ctx.world_size)
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=global_batch)
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        strategy.run(replica, args=(x, y))
+
+    @tf.function
+    def manual_step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, x @ w + b), global_batch_size=global_batch)
+            grads = raytf.all_reduce_gradients(tape.gradient(loss, [w, b]), [w, b])
+            w.assign_sub(0.5 * grads[0])
+            b.assign_sub(0.5 * grads[1])
 
         strategy.run(replica, args=(x, y))
 
     initial = model.trainable_variables[0].numpy().copy()
     for _ in range(3):
         step(tf.constant(x), tf.constant(y))
+        manual_step(tf.constant(x), tf.constant(y))
+    residual = sum(float(tf.reduce_sum(tf.abs(r.values[0] if hasattr(r, "values") else r)))
+                   for table in compression._residuals.values() for r in table.values())
+    losses = []
+    if config.get("fit_epochs"):
+        tf.keras.utils.set_random_seed(3)
+        fx, fy = make_data(2048, seed=20 + ctx.world_rank)
+        data = tf.data.Dataset.from_tensor_slices((fx, fy)).batch(32, drop_remainder=True)
+        with strategy.scope():
+            net = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu",
+                                                                           kernel_initializer=init),
+                                    keras.layers.Dense(4, kernel_initializer=init)])
+            net.compile(optimizer=keras.optimizers.Adam(0.003),
+                        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        if _keras_version(keras).startswith("3."):
+            history = raytf.keras.fit(net, data, epochs=config["fit_epochs"])
+        else:
+            history = net.fit(raytf.keras.distribute(data.repeat()), steps_per_epoch=2048 // 32,
+                              epochs=config["fit_epochs"], verbose=0)
+        losses = [float(v) for v in history.history["loss"]]
     if ctx.world_rank == 0:
         options = strategy.extended._communication_options
         np.savez(os.path.join(config["out_dir"], f"{config['name']}.npz"),
-                 *[v.numpy() for v in model.trainable_variables], initial=initial)
-        _write(config["out_dir"], f"{config['name']}.json", {"bytes_per_pack": options.bytes_per_pack})
+                 *[v.numpy() for v in model.trainable_variables], w.numpy(), b.numpy(), initial=initial)
+        _write(config["out_dir"], f"{config['name']}.json", {
+            "bytes_per_pack": options.bytes_per_pack, "losses": losses, "residual": residual,
+            "dtypes": sorted({tf.as_dtype(v.dtype).name for v in list(model.trainable_variables) + list(optimizer.variables)
+                              if tf.as_dtype(v.dtype).is_floating}),
+        })

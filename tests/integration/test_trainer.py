@@ -298,29 +298,3 @@ def test_reported_metrics_reach_tensorboard_event_files_in_the_run_directory(tmp
     assert [v for _, tag, v in scalars if tag == "loss"] == pytest.approx([h["loss"] for h in result.history])
 
 
-def test_all_reduce_fusion_changes_the_collectives_not_the_update(cluster, tmp_path, no_leaks):
-    """TensorflowConfig(bytes_per_pack=...) reaches the strategy, and packing all gradients into
-    one all-reduce gives the same weights as one all-reduce per variable."""
-    import numpy as np
-
-    out = tmp_path / "out"
-    out.mkdir()
-    for name, bytes_per_pack in (("unfused", 0), ("fused", 32 << 20)):
-        raytf.Trainer(
-            workloads.fused_update, config={"out_dir": str(out), "name": name},
-            scaling=raytf.ScalingConfig(num_workers=2),
-            tensorflow=raytf.TensorflowConfig(bytes_per_pack=bytes_per_pack),
-            run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "runs"), verbose=0),
-        ).fit()
-        assert json.loads((out / f"{name}.json").read_text())["bytes_per_pack"] == bytes_per_pack
-    unfused, fused = np.load(out / "unfused.npz"), np.load(out / "fused.npz")
-    assert len(unfused.files) == 15  # 14 variables and the first kernel before training
-    for key in unfused.files:
-        np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-6, atol=1e-7)
-    # The steps did move the weights (the comparison is not of two untouched initializations).
-    assert not np.allclose(unfused["arr_0"], unfused["initial"])
-
-
-def test_bytes_per_pack_must_be_a_whole_number_of_bytes():
-    with pytest.raises(raytf.ConfigError, match="bytes_per_pack"):
-        raytf.TensorflowConfig(bytes_per_pack=-1)
