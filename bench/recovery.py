@@ -1,20 +1,23 @@
 """Recovery from a killed worker on W1: raytf against Ray Train's TensorflowTrainer, in one invocation.
 
-    python bench/recovery.py [--systems raytf,ray_train] [--kill-step 351]
+    python bench/recovery.py [--systems raytf,raytf_warm,ray_train] [--kill-step 351]
 
 Each system trains W1 (tf-keras ``model.fit``, a checkpoint of the model and
 optimizer at every epoch end, resuming from the latest one) twice: once
 without a fault, once with rank 1 killed (``os._exit``) in the middle of
 epoch 1. Prints one JSON line per run and a summary line:
 
-- ``resume_s``: seconds from the kill to the first training step of the retry;
+- ``resume_s``: seconds from the kill to the first training step of the retry, and
+  (raytf) ``resume_components_s``, the same seconds in parts: noticing the loss and
+  stopping the group, then the retry's placement, actors, loading (TensorFlow's
+  import, ``train_fn``), connect, and first step (data, model, restore, tracing);
 - ``steps_redone``: steps trained twice (the kill's step minus the step the
   retry resumed from; the work since the last checkpoint is the least possible);
 - ``retries``: attempts after the first;
 - ``wall_s`` and ``wall_vs_fault_free``: fit() wall time, and its ratio to the
   same system's fault-free run.
 
-Target here: raytf resumes within 10 s of the kill, redoes at most the work
+Target here: raytf resumes within 3 s of the kill with warm standbys (`raytf_warm`), redoes at most the work
 since the last checkpoint, and uses one retry.
 """
 
@@ -53,10 +56,13 @@ def train_w1(strategy, dataset, *, rank: int, restore, save, marks: str, kill_st
     ``restore(trackables) -> initial_epoch`` loads the latest checkpoint, if
     any; ``save(trackables, epoch, step, loss)`` checkpoints and reports. Marks
     written for the driver: ``start`` (each attempt), ``resumed`` (the first
-    step after a resume), ``killed`` (the step and time of the kill).
+    step after a resume), ``killed`` (the step and time of the kill), ``entered`` (each
+    attempt's entry here, the strategy connected).
     """
     import tensorflow as tf
 
+    if rank == 0:
+        _mark(marks, "entered", {"time": time.time()})
     keras = tf.keras  # tf-keras: TF_USE_LEGACY_KERAS=1 is set before TensorFlow loads
     with strategy.scope():
         model = keras.Sequential(
@@ -117,7 +123,7 @@ def _raytf_train(config):
           marks=config["marks"], kill_step=config["kill_step"])
 
 
-def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
+def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None, warm_standby: bool = False) -> dict:
     import raytf
 
     start = time.perf_counter()
@@ -126,11 +132,14 @@ def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
         config={"marks": marks, "kill_step": kill_step},
         datasets={"train": dataset},
         scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
-        run=raytf.RunConfig(name=f"recovery-raytf-{kill_step}", storage_path=workdir, verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=3)),
+        run=raytf.RunConfig(name=f"recovery-raytf-{kill_step}-{warm_standby}", storage_path=workdir, verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=3, warm_standby=warm_standby)),
         tensorflow=raytf.TensorflowConfig(communication="ring", worker_env={"TF_USE_LEGACY_KERAS": "1"}),
     ).fit()
-    return {"wall_s": time.perf_counter() - start, "loss": result.metrics["loss"], "failed": None}
+    # Where the retry's start went (placement, actors, loading, connect, first step), from result.startup.
+    retry = result.startup[1] if len(result.startup) > 1 else None
+    return {"wall_s": time.perf_counter() - start, "loss": result.metrics["loss"], "failed": None,
+            "retry_startup_s": retry}
 
 
 def _ray_train_train(config):
@@ -181,7 +190,13 @@ def run_ray_train(dataset, workdir: str, marks: str, kill_step: int | None) -> d
     return {"wall_s": wall, "loss": loss, "failed": failed}
 
 
-SYSTEMS = {"raytf": run_raytf, "ray_train": run_ray_train}
+def run_raytf_warm(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
+    """raytf with FailureConfig(warm_standby=True): the retry's workers are standbys that
+    imported TensorFlow and loaded train_fn while the first attempt trained."""
+    return run_raytf(dataset, workdir, marks, kill_step, warm_standby=True)
+
+
+SYSTEMS = {"raytf": run_raytf, "raytf_warm": run_raytf_warm, "ray_train": run_ray_train}
 
 
 def measure(system: str, dataset, workdir: str, kill_step: int | None) -> dict:
@@ -196,6 +211,20 @@ def measure(system: str, dataset, workdir: str, kill_step: int | None) -> dict:
             line["resume_s"] = round(resumed[0]["time"] - killed[0]["time"], 2)
             line["resumed_from_step"] = resumed[0]["from_step"]
             line["steps_redone"] = killed[0]["step"] - resumed[0]["from_step"]
+            retry = outcome.get("retry_startup_s")
+            entered = [m["time"] for m in _read_marks(marks, "entered") if m["time"] > killed[0]["time"]]
+            start = [m["time"] for m in starts if m["time"] > killed[0]["time"]]
+            if retry and entered and start:
+                # resume_s in parts: noticing the loss and stopping the group; the retry's placement,
+                # actors, loading and connect (result.startup); then, in train_fn, building the model
+                # and restoring the checkpoint, and the first step (distributing the data, tracing).
+                group = [retry[k] for k in ("placement", "actors", "loading", "connect")]
+                line["resume_components_s"] = {
+                    "detect_and_stop": round(entered[0] - killed[0]["time"] - sum(group), 2),
+                    **dict(zip(("placement", "actors", "loading", "connect"), group)),
+                    "model_and_restore": round(start[0] - entered[0], 2),
+                    "first_step": round(resumed[0]["time"] - start[0], 2),
+                }
         else:
             # No resumed step: the retry started from scratch (or never started).
             line["resumed_from_step"] = 0 if len(starts) > 1 else None
@@ -230,7 +259,7 @@ def main() -> None:
             faulty["wall_vs_fault_free"] = round(faulty["wall_s"] / clean["wall_s"], 2)
             print(json.dumps(faulty), flush=True)
             summary[system] = {k: faulty.get(k) for k in (
-                "resume_s", "restart_s", "steps_redone", "steps_since_checkpoint", "retries", "wall_vs_fault_free", "failed",
+                "resume_s", "resume_components_s", "restart_s", "steps_redone", "steps_since_checkpoint", "retries", "wall_vs_fault_free", "failed",
             ) if k in faulty}
     print(json.dumps({"summary": summary}))
 

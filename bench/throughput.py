@@ -30,8 +30,9 @@ sys.path.insert(0, HERE)
 import w1  # noqa: E402
 
 
-def run_plain_mwms(dataset, workdir: str) -> dict:
-    """Two local processes, TF_CONFIG by hand, each with its half of W1 in memory."""
+def run_plain_mwms(dataset, workdir: str, workload: str = "w1") -> dict:
+    """Two local processes, TF_CONFIG by hand, each with its half of the workload's rows in memory
+    (``workload``: the bench module defining it, "w1" or "w2")."""
     import numpy as np
 
     arrays = {k: np.concatenate([b[k] for b in dataset.iter_batches(batch_size=None, batch_format="numpy")])
@@ -52,7 +53,8 @@ def run_plain_mwms(dataset, workdir: str) -> dict:
         outputs.append(out)
         tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
         processes.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "_plain_worker.py"), str(rank), tf_config, data_path, out],
+            [sys.executable, os.path.join(HERE, "_plain_worker.py"), str(rank), tf_config, data_path, out,
+             workload],
             env={**os.environ, **w1.WORKER_ENV},
         ))
     for p in processes:

@@ -66,7 +66,14 @@ def ray_dataset():
     return common.w1_dataset(ROWS, blocks=BLOCKS).materialize()
 
 
-def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | None = None) -> dict:
+def model_layers(keras) -> list:
+    """W1's model: MLP 784-128(relu)-10."""
+    return [keras.Input((DIM,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(CLASSES)]
+
+
+def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | None = None, *,
+        layers=model_layers, epochs: int = EPOCHS, steps_per_epoch: int = STEPS_PER_EPOCH,
+        worker_batch: int = WORKER_BATCH, accumulate_steps: int = 1) -> dict:
     """Train the W1 model on this worker's dataset; return per-epoch timings and the loss.
 
     The dataset holds this worker's rows only. Passed straight to model.fit,
@@ -80,6 +87,10 @@ def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | N
     Train's examples do with ``to_tf``: its batches have an unknown size, so
     each is split in WORKERS and the run trains at half the global batch, with
     twice the steps (and all-reduces) per epoch.
+
+    ``layers``, ``epochs``, ``steps_per_epoch`` and ``worker_batch`` make it another
+    workload's fit (bench/w2.py); ``accumulate_steps`` > 1 applies
+    ``raytf.keras.accumulate_gradients(model, steps=...)``.
     """
     import tensorflow as tf
 
@@ -98,28 +109,31 @@ def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | N
         def on_epoch_end(self, epoch, logs=None):
             self.epochs.append((time.perf_counter() - self.start, self.steps))
 
+    keras.utils.set_random_seed(0)  # the same initial weights in every system and run compared
     with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((DIM,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(CLASSES)]
-        )
+        model = keras.Sequential(layers(keras))
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             steps_per_execution=steps_per_execution or STEPS_PER_EXECUTION,
         )
+    if accumulate_steps > 1:
+        import raytf.keras
+
+        raytf.keras.accumulate_gradients(model, steps=accumulate_steps)
     timer = EpochTimer()
     if distribute:
         distributed = strategy.distribute_datasets_from_function(lambda _: dataset.repeat())
         history = model.fit(
-            distributed, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=[timer]
+            distributed, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0, callbacks=[timer]
         )
     else:
-        history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[timer])
+        history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=[timer])
     seconds, steps = timer.epochs[-1]
     return {
         "last_epoch_s": seconds,
         "steps_per_epoch": steps,
         # Either way every row of every shard is trained on once per epoch.
-        "samples_per_s": WORKERS * STEPS_PER_EPOCH * WORKER_BATCH / seconds,
+        "samples_per_s": WORKERS * steps_per_epoch * worker_batch / seconds,
         "loss": float(history.history["loss"][-1]),
     }

@@ -135,6 +135,15 @@ class FailureConfig:
     code outside TensorFlow as long, the attempt fails naming the latter
     (``"returned_early"``, raised like an exception; ``"stalled"``, retried
     like a lost worker). ``None`` turns it off.
+
+    ``warm_standby=True`` makes restarts start warm: once an attempt trains,
+    raytf starts one standby process per worker on the same node, which
+    imports TensorFlow and loads ``train_fn`` and then waits, holding no CPU or
+    GPU of its own. When the group restarts, each new bundle on a node with a
+    standby is handed to it instead of a cold actor, skipping the process
+    start and TensorFlow's import (seconds per restart). It costs one idle
+    process per worker (its memory, and its import's CPU once per attempt).
+    For raytf.Trainer's CPU workers; GPU workers start cold.
     """
 
     max_failures: int = 0
@@ -142,6 +151,7 @@ class FailureConfig:
     worker_timeout_s: float = 30.0
     start_timeout_s: float = 120.0
     hang_timeout_s: Optional[float] = 300.0
+    warm_standby: bool = False
 
     def __post_init__(self) -> None:
         check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
@@ -151,6 +161,7 @@ class FailureConfig:
                 raise ConfigError(f"FailureConfig.{name} must be > 0 seconds, got {value!r}")
         check_timeout("FailureConfig.hang_timeout_s", self.hang_timeout_s)
         check_bool("FailureConfig.retry_on_exception", self.retry_on_exception)
+        check_bool("FailureConfig.warm_standby", self.warm_standby)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Launcher(Trainer):
     """A Trainer whose workers run ``command`` instead of a ``train_fn``."""
 
     payload_kind = PayloadKind.SUBPROCESS
+    warm_standby_works = False
 
     def __init__(self, command: Sequence[str], *, scaling: Optional[ScalingConfig] = None,
                  run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):

@@ -137,6 +137,7 @@ class ParameterServerTrainer(Trainer):
     """
 
     payload_kind = PayloadKind.CHIEF
+    warm_standby_works = False
     role_payloads = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
                      "evaluator": PayloadKind.EVALUATOR}
     finishing_roles = ("chief", "evaluator")  # whose end ends the run

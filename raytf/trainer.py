@@ -158,6 +158,17 @@ class Trainer:
         # Cross-field checks that need no cluster, before anything starts.
         self.tensorflow.resolve_communication(self.scaling)
         self.data_config.split(list(self.datasets))
+        if self.run.failure_config.warm_standby:
+            if not self.warm_standby_works:
+                raise ConfigError(
+                    f"FailureConfig.warm_standby: {type(self).__name__} has no warm standby (its workers are "
+                    "replaced, or run a script, rather than restarted from train_fn); leave it off"
+                )
+            if self.scaling.use_gpu:
+                raise ConfigError(
+                    "FailureConfig.warm_standby works with CPU workers for now; with "
+                    "ScalingConfig.gpus_per_worker > 0 leave it off (restarts start cold)"
+                )
 
     def _workers_text(self) -> str:
         scaling = self.scaling
@@ -184,6 +195,7 @@ class Trainer:
                 lease.release()
 
     payload_kind = PayloadKind.TRAIN_FN  # what the workers run
+    warm_standby_works = True  # FailureConfig.warm_standby: restarts hand ranks to pre-warmed processes
 
     def _payload(self) -> bytes:
         """What every worker is sent to run: ``train_fn`` and its config, pickled."""
@@ -259,7 +271,7 @@ class Trainer:
                                   self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),
             datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
             start_timeout_s=failures.start_timeout_s, hang_timeout_s=failures.hang_timeout_s,
-            notify=display.message,
+            notify=display.message, warm_standby=failures.warm_standby,
         )
 
     @staticmethod

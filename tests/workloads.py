@@ -138,6 +138,32 @@ def exit_on_first_attempt(config: dict) -> None:
     small_train(config)
 
 
+def _process_started_at() -> float:
+    """When this process was created (Linux: /proc), in time.time() seconds."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's ")"
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def exit_after_warm_up(config: dict) -> None:
+    """Attempt 0: both ranks report, rank 1 waits ``linger_s`` (for standbys to warm up), notes the
+    time and kills its own process. Every attempt writes, per rank, its pid and when its process
+    was created (attempt<a>_rank<r>.json); attempt 1 trains small_train."""
+    ctx = raytf.get_context()
+    _write(config["out_dir"], f"attempt{ctx.attempt}_rank{ctx.world_rank}.json",
+           {"pid": os.getpid(), "process_started": _process_started_at()})
+    if ctx.attempt == 0:
+        raytf.report({"epoch": 0})
+        if ctx.world_rank == 1:
+            time.sleep(config["linger_s"])
+            _write(config["out_dir"], "killed.json", {"time": time.time()})
+            os._exit(1)
+        time.sleep(600)  # rank 0 waits to be stopped with the group
+    small_train(config)
+
+
 def shard_epochs(config: dict) -> None:
     """For each request in config['requests'], two epochs of this worker's shard:
     batch sizes, the ``id`` column's values in order, and the element spec."""

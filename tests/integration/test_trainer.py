@@ -145,6 +145,37 @@ def test_a_dead_worker_is_restarted_while_failures_remain(tmp_path, no_leaks):
     assert result.history[-1]["attempt"] == 1 and result.history[-1]["epoch"] == 3
 
 
+def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, no_leaks):
+    """FailureConfig(warm_standby=True): the retry runs in processes that were started while the
+    first attempt trained (the standbys), none of them the first attempt's; the standbys are gone
+    with the run (no_leaks)."""
+    result = raytf.Trainer(
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 8},
+        scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(name="warm", storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),
+    ).fit()
+    assert result.attempts == 2 and result.history[-1]["epoch"] == 3
+
+    def info(attempt, rank):
+        return json.loads((tmp_path / f"attempt{attempt}_rank{rank}.json").read_text())
+
+    killed = json.loads((tmp_path / "killed.json").read_text())["time"]
+    first = {info(0, r)["pid"] for r in range(2)}
+    for rank in range(2):
+        retry = info(1, rank)
+        assert retry["pid"] not in first
+        assert retry["process_started"] < killed  # a standby, already up before the failure
+
+
+def test_warm_standby_is_refused_where_it_cannot_apply():
+    warm = raytf.RunConfig(failure_config=raytf.FailureConfig(warm_standby=True))
+    with pytest.raises(raytf.ConfigError, match="warm_standby works with CPU workers"):
+        raytf.Trainer(lambda: None, scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=1), run=warm)
+    with pytest.raises(raytf.ConfigError, match="ParameterServerTrainer has no warm standby"):
+        raytf.ParameterServerTrainer(lambda: None, run=warm)
+
+
 def test_a_stalled_worker_is_found_by_the_worker_timeout_and_the_group_restarted(tmp_path, no_leaks):
     run = trainer(workloads.stall_on_first_attempt, tmp_path, "stalled")
     run.run = raytf.RunConfig(

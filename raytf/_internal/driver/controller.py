@@ -124,7 +124,7 @@ class Controller:
             while not isinstance(self.state, TERMINAL):
                 self.step()
         finally:
-            self._group.shutdown()
+            getattr(self._group, "close", self._group.shutdown)()  # a group with standbys ends them too
         if isinstance(self.state, Errored):
             raise self.state.error
         return self.state

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.data.split import split_for_ranks
@@ -45,7 +45,12 @@ def _first_line(error: BaseException) -> str:
 
 
 class RayWorkerGroup:
-    """One placement group and one actor per bundle, started afresh for every attempt."""
+    """One placement group and one actor per bundle, started afresh for every attempt.
+
+    With ``warm_standby``, once an attempt trains, each training worker's node also gets a
+    standby actor that loads TensorFlow and ``train_fn`` and waits (no CPU or GPU of its own);
+    the next attempt hands a bundle on that node to it instead of starting a cold actor.
+    """
 
     def __init__(
         self,
@@ -59,6 +64,7 @@ class RayWorkerGroup:
         start_timeout_s: float = 120.0,
         hang_timeout_s: Optional[float] = None,
         notify: Callable[[str], None] = lambda message: None,
+        warm_standby: bool = False,
     ):
         if [r.name for r in roles].count(TRAINING_ROLE) != 1:
             raise ValueError(f"a worker group needs exactly one {TRAINING_ROLE!r} role, got {[r.name for r in roles]}")
@@ -83,6 +89,10 @@ class RayWorkerGroup:
         self._began = self._placed = self._actors_up = 0.0  # this attempt's start-up, as it went
         self._startup_sent = False
         self.num_workers = elastic.max_workers  # this attempt's, once placed
+        self._warm_standby = warm_standby
+        self._standby: list[tuple[str, Any]] = []  # (node id, actor): warm, waiting for a rank
+        self._standby_made = False  # for this attempt
+        self._standby_count = 0  # names them apart
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
         return [dict(role.bundle) for role in self._roles
@@ -118,10 +128,18 @@ class RayWorkerGroup:
 
     def _start_actors(self, attempt: int, resume: ResumePoint) -> None:
         actors, index = [], 0
+        bundle_nodes = self._bundle_nodes() if self._standby else {}
         for role in self._roles:
             count = self.num_workers if role.name == TRAINING_ROLE else role.max_count
             resources = {k: v for k, v in role.bundle.items() if k not in ("CPU", "GPU")}
             for task in range(count):
+                standby = self._take_standby(bundle_nodes.get(index)) if role.name == TRAINING_ROLE else None
+                if standby is not None:
+                    # Warm: TensorFlow and train_fn are loaded. It runs on this bundle's node, on the
+                    # CPUs the bundle holds for it.
+                    actors.append((role, task, standby))
+                    index += 1
+                    continue
                 actors.append((role, task, _RemoteWorker.options(
                     # Named for the dashboard and `ray.get_actor`.
                     name=f"raytf:{self._run.run_name}:{attempt}:{index}",
@@ -200,7 +218,41 @@ class RayWorkerGroup:
                 "first_step" in watch.reached or "first_report" in watch.reached or status.finished):
             self._startup_sent = True
             status = dataclasses.replace(status, startup=watch.startup(self._began, self._placed, self._actors_up))
+        if self._warm_standby and self._startup_sent and not self._standby_made and not status.finished:
+            self._make_standby()
         return status
+
+    def _make_standby(self) -> None:
+        """One warm standby per training worker, on its node, once this attempt trains (so their
+        imports do not slow its start), less those still waiting from before."""
+        self._standby_made = True
+        waiting: dict[str, int] = {}
+        for node, _ in self._standby:
+            waiting[node] = waiting.get(node, 0) + 1
+        for address in self._addresses:
+            if waiting.get(address.node_id, 0) > 0:
+                waiting[address.node_id] -= 1
+                continue
+            self._standby_count += 1
+            actor = _RemoteWorker.options(
+                name=f"raytf:{self._run.run_name}:standby:{self._standby_count}",
+                num_cpus=0, num_gpus=0, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(address.node_id, soft=False),
+            ).remote()
+            actor.warm.remote(self._run_ref)  # not waited on: a restart's reserve() queues behind it
+            self._standby.append((address.node_id, actor))
+
+    def _bundle_nodes(self) -> dict[int, str]:
+        """Bundle index -> the id of the node it was placed on."""
+        table = ray.util.placement_group_table(self._pg)
+        return {int(i): node for i, node in (table.get("bundles_to_node_id") or {}).items()}
+
+    def _take_standby(self, node_id: Optional[str]) -> Any:
+        for i, (node, actor) in enumerate(self._standby):
+            if node == node_id:
+                del self._standby[i]
+                return actor
+        return None
 
     def connect(self) -> None:
         """Release the start barrier: every worker is ready, so all build the strategy together."""
@@ -231,8 +283,17 @@ class RayWorkerGroup:
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None:
         self._actors[rank].acknowledge.remote(seq, error)
 
+    def close(self) -> None:
+        """The run is over: shut the group down and kill the standbys too."""
+        standby, self._standby = [actor for _, actor in self._standby], []
+        for actor in standby:
+            ray.kill(actor, no_restart=True)
+        self.shutdown()
+
     def shutdown(self) -> None:
-        """Kill every actor, wait until they are gone, and remove the placement group."""
+        """Kill every actor of this attempt, wait until they are gone, and remove the placement
+        group. Standbys stay, for the next attempt."""
+        self._standby_made = False
         actors, self._actors, self._others = self._actors + self._others, [], []
         self._in_flight, self._watch = {}, None
         for actor in actors:

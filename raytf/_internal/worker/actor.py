@@ -43,6 +43,7 @@ class TrainWorker:
         self._go = threading.Event()  # set by connect(): every peer is ready to build the strategy
         self._go_message: Any = None
         self._task = ""  # "ps 0", "worker 1", ... in a parameter-server group; "" in a synchronous one
+        self.warmed = False  # warm() ran: TensorFlow and train_fn are loaded, before any rank
         self._activity = ActivityTracker()
         self._output = _logs.OutputFilter()
         self._output.install()  # before TensorFlow is imported: its first lines are the noisiest
@@ -99,6 +100,28 @@ class TrainWorker:
                 port=self._sock.getsockname()[1],
             )
         return self._address
+
+    def warm(self, run: RunSpec) -> None:
+        """As a standby (FailureConfig.warm_standby): do now what a start would do first, so that a
+        restart handed this actor skips it. Sets the run's environment (all of it but TF_CONFIG,
+        which comes with a rank, and is read only when the strategy is built), imports TensorFlow
+        (which initializes no device until used) and loads ``train_fn`` and its modules."""
+        import os
+
+        from ray import cloudpickle
+
+        from raytf._internal.protocol import RankInfo
+        from raytf._internal.worker.tensorflow import worker_environment
+
+        placeholder = WorkerSpec(role="", rank=RankInfo(0, 1, 0, 1, 0, 1), tf_config="{}", attempt=-1)
+        env = worker_environment(run, placeholder)
+        env.pop("TF_CONFIG", None)
+        os.environ.update(env)
+        self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
+        import tensorflow  # noqa: F401
+
+        cloudpickle.loads(run.payload)
+        self.warmed = True
 
     def start(self, run: RunSpec, spec: WorkerSpec, payload: PayloadKind) -> None:
         """Start the role's payload in a thread and return at once; the driver polls for progress."""

@@ -61,7 +61,7 @@ class TrainFnPayload:
         return self.session is not None and self.session.preempted
 
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
-        if "tensorflow" in sys.modules:
+        if "tensorflow" in sys.modules and not getattr(host, "warmed", False):
             logger.warning(
                 "TensorFlow was imported in this worker before raytf set TF_CONFIG and the thread "
                 "settings; import it inside train_fn, not at the top of a module the worker loads first"

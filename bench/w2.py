@@ -1,0 +1,144 @@
+"""Benchmark workload W2, communication-bound: W1's data, a model of 20M parameters.
+
+    python bench/w2.py [--configs plain_mwms,raytf,...] [--repeats 1]
+
+W2: the first 8,192 rows of W1's data (bench/w1.py), MLP 784-4096-4096-10
+(20,037,642 float32 parameters, 80 MB of gradients per step), Adam 1e-3,
+global batch 64 (32 per worker), 2 epochs, 2 workers with 1 CPU and 1 thread
+each, tf-keras ``model.fit``. At 32 rows per worker the step is the gradient
+all-reduce (computing it takes ~0.04 s of a ~0.5 s step here), which is what W2
+is for: the options that cut the bytes exchanged.
+
+Runs, in one invocation, plain MultiWorkerMirroredStrategy (TF_CONFIG by hand,
+float32, TensorFlow's defaults: the anchor) and raytf under each
+communication option, and prints one JSON line per run: samples/s of the last
+epoch, the final epoch's loss, and the bytes each worker all-reduces per
+training sample (gradient bytes per all-reduce / samples per all-reduce). The
+last line holds the ratios to the anchor (and to raytf's float32 run):
+samples/s and loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import throughput  # noqa: E402
+import w1  # noqa: E402
+
+ROWS = 8_192
+HIDDEN = 4096
+WORKER_BATCH = 32
+GLOBAL_BATCH = w1.WORKERS * WORKER_BATCH
+EPOCHS = 2
+STEPS_PER_EPOCH = ROWS // GLOBAL_BATCH
+PARAMETERS = w1.DIM * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * w1.CLASSES + w1.CLASSES
+WORKER_ENV = w1.WORKER_ENV
+ring_strategy = w1.ring_strategy
+
+# name: (TensorflowConfig options, accumulate_gradients steps)
+CONFIGS = {
+    "raytf": ({}, 1),
+    "raytf_per_variable": ({"bytes_per_pack": 1}, 1),
+    "raytf_packs_4mb": ({"bytes_per_pack": 4 << 20}, 1),
+    "raytf_bfloat16": ({"gradient_compression": "bfloat16"}, 1),
+    "raytf_bfloat16_ef": ({"gradient_compression": "bfloat16", "error_feedback": True}, 1),
+    "raytf_float16_ef": ({"gradient_compression": "float16", "error_feedback": True}, 1),
+    "raytf_accumulate4": ({}, 4),
+    "raytf_bfloat16_ef_accumulate4": ({"gradient_compression": "bfloat16", "error_feedback": True}, 4),
+}
+
+
+def layers(keras) -> list:
+    return [keras.Input((w1.DIM,)), keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(w1.CLASSES)]
+
+
+def fit(dataset, strategy, accumulate_steps: int = 1) -> dict:
+    """Train W2 on this worker's dataset (batches of WORKER_BATCH); bench/w1.py's fit and report."""
+    return w1.fit(dataset, strategy, layers=layers, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
+                  worker_batch=WORKER_BATCH, accumulate_steps=accumulate_steps, steps_per_execution=1)
+
+
+def bytes_per_sample(tensorflow: dict, accumulate_steps: int) -> float:
+    """Gradient bytes each worker hands the all-reduce per sample trained (the ring then sends and
+    receives 2(n-1)/n times that per worker)."""
+    wire = 2 if tensorflow.get("gradient_compression") else 4
+    return PARAMETERS * wire / (GLOBAL_BATCH * accumulate_steps)
+
+
+def _raytf_train(config):
+    import raytf
+
+    dataset = raytf.get_dataset_shard("train", batch_size=WORKER_BATCH, features="x", label="y",
+                                      drop_remainder=True)
+    raytf.report(fit(dataset, raytf.strategy(), config["accumulate_steps"]))
+
+
+def run_raytf(dataset, workdir: str, name: str) -> dict:
+    import raytf
+
+    tensorflow, accumulate_steps = CONFIGS[name]
+    start = time.perf_counter()
+    result = raytf.Trainer(
+        _raytf_train, config={"accumulate_steps": accumulate_steps},
+        datasets={"train": dataset},
+        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        run=raytf.RunConfig(name=f"bench-w2-{name}", storage_path=workdir, verbose=0),
+        tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras", **tensorflow),
+    ).fit()
+    return {**result.metrics, "fit_wall_s": time.perf_counter() - start,
+            "allreduce_bytes_per_sample": bytes_per_sample(tensorflow, accumulate_steps)}
+
+
+def run_plain(dataset, workdir: str) -> dict:
+    return {**throughput.run_plain_mwms(dataset, workdir, workload="w2"),
+            "allreduce_bytes_per_sample": bytes_per_sample({}, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=",".join(["plain_mwms", *CONFIGS]))
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c != "plain_mwms" and c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from plain_mwms, {', '.join(CONFIGS)}")
+
+    import ray
+    from ray import cloudpickle
+
+    for module in (w1, throughput, sys.modules[__name__]):
+        cloudpickle.register_pickle_by_value(module)
+    ray.init(address="local", num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False,
+             include_dashboard=False)
+    dataset = w1.ray_dataset().limit(ROWS).materialize()
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    with tempfile.TemporaryDirectory() as workdir:
+        for repeat in range(args.repeats):
+            for config in configs:
+                outcome = run_plain(dataset, workdir) if config == "plain_mwms" else run_raytf(dataset, workdir, config)
+                runs[config].append(outcome)
+                print(json.dumps({"config": config, "repeat": repeat, **outcome}), flush=True)
+    median = {c: {k: statistics.median(r[k] for r in rs) for k in ("samples_per_s", "loss")} for c, rs in runs.items()}
+    summary = {"parameters": PARAMETERS, "median": {c: {k: round(v, 4) for k, v in m.items()} for c, m in median.items()}}
+    for anchor in ("plain_mwms", "raytf"):
+        if anchor in median:
+            summary[f"vs_{anchor}"] = {
+                c: {"samples_per_s": round(m["samples_per_s"] / median[anchor]["samples_per_s"], 3),
+                    "loss": round(m["loss"] / median[anchor]["loss"], 4)}
+                for c, m in median.items() if c != anchor
+            }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
