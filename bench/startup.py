@@ -179,7 +179,8 @@ def main() -> None:
                 print(json.dumps({"system": system, "repeat": repeat, **outcome}), flush=True)
         trips = {n: count_round_trips(workdir, n) for n in map(int, args.workers.split(","))}
     median = {s: statistics.median(r["to_first_step_s"] for r in rs) for s, rs in runs.items()}
-    phases = {k: round(statistics.median(r["phases"][k] for r in runs["raytf"]), 2) for k in runs["raytf"][0]["phases"]}
+    phases = {k: round(statistics.median(r["phases"][k] for r in runs["raytf"]), 2)
+              for k in runs["raytf"][0]["phases"] if k != "attempt"}
     print(json.dumps({
         "median_to_first_step_s": median,
         "ratio_raytf/plain_mwms": round(median["raytf"] / median["plain_mwms"], 3),

@@ -30,9 +30,10 @@ sys.path.insert(0, HERE)
 import w1  # noqa: E402
 
 
-def run_plain_mwms(dataset, workdir: str, workload: str = "w1") -> dict:
+def run_plain_mwms(dataset, workdir: str, workload: str = "w1", whole: bool = False) -> dict:
     """Two local processes, TF_CONFIG by hand, each with its half of the workload's rows in memory
-    (``workload``: the bench module defining it, "w1" or "w2")."""
+    (``workload``: the bench module defining it, "w1" or "w2"; ``whole``: every row to each, for a
+    workload that picks its rows itself)."""
     import numpy as np
 
     arrays = {k: np.concatenate([b[k] for b in dataset.iter_batches(batch_size=None, batch_format="numpy")])
@@ -48,7 +49,8 @@ def run_plain_mwms(dataset, workdir: str, workload: str = "w1") -> dict:
     processes, outputs = [], []
     for rank in range(w1.WORKERS):
         data_path = os.path.join(workdir, f"plain{rank}.npz")
-        np.savez(data_path, x=arrays["x"][rank * half:(rank + 1) * half], y=arrays["y"][rank * half:(rank + 1) * half])
+        rows = slice(None) if whole else slice(rank * half, (rank + 1) * half)
+        np.savez(data_path, x=arrays["x"][rows], y=arrays["y"][rows])
         out = os.path.join(workdir, f"plain{rank}.json")
         outputs.append(out)
         tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})

@@ -5,7 +5,8 @@
 W2: the first 8,192 rows of W1's data (bench/w1.py), MLP 784-4096-4096-10
 (20,037,642 float32 parameters, 80 MB of gradients per step), Adam 1e-3,
 global batch 64 (32 per worker), 2 epochs, 2 workers with 1 CPU and 1 thread
-each, tf-keras ``model.fit``. At 32 rows per worker the step is the gradient
+each, tf-keras ``model.fit``, every system training on the same rows in the
+same steps (worker r takes rows r, r + 2, ...). At 32 rows per worker the step is the gradient
 all-reduce (computing it takes ~0.04 s of a ~0.5 s step here), which is what W2
 is for: the options that cut the bytes exchanged.
 
@@ -62,8 +63,12 @@ def layers(keras) -> list:
 
 
 def fit(dataset, strategy, accumulate_steps: int = 1) -> dict:
-    """Train W2 on this worker's dataset (batches of WORKER_BATCH); bench/w1.py's fit and report."""
-    return w1.fit(dataset, strategy, layers=layers, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
+    """Train W2; bench/w1.py's fit and report. ``dataset`` holds every row (in batches), the same
+    on every worker and in every system; each worker trains on rows rank, rank + n, rank + 2n, ...
+    so that all systems see the same rows in the same steps and their losses compare."""
+    rank, workers = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+    rows = dataset.unbatch().shard(workers, rank).batch(WORKER_BATCH, drop_remainder=True).cache()
+    return w1.fit(rows, strategy, layers=layers, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
                   worker_batch=WORKER_BATCH, accumulate_steps=accumulate_steps, steps_per_execution=1)
 
 
@@ -89,7 +94,7 @@ def run_raytf(dataset, workdir: str, name: str) -> dict:
     start = time.perf_counter()
     result = raytf.Trainer(
         _raytf_train, config={"accumulate_steps": accumulate_steps},
-        datasets={"train": dataset},
+        datasets={"train": dataset}, data_config=raytf.DataConfig(datasets_to_split=()),  # fit() picks rows
         scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
         run=raytf.RunConfig(name=f"bench-w2-{name}", storage_path=workdir, verbose=0),
         tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras", **tensorflow),
@@ -99,7 +104,7 @@ def run_raytf(dataset, workdir: str, name: str) -> dict:
 
 
 def run_plain(dataset, workdir: str) -> dict:
-    return {**throughput.run_plain_mwms(dataset, workdir, workload="w2"),
+    return {**throughput.run_plain_mwms(dataset, workdir, workload="w2", whole=True),
             "allreduce_bytes_per_sample": bytes_per_sample({}, 1)}
 
 

@@ -105,7 +105,7 @@ class TrainWorker:
         """As a standby (FailureConfig.warm_standby): do now what a start would do first, so that a
         restart handed this actor skips it. Sets the run's environment (all of it but TF_CONFIG,
         which comes with a rank, and is read only when the strategy is built), imports TensorFlow
-        (which initializes no device until used) and loads ``train_fn`` and its modules."""
+        (which initializes no device until used) and Keras, and loads ``train_fn`` and its modules."""
         import os
 
         from ray import cloudpickle
@@ -118,8 +118,9 @@ class TrainWorker:
         env.pop("TF_CONFIG", None)
         os.environ.update(env)
         self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
-        import tensorflow  # noqa: F401
+        import tensorflow as tf
 
+        tf.keras.Sequential  # noqa: B018 - loads the Keras that tf.keras is here, as the start's check will
         cloudpickle.loads(run.payload)
         self.warmed = True
 
