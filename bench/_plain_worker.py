@@ -1,9 +1,10 @@
 """One process of the plain MultiWorkerMirroredStrategy anchor: TF_CONFIG by hand, data in memory.
 
-    python _plain_worker.py RANK TF_CONFIG DATA.npz OUT.json [WORKLOAD]
+    python _plain_worker.py RANK TF_CONFIG DATA.npz|- OUT.json [WORKLOAD]
 
 WORKLOAD is the bench module defining it (w1, the default, or w2): its WORKER_ENV,
-WORKER_BATCH, ring_strategy() and fit(dataset, strategy).
+WORKER_BATCH, ring_strategy() and fit(dataset, strategy); with DATA "-", fit(None, strategy)
+makes its own rows.
 """
 
 import importlib
@@ -21,6 +22,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 strategy = workload.ring_strategy()
+if data_path == "-":  # the workload makes its own rows
+    with open(out_path, "w") as f:
+        json.dump(workload.fit(None, strategy), f)
+    sys.exit(0)
 data = np.load(data_path)
 dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"])).batch(workload.WORKER_BATCH, drop_remainder=True)
 options = tf.data.Options()

@@ -30,15 +30,16 @@ sys.path.insert(0, HERE)
 import w1  # noqa: E402
 
 
-def run_plain_mwms(dataset, workdir: str, workload: str = "w1", whole: bool = False) -> dict:
-    """Two local processes, TF_CONFIG by hand, each with its half of the workload's rows in memory
-    (``workload``: the bench module defining it, "w1" or "w2"; ``whole``: every row to each, for a
-    workload that picks its rows itself)."""
+def run_plain_mwms(dataset, workdir: str, workload: str = "w1") -> dict:
+    """Two local processes, TF_CONFIG by hand, each with its half of ``dataset``'s rows in memory
+    (``workload``: the bench module defining it, "w1" or "w2"; ``dataset`` None: the workload
+    makes its rows itself)."""
     import numpy as np
 
-    arrays = {k: np.concatenate([b[k] for b in dataset.iter_batches(batch_size=None, batch_format="numpy")])
-              for k in ("x", "y")}
-    half = len(arrays["y"]) // w1.WORKERS
+    arrays = {} if dataset is None else {
+        k: np.concatenate([b[k] for b in dataset.iter_batches(batch_size=None, batch_format="numpy")])
+        for k in ("x", "y")}
+    half = len(arrays["y"]) // w1.WORKERS if arrays else 0
     ports = []
     for _ in range(w1.WORKERS):
         with socket.socket() as s:
@@ -48,9 +49,11 @@ def run_plain_mwms(dataset, workdir: str, workload: str = "w1", whole: bool = Fa
     start = time.perf_counter()
     processes, outputs = [], []
     for rank in range(w1.WORKERS):
-        data_path = os.path.join(workdir, f"plain{rank}.npz")
-        rows = slice(None) if whole else slice(rank * half, (rank + 1) * half)
-        np.savez(data_path, x=arrays["x"][rows], y=arrays["y"][rows])
+        data_path = "-"
+        if arrays:
+            data_path = os.path.join(workdir, f"plain{rank}.npz")
+            rows = slice(rank * half, (rank + 1) * half)
+            np.savez(data_path, x=arrays["x"][rows], y=arrays["y"][rows])
         out = os.path.join(workdir, f"plain{rank}.json")
         outputs.append(out)
         tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})

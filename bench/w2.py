@@ -6,7 +6,8 @@ W2: the first 8,192 rows of W1's data (bench/w1.py), MLP 784-4096-4096-10
 (20,037,642 float32 parameters, 80 MB of gradients per step), Adam 1e-3,
 global batch 64 (32 per worker), 2 epochs, 2 workers with 1 CPU and 1 thread
 each, tf-keras ``model.fit``, every system training on the same rows in the
-same steps (worker r takes rows r, r + 2, ...). At 32 rows per worker the step is the gradient
+same steps (worker r takes rows r, r + 2, ..., made in the worker: W2 measures
+the all-reduce, not ingest). At 32 rows per worker the step is the gradient
 all-reduce (computing it takes ~0.04 s of a ~0.5 s step here), which is what W2
 is for: the options that cut the bytes exchanged.
 
@@ -62,13 +63,25 @@ def layers(keras) -> list:
             keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(w1.CLASSES)]
 
 
+def rows(rank: int, workers: int):
+    """Worker ``rank``'s rows of W2, made here (W1's generator, block by block as bench/w1.py's Ray
+    Dataset makes them): rows rank, rank + workers, ... of the first ROWS, in order. Every system
+    trains on the same rows in the same steps, so their losses compare."""
+    import numpy as np
+
+    block = w1.ROWS // w1.BLOCKS
+    parts = [w1.common.w1_block({"id": np.arange(start, min(start + block, ROWS))}) for start in range(0, ROWS, block)]
+    x, y = (np.concatenate([p[k] for p in parts]) for k in ("x", "y"))
+    return x[rank::workers], y[rank::workers]
+
+
 def fit(dataset, strategy, accumulate_steps: int = 1) -> dict:
-    """Train W2; bench/w1.py's fit and report. ``dataset`` holds every row (in batches), the same
-    on every worker and in every system; each worker trains on rows rank, rank + n, rank + 2n, ...
-    so that all systems see the same rows in the same steps and their losses compare."""
-    rank, workers = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
-    rows = dataset.unbatch().shard(workers, rank).batch(WORKER_BATCH, drop_remainder=True).cache()
-    return w1.fit(rows, strategy, layers=layers, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
+    """Train W2 (``dataset`` unused: see rows()); bench/w1.py's fit and report."""
+    import tensorflow as tf
+
+    x, y = rows(strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(WORKER_BATCH, drop_remainder=True).cache()
+    return w1.fit(data, strategy, layers=layers, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
                   worker_batch=WORKER_BATCH, accumulate_steps=accumulate_steps, steps_per_execution=1)
 
 
@@ -82,19 +95,16 @@ def bytes_per_sample(tensorflow: dict, accumulate_steps: int) -> float:
 def _raytf_train(config):
     import raytf
 
-    dataset = raytf.get_dataset_shard("train", batch_size=WORKER_BATCH, features="x", label="y",
-                                      drop_remainder=True)
-    raytf.report(fit(dataset, raytf.strategy(), config["accumulate_steps"]))
+    raytf.report(fit(None, raytf.strategy(), config["accumulate_steps"]))
 
 
-def run_raytf(dataset, workdir: str, name: str) -> dict:
+def run_raytf(workdir: str, name: str) -> dict:
     import raytf
 
     tensorflow, accumulate_steps = CONFIGS[name]
     start = time.perf_counter()
     result = raytf.Trainer(
         _raytf_train, config={"accumulate_steps": accumulate_steps},
-        datasets={"train": dataset}, data_config=raytf.DataConfig(datasets_to_split=()),  # fit() picks rows
         scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
         run=raytf.RunConfig(name=f"bench-w2-{name}", storage_path=workdir, verbose=0),
         tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras", **tensorflow),
@@ -103,8 +113,8 @@ def run_raytf(dataset, workdir: str, name: str) -> dict:
             "allreduce_bytes_per_sample": bytes_per_sample(tensorflow, accumulate_steps)}
 
 
-def run_plain(dataset, workdir: str) -> dict:
-    return {**throughput.run_plain_mwms(dataset, workdir, workload="w2", whole=True),
+def run_plain(workdir: str) -> dict:
+    return {**throughput.run_plain_mwms(None, workdir, workload="w2"),
             "allreduce_bytes_per_sample": bytes_per_sample({}, 1)}
 
 
@@ -121,16 +131,15 @@ def main() -> None:
     import ray
     from ray import cloudpickle
 
-    for module in (w1, throughput, sys.modules[__name__]):
+    for module in (w1, w1.common, throughput, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)
     ray.init(address="local", num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False,
              include_dashboard=False)
-    dataset = w1.ray_dataset().limit(ROWS).materialize()
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
             for config in configs:
-                outcome = run_plain(dataset, workdir) if config == "plain_mwms" else run_raytf(dataset, workdir, config)
+                outcome = run_plain(workdir) if config == "plain_mwms" else run_raytf(workdir, config)
                 runs[config].append(outcome)
                 print(json.dumps({"config": config, "repeat": repeat, **outcome}), flush=True)
     median = {c: {k: statistics.median(r[k] for r in rs) for k in ("samples_per_s", "loss")} for c, rs in runs.items()}
