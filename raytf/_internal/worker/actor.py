@@ -118,10 +118,10 @@ class TrainWorker:
         env.pop("TF_CONFIG", None)
         os.environ.update(env)
         self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
-        import tensorflow as tf
+        from raytf._internal.worker.tensorflow import load_keras
 
-        tf.keras.Sequential  # noqa: B018 - loads the Keras that tf.keras is here, as the start's check will
         cloudpickle.loads(run.payload)
+        load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
         self.warmed = True
 
     def start(self, run: RunSpec, spec: WorkerSpec, payload: PayloadKind) -> None:

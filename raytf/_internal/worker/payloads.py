@@ -71,15 +71,16 @@ class TrainFnPayload:
         # Loading the payload may import the user's modules, and with them TensorFlow.
         train_fn, config = cloudpickle.loads(run.payload)
         _tensorflow.configure_tensorflow(run)
-        _tensorflow.configure_keras(run)
+        keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
         host.set_phase(Phase.READY)
         host.wait_for_go()
         host.set_phase(Phase.CONNECTING)
         host.release_port()
+        _strategy.wait_for_leader(spec.tf_config)
         strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s, run.bytes_per_pack)
         _strategy.install(strategy)
         _compression.install(run.gradient_compression, run.error_feedback, run.keras)
-        if run.keras != "tf_keras":  # tf.keras is Keras 3: its model.fit fails under the strategy alone
+        if keras3:  # Keras 3's model.fit fails under the strategy alone
             from raytf.keras._keras3 import install
 
             install(strategy)

@@ -92,6 +92,36 @@ def _note_ignored_arguments(args: tuple, kwargs: dict) -> None:
         )
 
 
+def wait_for_leader(tf_config: str, timeout_s: float = 10.0) -> float:
+    """On every task but the coordination service's leader (the chief, else worker 0): wait until
+    the leader's server accepts connections, before building the strategy. Returns seconds waited.
+
+    The workers are released together, and the leader's gRPC server needs a moment to listen; a
+    peer whose first connection is refused waits out gRPC's reconnect backoff (up to 1 s in
+    TensorFlow) before it tries again, which made the strategy's connect take ~1 s where ~0.1 s
+    does. A refused TCP connect costs microseconds, so this polls every 10 ms. After
+    ``timeout_s`` it goes on and leaves the waiting to TensorFlow.
+    """
+    import json
+    import socket
+    import time
+
+    config = json.loads(tf_config)
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    leader_job = "chief" if cluster.get("chief") else "worker"
+    if not cluster.get(leader_job) or (task.get("type"), task.get("index")) == (leader_job, 0):
+        return 0.0
+    host, _, port = cluster[leader_job][0].rpartition(":")
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.01)
+    return time.monotonic() - started
+
+
 def make_strategy(communication: str, collective_timeout_s: Optional[float], bytes_per_pack: int = 0) -> Any:
     """This worker's MultiWorkerMirroredStrategy from TF_CONFIG; blocks until every peer has joined."""
     import tensorflow as tf

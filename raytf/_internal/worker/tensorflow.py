@@ -112,6 +112,21 @@ def configure_keras(run: RunSpec) -> None:
         tf.keras.mixed_precision.set_global_policy(run.mixed_precision)
 
 
+def load_keras(run: RunSpec) -> bool:
+    """Check and set up the Keras asked for (configure_keras), and import what raytf's Keras 3
+    support needs, so none of it is left for after the start barrier. True where raytf reroutes
+    Keras 3's fit: tf.keras is Keras 3, or train_fn's modules imported Keras 3 themselves."""
+    configure_keras(run)
+    import tensorflow as tf
+
+    keras3 = not tf.keras.Sequential.__module__.startswith("tf_keras") or "keras" in sys.modules
+    if keras3 and run.keras != "tf_keras":
+        import raytf.keras._keras3  # noqa: F401 - imports Keras 3 and raytf's fit
+
+        return True
+    return False
+
+
 def configure_tensorflow(run: RunSpec) -> None:
     import tensorflow as tf
 
