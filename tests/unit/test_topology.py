@@ -73,3 +73,35 @@ def test_every_role_is_in_one_cluster_spec_and_the_evaluator_outside_it():
     assert "evaluator" not in evaluator["cluster"] and evaluator["task"] == {"type": "evaluator", "index": 0}
     with pytest.raises(ValueError, match="role 'ps' is outside"):
         build_tf_config(cluster, 1, task_type="ps")
+
+
+def _tf_config(ports, index, chief=False):
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    if chief:
+        cluster = {"chief": [cluster["worker"][0]], "worker": cluster["worker"][1:]}
+        return json.dumps({"cluster": cluster, "task": {"type": "chief" if index == 0 else "worker",
+                                                          "index": 0 if index == 0 else index - 1}})
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
+def test_a_peer_waits_for_the_coordination_leader_to_listen_before_connecting():
+    import socket
+    import threading
+    import time
+
+    from raytf._internal.worker.strategy import wait_for_leader
+
+    leader = socket.socket()
+    leader.bind(("127.0.0.1", 0))  # bound, not listening: what a reserved port looks like
+    port = leader.getsockname()[1]
+    # The leader itself (worker 0, or the chief where there is one) never waits.
+    assert wait_for_leader(_tf_config([port, 1], 0), timeout_s=5) == 0.0
+    assert wait_for_leader(_tf_config([port, 1], 0, chief=True), timeout_s=5) == 0.0
+    # A peer waits until the leader's server listens, and no longer.
+    threading.Timer(0.5, leader.listen).start()
+    started = time.monotonic()
+    waited = wait_for_leader(_tf_config([port, 1], 1), timeout_s=10)
+    assert 0.4 <= waited < 5 and time.monotonic() - started < 5
+    leader.close()
+    # A leader that never listens: the peer gives up after timeout_s and leaves it to TensorFlow.
+    assert 0.3 <= wait_for_leader(_tf_config([port, 1], 1, chief=True), timeout_s=0.3) < 3
