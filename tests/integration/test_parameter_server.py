@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 
-import numpy as np
 import pytest
 
 import raytf
@@ -86,23 +86,30 @@ def test_ps_training_matches_mwms_and_the_evaluator_scores_committed_checkpoints
     assert abs(chief["eval_loss"] - reference.metrics["eval_loss"]) <= LOSS_TOLERANCE
 
 
+def signal_at_mark(tmp_path, run, label, signum, also=()):
+    """In a thread: once the workload marks epoch 1 as scheduled, send ``signum`` to the process of
+    run ``run``'s actor ``label``. Returns the thread and what it saw: ``pid``, the signalled
+    process, and ``others``, the pids of the actors in ``also`` at that moment."""
+    seen = {}
+
+    def send():
+        wait_for((tmp_path / "out" / "mark.json").exists, timeout_s=180, message="epoch 1 to be scheduled")
+        seen["pid"] = actor_pid(run, label)
+        seen["others"] = {other: actor_pid(run, other) for other in also}
+        os.kill(seen["pid"], signum)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread, seen
+
+
 def test_a_lost_worker_is_replaced_in_place_and_the_run_goes_on(cluster, tmp_path, no_leaks):
     from ray.util.state import list_actors
 
     config = {"epochs": 4, "steps": 400, "mark_epoch": 1}
     trainer = ps_trainer(tmp_path, "ps-kill-worker", config, failures=raytf.FailureConfig(max_failures=1))
-    import threading
-
-    killed = {}
-
-    def kill_worker_1():
-        wait_for((tmp_path / "out" / "mark.json").exists, timeout_s=180, message="epoch 1 to be scheduled")
-        killed["pid"] = actor_pid("ps-kill-worker", "worker-1")
-        killed["others"] = {label: actor_pid("ps-kill-worker", label) for label in ("chief-0", "worker-0", "ps-0")}
-        os.kill(killed["pid"], signal.SIGKILL)
-
-    thread = threading.Thread(target=kill_worker_1, daemon=True)
-    thread.start()
+    thread, killed = signal_at_mark(tmp_path, "ps-kill-worker", "worker-1", signal.SIGKILL,
+                                    also=("chief-0", "worker-0", "ps-0"))
     result = trainer.fit()
     thread.join(timeout=5)
     assert "pid" in killed, "the worker was not killed during the run"
@@ -123,16 +130,9 @@ def test_a_lost_worker_is_replaced_in_place_and_the_run_goes_on(cluster, tmp_pat
 def test_a_preempted_worker_is_replaced_without_counting_a_failure(cluster, tmp_path, no_leaks):
     """SIGTERM to a worker (what a spot node's shutdown sends): replaced in place, as a preemption,
     so even max_failures=0 does not end the run."""
-    import threading
-
     config = {"epochs": 4, "steps": 400, "mark_epoch": 1}
     trainer = ps_trainer(tmp_path, "ps-preempt", config, failures=raytf.FailureConfig(max_failures=0))
-
-    def preempt_worker_0():
-        wait_for((tmp_path / "out" / "mark.json").exists, timeout_s=180, message="epoch 1 to be scheduled")
-        os.kill(actor_pid("ps-preempt", "worker-0"), signal.SIGTERM)
-
-    threading.Thread(target=preempt_worker_0, daemon=True).start()
+    signal_at_mark(tmp_path, "ps-preempt", "worker-0", signal.SIGTERM)
     result = trainer.fit()
     assert result.attempts == 1
     assert [(f.task, f.kind) for f in result.failures] == [("worker 0", raytf.FailureKind.PREEMPTED)]
@@ -144,13 +144,7 @@ def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path
     # One more failure than the ps loss: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the ps loss.
     trainer = ps_trainer(tmp_path, "ps-kill-ps", config, failures=raytf.FailureConfig(max_failures=2))
-    import threading
-
-    def kill_ps():
-        wait_for((tmp_path / "out" / "mark.json").exists, timeout_s=180, message="epoch 1 to be scheduled")
-        os.kill(actor_pid("ps-kill-ps", "ps-0"), signal.SIGKILL)
-
-    threading.Thread(target=kill_ps, daemon=True).start()
+    signal_at_mark(tmp_path, "ps-kill-ps", "ps-0", signal.SIGKILL)
     result = trainer.fit()
     assert result.attempts >= 2
     assert result.failures[0].task == "ps 0"
