@@ -110,16 +110,10 @@ class TrainWorker:
 
         from ray import cloudpickle
 
-        from raytf._internal.protocol import RankInfo
-        from raytf._internal.worker.tensorflow import worker_environment
+        from raytf._internal.worker.tensorflow import load_keras, run_environment
 
-        placeholder = WorkerSpec(role="", rank=RankInfo(0, 1, 0, 1, 0, 1), tf_config="{}", attempt=-1)
-        env = worker_environment(run, placeholder)
-        env.pop("TF_CONFIG", None)
-        os.environ.update(env)
+        os.environ.update(run_environment(run))
         self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
-        from raytf._internal.worker.tensorflow import load_keras
-
         cloudpickle.loads(run.payload)
         load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
         self.warmed = True

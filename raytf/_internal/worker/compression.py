@@ -125,19 +125,18 @@ def _residual(table: dict, variable: Any, gradient: Any) -> Any:
     return residual
 
 
-def install(dtype: Optional[str], error_feedback: bool, keras: str) -> None:
-    """Compress this worker's gradient all-reduces from now on (``dtype=None``: stop)."""
+def install(dtype: Optional[str], error_feedback: bool) -> None:
+    """Compress this worker's gradient all-reduces from now on (``dtype=None``: stop). Patches the
+    optimizers of each Keras loaded by then (the worker loads the one tf.keras is before this)."""
     global _active
     _active = Compression(dtype, error_feedback) if dtype else None
     if _active is None:
         return
-    import os
     import sys
 
-    legacy = keras == "tf_keras" or (keras == "auto" and os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"))
-    if legacy or "tf_keras" in sys.modules:
+    if "tf_keras" in sys.modules:
         _patch_tf_keras()
-    if not legacy or "keras" in sys.modules:
+    if "keras" in sys.modules:
         _patch_keras3()
 
 

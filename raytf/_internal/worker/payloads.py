@@ -79,7 +79,7 @@ class TrainFnPayload:
         _strategy.wait_for_leader(spec.tf_config)
         strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s, run.bytes_per_pack)
         _strategy.install(strategy)
-        _compression.install(run.gradient_compression, run.error_feedback, run.keras)
+        _compression.install(run.gradient_compression, run.error_feedback)
         if keras3:  # Keras 3's model.fit fails under the strategy alone
             from raytf.keras._keras3 import install
 

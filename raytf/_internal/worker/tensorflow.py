@@ -49,8 +49,13 @@ def reserve_port(port: int = 0) -> socket.socket:
 
 def worker_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
     """The variables a worker sets before importing TensorFlow."""
+    return {_env.TF_CONFIG: spec.tf_config, **run_environment(run)}
+
+
+def run_environment(run: RunSpec) -> dict[str, str]:
+    """The part of the worker's environment that is the run's, not its rank's (all but TF_CONFIG):
+    what a warm standby sets before it imports TensorFlow."""
     env = {
-        _env.TF_CONFIG: spec.tf_config,
         _env.TF_NUM_INTRAOP_THREADS: str(run.intra_op_threads),
         _env.TF_NUM_INTEROP_THREADS: str(run.inter_op_threads),
         _env.OMP_NUM_THREADS: str(run.intra_op_threads),
