@@ -8,9 +8,10 @@ without a fault, once with rank 1 killed (``os._exit``) in the middle of
 epoch 1. Prints one JSON line per run and a summary line:
 
 - ``resume_s``: seconds from the kill to the first training step of the retry, and
-  (raytf) ``resume_components_s``, the same seconds in parts: noticing the loss and
-  stopping the group, then the retry's placement, actors, loading (TensorFlow's
-  import, ``train_fn``), connect, and first step (data, model, restore, tracing);
+  (raytf) ``resume_components_s``, the same seconds in parts: the driver noticing the
+  loss, stopping the group, the retry's placement, actors, loading (TensorFlow's
+  import, ``train_fn``) and connect, then the dataset shard, the model and its
+  restore, and the first step (tracing, distributing the data);
 - ``steps_redone``: steps trained twice (the kill's step minus the step the
   retry resumed from; the work since the last checkpoint is the least possible);
 - ``retries``: attempts after the first;
@@ -57,7 +58,7 @@ def train_w1(strategy, dataset, *, rank: int, restore, save, marks: str, kill_st
     any; ``save(trackables, epoch, step, loss)`` checkpoints and reports. Marks
     written for the driver: ``start`` (each attempt), ``resumed`` (the first
     step after a resume), ``killed`` (the step and time of the kill), ``entered`` (each
-    attempt's entry here, the strategy connected).
+    attempt's entry here, its dataset shard made).
     """
     import tensorflow as tf
 
@@ -105,6 +106,8 @@ def _raytf_train(config):
     import raytf
 
     ctx = raytf.get_context()
+    if ctx.world_rank == 0:
+        _mark(config["marks"], "called", {"time": time.time()})  # train_fn called: the strategy is up
 
     def restore(trackables):
         checkpoint = raytf.get_checkpoint()
@@ -136,10 +139,12 @@ def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None, warm_sta
                             failure_config=raytf.FailureConfig(max_failures=3, warm_standby=warm_standby)),
         tensorflow=raytf.TensorflowConfig(communication="ring", worker_env={"TF_USE_LEGACY_KERAS": "1"}),
     ).fit()
-    # Where the retry's start went (placement, actors, loading, connect, first step), from result.startup.
+    # Where the retry's start went (placement, actors, loading, connect, first step), from result.startup,
+    # and when the driver noticed the loss (the first failure's time).
     retry = result.startup[1] if len(result.startup) > 1 else None
+    noticed = result.failures[0].time if result.failures else None
     return {"wall_s": time.perf_counter() - start, "loss": result.metrics["loss"], "failed": None,
-            "retry_startup_s": retry}
+            "retry_startup_s": retry, "noticed": noticed}
 
 
 def _ray_train_train(config):
@@ -199,9 +204,34 @@ def run_raytf_warm(dataset, workdir: str, marks: str, kill_step: int | None) -> 
 SYSTEMS = {"raytf": run_raytf, "raytf_warm": run_raytf_warm, "ray_train": run_ray_train}
 
 
+def _components(killed: float, retry: dict | None, noticed: float | None, marks: str) -> dict | None:
+    """resume_s in parts, from the clocks of the driver and of rank 0 (one machine, one clock):
+    the driver noticing the loss (``detect``); stopping the group and starting the retry's, up to
+    the strategy connected (``stop``, ``placement``, ``actors``, ``loading``, ``connect``: the last
+    four from result.startup, which the driver measures at its polls, so ``stop`` also holds their
+    rounding); then, in train_fn, the dataset shard (``dataset``), building the model and
+    restoring the checkpoint (``model_and_restore``), and the first step (``first_step``: tracing,
+    distributing the data)."""
+    after = {name: [m["time"] for m in _read_marks(marks, name) if m["time"] > killed]
+             for name in ("called", "entered", "start", "resumed")}
+    if not retry or noticed is None or not all(after.values()):
+        return None
+    called, entered, start, resumed = (after[name][0] for name in ("called", "entered", "start", "resumed"))
+    group = {k: retry[k] for k in ("placement", "actors", "loading", "connect")}
+    return {
+        "detect": round(noticed - killed, 2),
+        "stop": round(max(0.0, called - noticed - sum(group.values())), 2),
+        **group,
+        "dataset": round(entered - called, 2),
+        "model_and_restore": round(start - entered, 2),
+        "first_step": round(resumed - start, 2),
+    }
+
+
 def measure(system: str, dataset, workdir: str, kill_step: int | None) -> dict:
     marks = tempfile.mkdtemp(dir=workdir, prefix=f"marks-{system}-")
     outcome = SYSTEMS[system](dataset, workdir, marks, kill_step)
+    noticed = outcome.pop("noticed", None)
     starts = _read_marks(marks, "start")
     line = {"system": system, "fault": kill_step is not None, **outcome, "retries": len(starts) - 1}
     killed, resumed = _read_marks(marks, "killed"), _read_marks(marks, "resumed")
@@ -211,20 +241,9 @@ def measure(system: str, dataset, workdir: str, kill_step: int | None) -> dict:
             line["resume_s"] = round(resumed[0]["time"] - killed[0]["time"], 2)
             line["resumed_from_step"] = resumed[0]["from_step"]
             line["steps_redone"] = killed[0]["step"] - resumed[0]["from_step"]
-            retry = outcome.get("retry_startup_s")
-            entered = [m["time"] for m in _read_marks(marks, "entered") if m["time"] > killed[0]["time"]]
-            start = [m["time"] for m in starts if m["time"] > killed[0]["time"]]
-            if retry and entered and start:
-                # resume_s in parts: noticing the loss and stopping the group; the retry's placement,
-                # actors, loading and connect (result.startup); then, in train_fn, building the model
-                # and restoring the checkpoint, and the first step (distributing the data, tracing).
-                group = [retry[k] for k in ("placement", "actors", "loading", "connect")]
-                line["resume_components_s"] = {
-                    "detect_and_stop": round(entered[0] - killed[0]["time"] - sum(group), 2),
-                    **dict(zip(("placement", "actors", "loading", "connect"), group)),
-                    "model_and_restore": round(start[0] - entered[0], 2),
-                    "first_step": round(resumed[0]["time"] - start[0], 2),
-                }
+            components = _components(killed[0]["time"], outcome.get("retry_startup_s"), noticed, marks)
+            if components:
+                line["resume_components_s"] = components
         else:
             # No resumed step: the retry started from scratch (or never started).
             line["resumed_from_step"] = 0 if len(starts) > 1 else None

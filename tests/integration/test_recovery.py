@@ -27,11 +27,11 @@ def mlp_data(rows=ROWS):
     return ray.data.range(rows, override_num_blocks=8).map_batches(workloads.mlp_features, batch_size=None).materialize()
 
 
-def resumable(tmp_path, name, config, *, scaling=None, **run):
+def resumable(tmp_path, name, config, *, scaling=None, rows=ROWS, **run):
     return raytf.Trainer(
         workloads.resumable_train,
-        config={"out_dir": str(tmp_path), "rows": ROWS, "epochs": 3, **config},
-        datasets={"train": mlp_data()},
+        config={"out_dir": str(tmp_path), "rows": rows, "epochs": 3, **config},
+        datasets={"train": mlp_data(rows)},
         scaling=scaling or raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(name=name, storage_path=str(tmp_path / "results"), verbose=0, **run),
     )
@@ -207,3 +207,30 @@ def test_elastic_group_shrinks_when_a_lost_node_does_not_come_back(cluster, tmp_
     seen = [(h["attempt"], h["epoch"], h["world_size"], h["per_worker_batch"], h["resumed_at"]) for h in result.history]
     # global_batch_size=64 kept: 2 workers x 32, then (from epoch 0's checkpoint) 1 worker x 64.
     assert seen == [(0, 0, 2, 32, None), (1, 1, 1, 64, 16), (1, 2, 1, 64, 16)]
+
+
+def test_a_warm_restart_splits_anew_the_data_a_lost_node_held(cluster, tmp_path, no_leaks):
+    """FailureConfig(warm_standby=True) keeps each rank's shard on its node for the next attempt.
+    When the node of rank 1 is lost, its kept shard goes with it: the retry splits the dataset
+    anew rather than failing on the lost copy (one failure allowed, and used by the loss). The
+    shards are over 100 KiB, so Ray keeps them in the node's object store, not the driver's memory."""
+    nodes = [cluster.add_node(num_cpus=1, resources={"warm": 1}) for _ in range(2)]
+    added = list(nodes)
+    try:
+        join = in_background(resumable(
+            tmp_path, "warm-lost-node", {"mark_step": 140, "hold_after_mark": True}, rows=4096,
+            scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"warm": 1}),
+            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True),
+        ))
+        running = wait_for(lambda: (tmp_path / "running1.json").exists() and tmp_path / "running1.json", 120, "training")
+        node_id = json.loads(running.read_text())["node_id"]
+        time.sleep(2)  # the driver has asked the ranks for their shards since their first step
+        cluster.remove_node(next(n for n in nodes if n.node_id == node_id))
+        added.append(cluster.add_node(num_cpus=1, resources={"warm": 1}))
+        result = join()
+    finally:
+        for node in added:
+            if node.node_id != node_id:
+                cluster.remove_node(node)
+    assert result.attempts == 2 and len(result.failures) == 1
+    assert result.history[-1]["epoch"] == 2

@@ -145,12 +145,25 @@ def test_a_dead_worker_is_restarted_while_failures_remain(tmp_path, no_leaks):
     assert result.history[-1]["attempt"] == 1 and result.history[-1]["epoch"] == 3
 
 
+def split_coordinators() -> int:
+    """Ray Data split coordinators ever made in this cluster: one per streaming_split."""
+    from ray.util.state import list_actors
+
+    return len(list_actors(filters=[("class_name", "=", "SplitCoordinator")], limit=10_000))
+
+
 def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, no_leaks):
     """FailureConfig(warm_standby=True): the retry runs in processes that were started while the
-    first attempt trained (the standbys), none of them the first attempt's; the standbys are gone
-    with the run (no_leaks)."""
+    first attempt trained (the standbys), none of them the first attempt's, and each rank reads
+    the rows its predecessor read, kept in the object store, without a new split of the dataset;
+    the standbys are gone with the run (no_leaks)."""
+    import ray
+
+    before = split_coordinators()
     result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 8},
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 8, "datasets": ["train", "whole"]},
+        datasets={"train": ray.data.range(64, override_num_blocks=8), "whole": ray.data.range(12)},
+        data_config=raytf.DataConfig(datasets_to_split=["train"]),
         scaling=raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(name="warm", storage_path=str(tmp_path / "results"), verbose=0,
                             failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),
@@ -166,6 +179,10 @@ def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, 
         retry = info(1, rank)
         assert retry["pid"] not in first
         assert retry["process_started"] < killed  # a standby, already up before the failure
+        assert retry["ids"] == info(0, rank)["ids"]
+        assert retry["ids"]["whole"] == list(range(12))
+    assert sorted(info(0, 0)["ids"]["train"] + info(0, 1)["ids"]["train"]) == list(range(64))
+    assert split_coordinators() - before == 1  # the first attempt's split, and no other
 
 
 def test_warm_standby_is_refused_where_it_cannot_apply():

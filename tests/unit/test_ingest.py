@@ -98,6 +98,7 @@ def test_shards_are_split_with_each_ranks_node_as_locality_hint():
             return [f"split{i}" for i in range(n)]
 
         def iterator(self):
+            self.calls.append("iterator")
             return "whole"
 
     train, val = FakeDataset(), FakeDataset()
@@ -106,6 +107,17 @@ def test_shards_are_split_with_each_ranks_node_as_locality_hint():
         {"train": "split1", "val": "whole"},
     ]
     assert train.calls == [(2, True, ["node-b", "node-a"])]
+
+    # A warm restart: what the last attempt's ranks read, in place of a new split; rank r gets
+    # rank r's piece of a split dataset, every rank the one copy of a whole one.
+    assert val.calls == ["iterator", "iterator"]
+    train.calls.clear(), val.calls.clear()
+    kept = {"train": ["kept0", "kept1"], "val": ["kept-whole"]}
+    assert split_for_ranks({"train": train, "val": val}, {"train"}, ["node-b", "node-a"], kept) == [
+        {"train": "kept0", "val": "kept-whole"},
+        {"train": "kept1", "val": "kept-whole"},
+    ]
+    assert train.calls == [] and val.calls == []
 
 
 def test_data_config_names_must_be_passed_datasets():

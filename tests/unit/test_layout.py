@@ -17,6 +17,8 @@ RAY_MODULES = {
     "_internal/driver/placement.py",
     "_internal/driver/worker_group.py",
     "_internal/driver/ps_group.py",
+    "_internal/driver/kept_shards.py",
+    "_internal/data/shard.py",  # a kept shard is read with ray.get
     "_internal/worker/actor.py",
     "_internal/worker/payloads.py",
     "_internal/worker/logs.py",

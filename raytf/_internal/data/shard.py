@@ -55,6 +55,27 @@ class ShardRequest:
         return features, self.label
 
 
+class KeptShardLost(Exception):
+    """The object holding a kept shard is gone (its node went away): a loss, retried with a new split."""
+
+
+@dataclass(frozen=True)
+class KeptShard:
+    """A shard a rank of an earlier attempt read whole (the cached path), kept in Ray's object
+    store by the driver (``FailureConfig(warm_standby=True)``). The rank that takes its place
+    reads it from there: no new split of the dataset, no streaming executor, the same rows."""
+
+    ref: Any  # ray.ObjectRef of {column: np.ndarray}, owned by the driver
+
+    def arrays(self) -> dict[str, Any]:
+        import ray
+
+        try:
+            return ray.get(self.ref)  # zero-copy on the node that holds it
+        except ray.exceptions.ObjectLostError as error:
+            raise KeptShardLost(f"the kept copy of this worker's shard was lost: {error}") from None
+
+
 def check_request(request: ShardRequest) -> None:
     b = request.batch_size
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -153,8 +174,14 @@ class ShardReader:
             )
         return global_batch_size // world
 
+    def read_whole(self, name: str) -> Optional[dict[str, Any]]:
+        """The columns of ``name`` as this worker read them whole (the cached path), if it did."""
+        cached = self._cached.get(name)
+        return cached[0] if cached is not None else None
+
     def dataset(self, request: ShardRequest, seed: Optional[int], cache: bool) -> Any:
-        """This worker's shard of ``request.name`` as a ``tf.data.Dataset``."""
+        """This worker's shard of ``request.name`` as a ``tf.data.Dataset``. A kept shard (see
+        :class:`KeptShard`) is already in memory, so it takes the cached path whatever ``cache`` says."""
         from raytf._internal.data import tfdata
 
         name = request.name
@@ -164,13 +191,14 @@ class ShardReader:
         self._calls[name] = call + 1
         seed_here = shuffle_seed(seed, name, self._world_rank, call)
         iterator = self._datasets[name]
-        if not cache:
+        kept = isinstance(iterator, KeptShard)
+        if not cache and not kept:
             schema = iterator.schema()
             if schema is None:  # Ray Data has no schema for a dataset without rows
                 check_rows(name, 0, self._world_size)
             return tfdata.streaming_dataset(iterator, request, schema, seed_here)
         if name not in self._cached:
-            arrays = tfdata.read_shard(iterator, name)
+            arrays = iterator.arrays() if kept else tfdata.read_shard(iterator, name)
             own = len(next(iter(arrays.values()))) if arrays else 0
             counts = agree_on_rows(self._strategy(), own, self._world_rank, self._world_size)
             check_rows(name, min(counts), self._world_size)  # every rank raises alike

@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from raytf._internal import env as _env
 from raytf._internal.data.split import split_for_ranks
 from raytf._internal.driver import cluster, placement
+from raytf._internal.driver.kept_shards import ShardKeeper
 from raytf._internal.driver.preflight import placement_timeout_message
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.topology import assign_ranks, build_tf_config
@@ -49,7 +50,8 @@ class RayWorkerGroup:
 
     With ``warm_standby``, once an attempt trains, each training worker's node also gets a
     standby actor that loads TensorFlow and ``train_fn`` and waits (no CPU or GPU of its own);
-    the next attempt hands a bundle on that node to it instead of starting a cold actor.
+    the next attempt hands a bundle on that node to it instead of starting a cold actor. The
+    shards the ranks read are kept too (kept_shards.py), and a restart of the same size reads them.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class RayWorkerGroup:
         self._standby: list[tuple[str, Any]] = []  # (node id, actor): warm, waiting for a rank
         self._standby_made = False  # for this attempt
         self._standby_count = 0  # names them apart
+        self._keeper = ShardKeeper(self._datasets, run.split) if warm_standby else None
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
         return [dict(role.bundle) for role in self._roles
@@ -170,7 +173,8 @@ class RayWorkerGroup:
         for (role, task, _), address in zip(actors, addresses):
             if role.name != TRAINING_ROLE:
                 cluster_spec.setdefault(role.name, []).append(address.host_port)
-        shards = split_for_ranks(self._datasets, self._run.split, [a.node_id for a in self._addresses])
+        kept = self._keeper.take(len(self._addresses)) if self._keeper is not None else {}
+        shards = split_for_ranks(self._datasets, self._run.split, [a.node_id for a in self._addresses], kept)
         starts = []
         if self._run_ref is None:
             self._run_ref = ray.put(self._run)  # train_fn and its config travel once, not once per actor
@@ -219,13 +223,16 @@ class RayWorkerGroup:
             self._startup_sent = True
             status = dataclasses.replace(status, startup=watch.startup(self._began, self._placed, self._actors_up))
         if self._warm_standby and self._startup_sent and not self._standby_made and not status.finished:
-            self._make_standby()
+            self._prepare_warm_restart()
         return status
 
-    def _make_standby(self) -> None:
-        """One warm standby per training worker, on its node, once this attempt trains (so their
-        imports do not slow its start), less those still waiting from before."""
+    def _prepare_warm_restart(self) -> None:
+        """Once this attempt trains (so none of this slows its start): keep the shards its ranks
+        read, and start one warm standby per training worker on its node, less those still
+        waiting from before."""
         self._standby_made = True
+        if self._keeper is not None:
+            self._keeper.ask(self._actors, [a.node_id for a in self._addresses])
         waiting: dict[str, int] = {}
         for node, _ in self._standby:
             waiting[node] = waiting.get(node, 0) + 1
@@ -289,6 +296,8 @@ class RayWorkerGroup:
         for actor in standby:
             ray.kill(actor, no_restart=True)
         self.shutdown()
+        if self._keeper is not None:
+            self._keeper.clear()
 
     def shutdown(self) -> None:
         """Kill every actor of this attempt, wait until they are gone, and remove the placement

@@ -105,8 +105,11 @@ class TrainWorker:
         """As a standby (FailureConfig.warm_standby): do now what a start would do first, so that a
         restart handed this actor skips it. Sets the run's environment (all of it but TF_CONFIG,
         which comes with a rank, and is read only when the strategy is built), imports TensorFlow
-        (which initializes no device until used) and Keras, and loads ``train_fn`` and its modules."""
+        (which initializes no device until used), Keras and Ray Data (which a rank's dataset
+        iterators need, unpickled with its start), and loads ``train_fn`` and its modules."""
         import os
+
+        import ray.data  # noqa: F401
 
         from ray import cloudpickle
 
@@ -146,6 +149,14 @@ class TrainWorker:
             preempt_reason=self._preempt_reason, activity=activity,
             progress=session.progress() if session is not None else None,
         )
+
+    def shard_read_whole(self, name: str) -> tuple[bool, Any]:
+        """For warm restarts: whether this worker read its shard of ``name`` whole, and its columns.
+        The driver calls it with two returns, so it reads the flag and leaves the columns in the
+        object store, where a restarted rank reads them (data/shard.py, KeptShard)."""
+        session = getattr(self._payload, "session", None)
+        arrays = session.shard_read_whole(name) if session is not None else None
+        return arrays is not None, arrays
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
         session = getattr(self._payload, "session", None)

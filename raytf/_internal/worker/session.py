@@ -106,6 +106,10 @@ class WorkerSession:
             return sorted(files[0]) if files else []
         return self._shards.names()
 
+    def shard_read_whole(self, name: str) -> Any:
+        """The columns of ``name`` as this worker read them whole, or None (see ShardReader)."""
+        return self._shards.read_whole(name)
+
     def get_dataset_shard(self, name: str, *, batch_size: Optional[int] = None,
                           global_batch_size: Optional[int] = None, features: Any = None,
                           label: Optional[str] = None, shuffle: bool = False, seed: Optional[int] = None,

@@ -147,8 +147,13 @@ def configure_tensorflow(run: RunSpec) -> None:
 
 
 def failure_kind(error: BaseException) -> FailureKind:
-    """COLLECTIVE for TensorFlow's errors from a collective whose peer went away, else EXCEPTION."""
+    """COLLECTIVE for TensorFlow's errors from a collective whose peer went away, DIED for a kept
+    shard whose node went away, else EXCEPTION."""
+    from raytf._internal.data.shard import KeptShardLost
     from raytf._internal.driver.failure import PEER_ERRORS
+
+    if isinstance(error, KeptShardLost):
+        return FailureKind.DIED
 
     tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
     if tf_errors is not None and isinstance(error, tf_errors.OpError):
