@@ -139,10 +139,13 @@ class FailureConfig:
     ``warm_standby=True`` makes restarts start warm: once an attempt trains,
     raytf starts one standby process per worker on the same node, which
     imports TensorFlow and loads ``train_fn`` and then waits, holding no CPU or
-    GPU of its own. When the group restarts, each new bundle on a node with a
+    GPU of its own, and keeps each rank's shard (as it read it whole) in Ray's
+    object store. When the group restarts, each new bundle on a node with a
     standby is handed to it instead of a cold actor, skipping the process
-    start and TensorFlow's import (seconds per restart). It costs one idle
-    process per worker (its memory, and its import's CPU once per attempt).
+    start and TensorFlow's import, and a restart of the same size reads the
+    kept shards instead of splitting the data again (seconds per restart). It
+    costs one idle process per worker (its memory, and its import's CPU once
+    per attempt) and a second copy of the shards in object-store memory.
     For raytf.Trainer's CPU workers; GPU workers start cold.
     """
 
