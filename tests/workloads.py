@@ -148,19 +148,21 @@ def _process_started_at() -> float:
 
 
 def exit_after_warm_up(config: dict) -> None:
-    """Attempt 0: both ranks report, rank 1 waits ``linger_s`` (for standbys to warm up), notes the
-    time and kills its own process. Every attempt writes, per rank, its pid, when its process
-    was created, and the ``id`` values of each dataset's shard it read (attempt<a>_rank<r>.json);
-    attempt 1 trains small_train."""
+    """Attempt 0: no step and no report (a loop that tells raytf nothing); rank 1 waits
+    ``linger_s`` (for standbys to warm up), notes the time and kills its own process. Every
+    attempt writes, per rank, its pid, when its process was created, its actor's name, and the
+    ``id`` values of each dataset's shard it read (attempt<a>_rank<r>.json); attempt 1 trains small_train."""
     ctx = raytf.get_context()
     ids = {}
     for name in config.get("datasets", []):
         shard = raytf.get_dataset_shard(name, batch_size=4, features="id")
         ids[name] = sorted(int(v) for batch in shard for v in batch.numpy())
+    import ray
+
     _write(config["out_dir"], f"attempt{ctx.attempt}_rank{ctx.world_rank}.json",
-           {"pid": os.getpid(), "process_started": _process_started_at(), "ids": ids})
+           {"pid": os.getpid(), "process_started": _process_started_at(), "ids": ids,
+            "actor": ray.get_runtime_context().get_actor_name()})
     if ctx.attempt == 0:
-        raytf.report({"epoch": 0})
         if ctx.world_rank == 1:
             time.sleep(config["linger_s"])
             _write(config["out_dir"], "killed.json", {"time": time.time()})

@@ -156,12 +156,13 @@ def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, 
     """FailureConfig(warm_standby=True): the retry runs in processes that were started while the
     first attempt trained (the standbys), none of them the first attempt's, and each rank reads
     the rows its predecessor read, kept in the object store, without a new split of the dataset;
-    the standbys are gone with the run (no_leaks)."""
+    the standbys are gone with the run (no_leaks). The first attempt tells raytf of no step and no
+    report, so all this is prepared 10 s after its strategy connected."""
     import ray
 
     before = split_coordinators()
     result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 8, "datasets": ["train", "whole"]},
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 18, "datasets": ["train", "whole"]},
         datasets={"train": ray.data.range(64, override_num_blocks=8), "whole": ray.data.range(12)},
         data_config=raytf.DataConfig(datasets_to_split=["train"]),
         scaling=raytf.ScalingConfig(num_workers=2),
@@ -178,7 +179,7 @@ def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, 
     for rank in range(2):
         retry = info(1, rank)
         assert retry["pid"] not in first
-        assert retry["process_started"] < killed  # a standby, already up before the failure
+        assert ":standby:" in retry["actor"] and retry["process_started"] < killed  # up before the failure
         assert retry["ids"] == info(0, rank)["ids"]
         assert retry["ids"]["whole"] == list(range(12))
     assert sorted(info(0, 0)["ids"]["train"] + info(0, 1)["ids"]["train"]) == list(range(64))

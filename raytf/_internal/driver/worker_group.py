@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 _RemoteWorker = ray.remote(TrainWorker)
 _POLL_WAIT_S = 0.05  # how long one poll waits for answers before returning what it has
 _DRAIN_CHECK_INTERVAL_S = 1.0  # how often the driver asks Ray which nodes are draining
+# Warm standbys wait for an attempt's first step or report, so that their imports do not slow its
+# start; a loop that tells raytf of neither gets them this long after its strategy connected.
+_WARM_AFTER_S = 10.0
 TRAINING_ROLE = "worker"  # the role whose actors run train_fn and have world ranks
 
 
@@ -52,6 +55,8 @@ class RayWorkerGroup:
     standby actor that loads TensorFlow and ``train_fn`` and waits (no CPU or GPU of its own);
     the next attempt hands a bundle on that node to it instead of starting a cold actor. The
     shards the ranks read are kept too (kept_shards.py), and a restart of the same size reads them.
+    The placement group is kept across such restarts while its nodes stay (``_reusable``): a new
+    one could land on other nodes than the standbys and the kept shards.
     """
 
     def __init__(
@@ -115,6 +120,11 @@ class RayWorkerGroup:
 
     def _place(self) -> None:
         """Place the group; an elastic one takes the largest size the cluster fits, down to its minimum."""
+        if self._pg is not None:
+            if self._reusable():
+                return
+            placement.remove(self._pg)
+            self._pg = None
         for workers, timeout in self._elastic.tries():
             self._pg = placement.place(self._bundles(workers), self._strategy, timeout, self._notify)
             if self._pg is not None:
@@ -222,9 +232,15 @@ class RayWorkerGroup:
                 "first_step" in watch.reached or "first_report" in watch.reached or status.finished):
             self._startup_sent = True
             status = dataclasses.replace(status, startup=watch.startup(self._began, self._placed, self._actors_up))
-        if self._warm_standby and self._startup_sent and not self._standby_made and not status.finished:
+        if self._warm_standby and not self._standby_made and not status.finished and self._trains(watch):
             self._prepare_warm_restart()
         return status
+
+    def _trains(self, watch: GroupWatch) -> bool:
+        """The attempt is past its start: its first step or report, or (a loop that tells raytf of
+        neither) connected for a while."""
+        connected = watch.reached.get("connected")
+        return self._startup_sent or (connected is not None and time.monotonic() - connected > _WARM_AFTER_S)
 
     def _prepare_warm_restart(self) -> None:
         """Once this attempt trains (so none of this slows its start): keep the shards its ranks
@@ -248,6 +264,16 @@ class RayWorkerGroup:
             ).remote()
             actor.warm.remote(self._run_ref)  # not waited on: a restart's reserve() queues behind it
             self._standby.append((address.node_id, actor))
+
+    def _reusable(self) -> bool:
+        """The last attempt's placement group can hold this one: it is placed, on live nodes none of
+        which is draining, and it is as large as the group may be (an elastic group that shrank
+        tries to grow back with a new one)."""
+        table = ray.util.placement_group_table(self._pg)
+        nodes = set((table.get("bundles_to_node_id") or {}).values())
+        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        return (table.get("state") == "CREATED" and self.num_workers == self._elastic.max_workers
+                and bool(nodes) and nodes <= alive and not nodes & set(cluster.draining_nodes()))
 
     def _bundle_nodes(self) -> dict[int, str]:
         """Bundle index -> the id of the node it was placed on."""
@@ -291,17 +317,20 @@ class RayWorkerGroup:
         self._actors[rank].acknowledge.remote(seq, error)
 
     def close(self) -> None:
-        """The run is over: shut the group down and kill the standbys too."""
+        """The run is over: shut the group down, kill the standbys and remove the placement group."""
         standby, self._standby = [actor for _, actor in self._standby], []
         for actor in standby:
             ray.kill(actor, no_restart=True)
         self.shutdown()
+        placement.remove(self._pg)
+        self._pg = None
         if self._keeper is not None:
             self._keeper.clear()
 
     def shutdown(self) -> None:
         """Kill every actor of this attempt, wait until they are gone, and remove the placement
-        group. Standbys stay, for the next attempt."""
+        group. With warm standbys, the standbys and the placement group stay, for the next attempt
+        (close() ends them)."""
         self._standby_made = False
         actors, self._actors, self._others = self._actors + self._others, [], []
         self._in_flight, self._watch = {}, None
@@ -315,5 +344,6 @@ class RayWorkerGroup:
                 pass  # gone, as asked
             except GetTimeoutError:
                 logger.warning("a killed worker actor is still alive after the shutdown timeout")
-        placement.remove(self._pg)
-        self._pg = None
+        if not self._warm_standby:
+            placement.remove(self._pg)
+            self._pg = None
