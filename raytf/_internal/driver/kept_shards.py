@@ -27,7 +27,7 @@ from raytf._internal.data.shard import KeptShard
 
 logger = logging.getLogger(__name__)
 
-_ANSWER_TIMEOUT_S = 10.0  # a rank's answer, asked for at the attempt's first step, is long in by the restart
+_ANSWER_TIMEOUT_S = 10.0  # a rank's answer, asked for once the attempt trained, is long in by the restart
 
 
 class ShardKeeper:
