@@ -33,15 +33,15 @@ from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
 from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.driver.worker_group import _RemoteWorker, _first_line
+from raytf._internal.driver.worker_group import _RemoteWorker, poll_round
 from raytf._internal.protocol import (
     GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
+    WorkerStatus,
 )
 from raytf.errors import FailureKind, PlacementTimeoutError, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
-_POLL_WAIT_S = 0.05
 _DRAIN_CHECK_INTERVAL_S = 1.0
 _CLOSE_TIMEOUT_S = 5.0
 REPLACEABLE = ("worker", "evaluator")  # roles whose loss the chief's coordinator rides out
@@ -232,31 +232,14 @@ class ParameterServerGroup:
 
     def poll(self) -> GroupStatus:
         watch = self._watch
-        now = time.monotonic()
-        for index, member in enumerate(self._members):
-            if index not in self._in_flight:
-                self._in_flight[index] = (member.actor.poll.remote(), now)
-        refs = [ref for ref, _ in self._in_flight.values()]
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)[0])
-        for index, (ref, sent) in list(self._in_flight.items()):
-            if ref not in ready:
-                watch.silent(index, sent)
-                continue
-            del self._in_flight[index]
-            try:
-                status = ray.get(ref)
-            except ActorUnavailableError:  # not an answer yet: FailureConfig.worker_timeout_s decides
-                self._in_flight[index] = (self._members[index].actor.poll.remote(), sent)
-                watch.silent(index, sent)
-                continue
-            except RayActorError as error:
-                watch.died(index, type(error).__name__, _first_line(error))
-                continue
-            member = self._members[index]
-            if status.preempt_reason and member.role.name in REPLACEABLE:
+
+        def answer(index: int, status: WorkerStatus) -> WorkerStatus:
+            if status.preempt_reason and self._members[index].role.name in REPLACEABLE:
                 self._preempt_member(index, status.preempt_reason)
-                status = dataclasses.replace(status, preempt_reason=None)
-            watch.heard(index, status)
+                return dataclasses.replace(status, preempt_reason=None)
+            return status
+
+        now = poll_round([m.actor for m in self._members], self._in_flight, watch, answer)
         for reason in watch.preempt_reasons:
             if self._preempt_reason is None:
                 self._request_preemption(reason)

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
@@ -28,7 +28,7 @@ from raytf._internal.driver.preflight import placement_timeout_message
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.topology import assign_ranks, build_tf_config
 from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.protocol import GroupStatus, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec
+from raytf._internal.protocol import GroupStatus, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker.actor import TrainWorker
 from raytf.errors import PlacementTimeoutError, WorkerStartError
 
@@ -46,6 +46,41 @@ TRAINING_ROLE = "worker"  # the role whose actors run train_fn and have world ra
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def poll_round(actors: Sequence[Any], in_flight: dict[int, tuple[Any, float]], watch: GroupWatch,
+               answer: Callable[[int, WorkerStatus], WorkerStatus] = lambda index, status: status) -> float:
+    """One round of polls over ``actors`` (by index), without waiting on any one of them; returns
+    when the round began.
+
+    Each actor has at most one poll in flight (``in_flight``: index -> (ref, sent at)). A poll
+    that has not come back is silence, which after ``worker_timeout_s`` makes that worker lost;
+    so is one Ray answers with "actor unavailable" (a transient error: the connection to it
+    broke, and Ray does not know it dead), which is sent again. A dead actor is a death.
+    ``answer`` sees each worker's status before the watch does.
+    """
+    now = time.monotonic()
+    for index, actor in enumerate(actors):
+        if index not in in_flight:
+            in_flight[index] = (actor.poll.remote(), now)
+    refs = [ref for ref, _ in in_flight.values()]
+    ready = set(ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)[0])
+    for index, (ref, sent) in list(in_flight.items()):
+        if ref not in ready:
+            watch.silent(index, sent)
+            continue
+        del in_flight[index]
+        try:
+            status = ray.get(ref)
+        except ActorUnavailableError:  # not an answer yet: FailureConfig.worker_timeout_s decides
+            in_flight[index] = (actors[index].poll.remote(), sent)
+            watch.silent(index, sent)
+            continue
+        except RayActorError as error:
+            watch.died(index, type(error).__name__, _first_line(error))
+            continue
+        watch.heard(index, answer(index, status))
+    return now
 
 
 class RayWorkerGroup:
@@ -201,28 +236,11 @@ class RayWorkerGroup:
                                  hang_timeout_s=self._hang_timeout_s)
 
     def poll(self) -> GroupStatus:
-        """Collect what every worker has to say, without waiting on any one of them.
-
-        Each actor has at most one poll in flight. A poll that has not come
-        back after ``worker_timeout_s`` makes that worker lost; the others'
-        reports keep flowing meanwhile.
-        """
+        """Collect what every worker has to say, without waiting on any one of them (poll_round):
+        a worker that does not answer for ``worker_timeout_s`` is lost; the others' reports keep
+        flowing meanwhile."""
         watch = self._watch
-        now = time.monotonic()
-        for rank, actor in enumerate(self._actors):
-            if rank not in self._in_flight:
-                self._in_flight[rank] = (actor.poll.remote(), now)
-        refs = [ref for ref, _ in self._in_flight.values()]
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)[0])
-        for rank, (ref, sent) in list(self._in_flight.items()):
-            if ref not in ready:
-                watch.silent(rank, sent)
-                continue
-            del self._in_flight[rank]
-            try:
-                watch.heard(rank, ray.get(ref))
-            except RayActorError as error:
-                watch.died(rank, type(error).__name__, _first_line(error))
+        now = poll_round(self._actors, self._in_flight, watch)
         for reason in watch.preempt_reasons:
             if self._preempt_reason is None:
                 self._request_preemption(reason)
