@@ -152,6 +152,12 @@ def live_node_resources() -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
+def live_node_ids() -> set[str]:
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
 def cluster_cpus() -> float:
     import ray
 

@@ -24,6 +24,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from raytf._internal.data.shard import KeptShard
+from raytf._internal.driver import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class ShardKeeper:
         # The object store has the only copy, on the node of the rank that read it. (Ray's object
         # locations cannot tell: once a node is gone they name a live node that reconstruction
         # is trying, and fails, to fill.)
-        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        alive = cluster.live_node_ids()
         for name in [n for n, nodes in self._nodes.items() if not alive.issuperset(nodes)]:
             logger.info("dataset %r: a node that held its kept shards is gone; splitting it anew", name)
             del self._kept[name], self._nodes[name]

@@ -84,7 +84,8 @@ def poll_round(actors: Sequence[Any], in_flight: dict[int, tuple[Any, float]], w
 
 
 class RayWorkerGroup:
-    """One placement group and one actor per bundle, started afresh for every attempt.
+    """One placement group and one actor per bundle, started afresh for every attempt (but see
+    warm standbys below).
 
     With ``warm_standby``, once an attempt trains, each training worker's node also gets a
     standby actor that loads TensorFlow and ``train_fn`` and waits (no CPU or GPU of its own);
@@ -289,9 +290,8 @@ class RayWorkerGroup:
         tries to grow back with a new one)."""
         table = ray.util.placement_group_table(self._pg)
         nodes = set((table.get("bundles_to_node_id") or {}).values())
-        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
         return (table.get("state") == "CREATED" and self.num_workers == self._elastic.max_workers
-                and bool(nodes) and nodes <= alive and not nodes & set(cluster.draining_nodes()))
+                and bool(nodes) and nodes <= cluster.live_node_ids() and not nodes & set(cluster.draining_nodes()))
 
     def _bundle_nodes(self) -> dict[int, str]:
         """Bundle index -> the id of the node it was placed on."""
