@@ -73,7 +73,7 @@ def model_layers(keras) -> list:
 
 def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | None = None, *,
         layers=model_layers, epochs: int = EPOCHS, steps_per_epoch: int = STEPS_PER_EPOCH,
-        worker_batch: int = WORKER_BATCH, accumulate_steps: int = 1) -> dict:
+        worker_batch: int = WORKER_BATCH, accumulate_steps: int = 1, local_sgd_steps: int = 1) -> dict:
     """Train the W1 model on this worker's dataset; return per-epoch timings and the loss.
 
     The dataset holds this worker's rows only. Passed straight to model.fit,
@@ -90,7 +90,8 @@ def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | N
 
     ``layers``, ``epochs``, ``steps_per_epoch`` and ``worker_batch`` make it another
     workload's fit (bench/w2.py); ``accumulate_steps`` > 1 applies
-    ``raytf.keras.accumulate_gradients(model, steps=...)``.
+    ``raytf.keras.accumulate_gradients(model, steps=...)``, ``local_sgd_steps`` > 1
+    ``raytf.keras.local_sgd(model, steps=...)``.
     """
     import tensorflow as tf
 
@@ -121,6 +122,10 @@ def fit(dataset, strategy, distribute: bool = True, steps_per_execution: int | N
         import raytf.keras
 
         raytf.keras.accumulate_gradients(model, steps=accumulate_steps)
+    if local_sgd_steps > 1:
+        import raytf.keras
+
+        raytf.keras.local_sgd(model, steps=local_sgd_steps)
     timer = EpochTimer()
     if distribute:
         distributed = strategy.distribute_datasets_from_function(lambda _: dataset.repeat())

@@ -45,16 +45,20 @@ PARAMETERS = w1.DIM * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * w1.C
 WORKER_ENV = w1.WORKER_ENV
 ring_strategy = w1.ring_strategy
 
-# name: (TensorflowConfig options, accumulate_gradients steps)
+BF16_EF = {"gradient_compression": "bfloat16", "error_feedback": True}
+# name: (TensorflowConfig options, {"accumulate_steps": K} or {"local_sgd_steps": K} or {})
 CONFIGS = {
-    "raytf": ({}, 1),
-    "raytf_per_variable": ({"bytes_per_pack": 1}, 1),
-    "raytf_packs_4mb": ({"bytes_per_pack": 4 << 20}, 1),
-    "raytf_bfloat16": ({"gradient_compression": "bfloat16"}, 1),
-    "raytf_bfloat16_ef": ({"gradient_compression": "bfloat16", "error_feedback": True}, 1),
-    "raytf_float16_ef": ({"gradient_compression": "float16", "error_feedback": True}, 1),
-    "raytf_accumulate4": ({}, 4),
-    "raytf_bfloat16_ef_accumulate4": ({"gradient_compression": "bfloat16", "error_feedback": True}, 4),
+    "raytf": ({}, {}),
+    "raytf_per_variable": ({"bytes_per_pack": 1}, {}),
+    "raytf_packs_4mb": ({"bytes_per_pack": 4 << 20}, {}),
+    "raytf_bfloat16": ({"gradient_compression": "bfloat16"}, {}),
+    "raytf_bfloat16_ef": (BF16_EF, {}),
+    "raytf_float16_ef": ({"gradient_compression": "float16", "error_feedback": True}, {}),
+    "raytf_accumulate4": ({}, {"accumulate_steps": 4}),
+    "raytf_bfloat16_ef_accumulate4": (BF16_EF, {"accumulate_steps": 4}),
+    "raytf_local_sgd2": ({}, {"local_sgd_steps": 2}),
+    "raytf_local_sgd4": ({}, {"local_sgd_steps": 4}),
+    "raytf_bfloat16_ef_local_sgd4": (BF16_EF, {"local_sgd_steps": 4}),
 }
 
 
@@ -75,47 +79,49 @@ def rows(rank: int, workers: int):
     return x[rank::workers], y[rank::workers]
 
 
-def fit(dataset, strategy, accumulate_steps: int = 1) -> dict:
+def fit(dataset, strategy, accumulate_steps: int = 1, local_sgd_steps: int = 1) -> dict:
     """Train W2 (``dataset`` unused: see rows()); bench/w1.py's fit and report."""
     import tensorflow as tf
 
     x, y = rows(strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(WORKER_BATCH, drop_remainder=True).cache()
     return w1.fit(data, strategy, layers=layers, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH,
-                  worker_batch=WORKER_BATCH, accumulate_steps=accumulate_steps, steps_per_execution=1)
+                  worker_batch=WORKER_BATCH, accumulate_steps=accumulate_steps, local_sgd_steps=local_sgd_steps,
+                  steps_per_execution=1)
 
 
-def bytes_per_sample(tensorflow: dict, accumulate_steps: int) -> float:
-    """Gradient bytes each worker hands the all-reduce per sample trained (the ring then sends and
-    receives 2(n-1)/n times that per worker)."""
+def bytes_per_sample(tensorflow: dict, keras: dict) -> float:
+    """Bytes each worker hands the all-reduce per sample trained: gradients, or local SGD's weight
+    changes (the ring then sends and receives 2(n-1)/n times that per worker)."""
     wire = 2 if tensorflow.get("gradient_compression") else 4
-    return PARAMETERS * wire / (GLOBAL_BATCH * accumulate_steps)
+    every = keras.get("accumulate_steps", 1) * keras.get("local_sgd_steps", 1)
+    return PARAMETERS * wire / (GLOBAL_BATCH * every)
 
 
 def _raytf_train(config):
     import raytf
 
-    raytf.report(fit(None, raytf.strategy(), config["accumulate_steps"]))
+    raytf.report(fit(None, raytf.strategy(), **config))
 
 
 def run_raytf(workdir: str, name: str) -> dict:
     import raytf
 
-    tensorflow, accumulate_steps = CONFIGS[name]
+    tensorflow, keras = CONFIGS[name]
     start = time.perf_counter()
     result = raytf.Trainer(
-        _raytf_train, config={"accumulate_steps": accumulate_steps},
+        _raytf_train, config=keras,
         scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
         run=raytf.RunConfig(name=f"bench-w2-{name}", storage_path=workdir, verbose=0),
         tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras", **tensorflow),
     ).fit()
     return {**result.metrics, "fit_wall_s": time.perf_counter() - start,
-            "allreduce_bytes_per_sample": bytes_per_sample(tensorflow, accumulate_steps)}
+            "allreduce_bytes_per_sample": bytes_per_sample(tensorflow, keras)}
 
 
 def run_plain(workdir: str) -> dict:
     return {**throughput.run_plain_mwms(None, workdir, workload="w2"),
-            "allreduce_bytes_per_sample": bytes_per_sample({}, 1)}
+            "allreduce_bytes_per_sample": bytes_per_sample({}, {})}
 
 
 def main() -> None:

@@ -625,6 +625,50 @@ def gradient_accumulation(config: dict) -> None:
         })
 
 
+def local_sgd_update(config: dict) -> None:
+    """A linear model trained with ``raytf.keras.local_sgd(steps=3)`` and plain SGD for ``steps``
+    steps, each worker on rows of its own (worker r's targets are offset by r, so the workers'
+    gradients differ), through the run's Keras path: tf-keras ``model.fit``, or
+    ``raytf.keras.fit`` for Keras 3, with ``ReportCallback``. Each rank writes
+    ``<name>-rank<r>.json``: its rows, the initial weights, the weights its fit saw after every
+    step, the final weights and the optimizer's iterations."""
+    import numpy as np
+    import tensorflow as tf
+
+    import raytf.keras
+
+    keras = tf.keras
+    ctx = raytf.get_context()
+    steps, batch = config["steps"], 8
+    rng = np.random.default_rng(30 + ctx.world_rank)
+    x = rng.standard_normal((steps * batch, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [3.0], [0.5]], "float32") + 1.0 + ctx.world_rank).astype("float32")
+    keras.utils.set_random_seed(0)  # the same initial weights in every run compared
+    with raytf.strategy().scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    raytf.keras.local_sgd(model, steps=3)
+    initial = [w.tolist() for w in model.get_weights()]
+    seen = []
+
+    class Seen(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append([w.tolist() for w in self.model.get_weights()])
+
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+    callbacks = [Seen(), raytf.keras.ReportCallback()]
+    if _keras_version(keras).startswith("3."):
+        raytf.keras.fit(model, data, epochs=1, callbacks=callbacks)
+    else:
+        model.fit(raytf.keras.distribute(data.repeat()), steps_per_epoch=steps, epochs=1, verbose=0,
+                  callbacks=callbacks)
+    _write(config["out_dir"], f"{config['name']}-rank{ctx.world_rank}.json", {
+        "x": x.tolist(), "y": y.tolist(), "initial": initial, "seen": seen,
+        "final": [w.tolist() for w in model.get_weights()],
+        "iterations": int(model.optimizer.iterations.numpy()),
+    })
+
+
 def _keras_version(keras) -> str:
     """The version of the Keras package ``tf.keras`` is here (tf-keras's lazy loader has no __version__)."""
     import importlib

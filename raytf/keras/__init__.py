@@ -20,6 +20,8 @@ Everything here runs inside ``train_fn``; nothing imports TensorFlow before then
 from raytf.keras._accumulate import accumulate_gradients
 from raytf.keras._callback import ReportCallback
 from raytf.keras._fit import evaluate, fit
+from raytf.keras._local_sgd import average_weights, local_sgd
 from raytf.keras._model import distribute, keras_of, restore
 
-__all__ = ["ReportCallback", "accumulate_gradients", "distribute", "evaluate", "fit", "keras_of", "restore"]
+__all__ = ["ReportCallback", "accumulate_gradients", "average_weights", "distribute", "evaluate", "fit", "keras_of",
+           "local_sgd", "restore"]

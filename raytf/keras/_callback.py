@@ -16,6 +16,7 @@ import raytf.session as session
 from raytf._internal.worker.session import current
 from raytf.checkpoint import Checkpoint
 from raytf.errors import RaytfError
+from raytf.keras._local_sgd import average_weights
 from raytf.keras._model import state_of
 
 _concrete: dict[type, type] = {}  # Keras Callback base -> ReportCallback subclass of it
@@ -94,6 +95,7 @@ class ReportCallback:
         if session.preemption_requested():  # the same answer on every rank
             self.preempted = True
             step = int(self.model.optimizer.iterations.numpy())
+            average_weights(self.model)  # local SGD: the checkpoint holds the averaged model
             # "epoch" is the last completed one: resuming continues this one at "step".
             session.report({"epoch": state.keras_epoch, "step": step, "preempted_at_step": step},
                            checkpoint=Checkpoint.from_state(**state_of(self.model)))
@@ -109,6 +111,8 @@ class ReportCallback:
             logs = {k: logs[k] for k in self.names if k in logs}
         optimizer = getattr(self.model, "optimizer", None)
         step = int(optimizer.iterations.numpy()) if optimizer is not None else None
+        if self.save:
+            average_weights(self.model)  # every rank checkpoints here: local SGD's model is averaged first
         saved = Checkpoint.from_state(**state_of(self.model)) if self.save else None
         run_epoch = current("keras.ReportCallback").end_keras_epoch(epoch)
         session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=saved)  # report() makes them plain

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import raytf.session as session
 from raytf._internal.worker.session import current
 from raytf.errors import RaytfError
+from raytf.keras._local_sgd import average_weights
 from raytf.keras._model import build_optimizer, distribute, keras_of, restore
 
 
@@ -179,6 +180,7 @@ def fit(
             steps.train, iterator, None if steps_per_epoch is None else steps_per_epoch - skip,
             lambda step: callback_list.on_train_batch_begin(step + skip), batch_end,
         )
+        average_weights(model)  # local SGD: validation, callbacks and checkpoints see one model
         skip = 0
         if state.preempted:
             break  # a checkpoint of this step was reported; raytf restarts the group from it
@@ -211,6 +213,7 @@ def evaluate(model: Any, dataset: Any, *, steps: Optional[int] = None,
              distribute_fn: Callable[[Any], Any] = distribute) -> dict[str, float]:
     """The compiled loss and metrics of ``model`` over every worker's shard of ``dataset``."""
     steps = _known_length(dataset) if steps is None else steps
+    average_weights(model)
     return _evaluate(model, _Steps(model, 1), _Feed(dataset, steps, distribute_fn), steps)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import raytf
+import raytf.keras
 from tests import workloads
 
 FIT_EPOCHS = 4
@@ -93,3 +94,103 @@ def test_compression_settings_are_checked():
         from raytf.launch import Launcher
 
         Launcher(["python", "train.py"], tensorflow=compressed)
+
+
+# -- local SGD (raytf.keras.local_sgd): each worker steps alone, the weights averaged every K steps --
+
+LOCAL_SGD_STEPS = 7  # averaged inside steps 3 and 6, and at the epoch's end after step 7
+LOCAL_SGD_RUNS = {
+    "local-sgd-tf-keras": dict(keras="tf_keras"),
+    "local-sgd-keras3": dict(keras="keras3"),
+    "local-sgd-bfloat16-ef": dict(keras="tf_keras", gradient_compression="bfloat16", error_feedback=True),
+}
+
+
+@pytest.fixture(scope="module")
+def local_sgd_runs(cluster, tmp_path_factory):
+    """name -> ([rank 0's json, rank 1's json], the kernel in the run's last checkpoint)."""
+    import tensorflow as tf
+
+    from raytf.checkpoint import STATE_PREFIX
+
+    root = tmp_path_factory.mktemp("local-sgd")
+    out = {}
+    for name, tensorflow in LOCAL_SGD_RUNS.items():
+        result = raytf.Trainer(
+            workloads.local_sgd_update, config={"out_dir": str(root), "name": name, "steps": LOCAL_SGD_STEPS},
+            scaling=raytf.ScalingConfig(num_workers=2),
+            tensorflow=raytf.TensorflowConfig(**tensorflow),
+            run=raytf.RunConfig(name=name, storage_path=str(root / "runs"), verbose=0),
+        ).fit()
+        reader = tf.train.load_checkpoint(f"{result.checkpoint.path}/{STATE_PREFIX}")
+        kernels = {n: reader.get_tensor(n) for n, shape in reader.get_variable_to_shape_map().items()
+                   if shape == [4, 1] and "/_variables/" not in n}  # not an optimizer slot
+        assert len(kernels) == 1, sorted(kernels)
+        [kernel] = kernels.values()
+        out[name] = ([json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(2)], kernel)
+    return out
+
+
+def simulate_local_sgd(ranks: list[dict], every: int, lr: float = 0.05, batch: int = 8) -> list[list]:
+    """Local SGD in numpy: per step, each rank's (kernel, bias) after the step (and the average
+    that ends it, every ``every``-th step); the last entry is the final, averaged model."""
+    weights = [[np.array(w, "float64") for w in rank["initial"]] for rank in ranks]
+    after = []
+    for step in range(LOCAL_SGD_STEPS):
+        for w, rank in zip(weights, ranks):
+            x = np.array(rank["x"])[step * batch:(step + 1) * batch]
+            error = x @ w[0] + w[1] - np.array(rank["y"])[step * batch:(step + 1) * batch]
+            w[0] -= lr * 2 / batch * x.T @ error  # mean squared error's gradient, this rank's rows only
+            w[1] -= lr * 2 / batch * error.sum(0)
+        if (step + 1) % every == 0:
+            weights = [[np.mean([w[i] for w in weights], axis=0) for i in range(2)] for _ in ranks]
+        after.append([[w[0].copy(), w[1].copy()] for w in weights])
+    final = [np.mean([w[i] for w in weights], axis=0) for i in range(2)]
+    return after, final
+
+
+@pytest.mark.parametrize("name", ["local-sgd-tf-keras", "local-sgd-keras3"])
+def test_local_sgd_steps_each_worker_alone_and_averages_every_k_steps(local_sgd_runs, name):
+    ranks, checkpointed = local_sgd_runs[name]
+    after, final = simulate_local_sgd(ranks, every=3)
+    for r, rank in enumerate(ranks):
+        assert rank["initial"] == ranks[0]["initial"]  # every worker starts from the chief's weights
+        assert len(rank["seen"]) == LOCAL_SGD_STEPS
+        for step, seen in enumerate(rank["seen"]):
+            for got, want in zip(seen, after[step][r]):
+                np.testing.assert_allclose(np.array(got), want, rtol=1e-4, atol=1e-5, err_msg=f"rank {r} step {step + 1}")
+        for got, want in zip(rank["final"], final):
+            np.testing.assert_allclose(np.array(got), want, rtol=1e-4, atol=1e-5)
+        # One optimizer step per training step (not one per K, as accumulate_gradients(steps=K) takes).
+        assert rank["iterations"] == LOCAL_SGD_STEPS
+    # Between averages the workers' weights differ; at the K-th step and at the end they are one.
+    assert np.abs(np.array(ranks[0]["seen"][1][0]) - np.array(ranks[1]["seen"][1][0])).max() > 1e-2
+    assert ranks[0]["seen"][2] == ranks[1]["seen"][2]
+    assert ranks[0]["seen"][6] != ranks[1]["seen"][6] and ranks[0]["final"] == ranks[1]["final"]
+    # The checkpoint ReportCallback wrote at the epoch's end holds the averaged model.
+    np.testing.assert_allclose(checkpointed, np.array(ranks[0]["final"][0]), rtol=1e-6)
+
+
+def test_local_sgd_with_compression_averages_16_bit_changes_and_keeps_float32_weights(local_sgd_runs):
+    ranks, _ = local_sgd_runs["local-sgd-bfloat16-ef"]
+    reference, _ = local_sgd_runs["local-sgd-tf-keras"]
+    _, final = simulate_local_sgd(ranks, every=3)
+    # The average is float32 weights plus bfloat16 changes: close to the exact average, one model on
+    # every worker, and not exactly float32's (the changes did cross in 16 bits).
+    assert ranks[0]["final"] == ranks[1]["final"] and ranks[0]["seen"][2] == ranks[1]["seen"][2]
+    for got, want in zip(ranks[0]["final"], final):
+        np.testing.assert_allclose(np.array(got), want, rtol=2e-2, atol=2e-3)
+    assert ranks[0]["initial"] == reference[0]["initial"]
+    assert max(np.abs(np.array(g) - np.array(w)).max() for g, w in zip(ranks[0]["final"], reference[0]["final"])) > 1e-5
+
+
+def test_local_sgd_steps_are_checked():
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+    with pytest.raises(raytf.RaytfError, match="model has no optimizer; call model.compile"):
+        raytf.keras.local_sgd(model, steps=2)
+    model.compile(optimizer="sgd", loss="mse")
+    for steps in (0, 2.0, True):
+        with pytest.raises(raytf.RaytfError, match="steps must be an int >= 1"):
+            raytf.keras.local_sgd(model, steps=steps)

@@ -17,6 +17,7 @@ their gradients themselves.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -32,6 +33,9 @@ class Compression:
 
 
 _active: Optional[Compression] = None
+# > 0 while a local-SGD step traces its optimizer: the optimizers then apply each replica's own
+# gradients, with no all-reduce (raytf.keras.local_sgd).
+_unaggregated = 0
 # Error-feedback residuals: owner (an optimizer, or _LOOSE) -> {variable.ref(): residual}.
 _residuals: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
@@ -84,6 +88,46 @@ def all_reduce_sum(gradients: Sequence[Any], variables: Optional[Sequence[Any]] 
     return [tf.cast(r, dtype) if dtype is not None and r.dtype != dtype else r for r, dtype in zip(reduced, original)]
 
 
+def all_reduce_mean_of_weights(context: Any, variables: Sequence[Any], anchors: Sequence[Any], owner: Any) -> list:
+    """The mean over the replicas of each of this replica's ``variables`` (in a replica context).
+
+    Without ``anchors`` the weights themselves are all-reduced, in their own
+    dtype. With them (one per variable: this replica's copy of the last mean,
+    equal on every replica) each replica sends its change since then,
+    compressed as this worker's run says (error feedback keyed by ``owner``),
+    and the mean is the anchor plus the mean change; the anchors become the new
+    mean. A 16-bit weight would lose precision at every average; a 16-bit change
+    loses it only in what moved.
+    """
+    import tensorflow as tf
+
+    # A read is colocated with its variable and carries no device of its own; the all-reduce sends
+    # from its inputs' devices, so each value is a copy made under the caller's device scope.
+    values = [tf.identity(v) for v in variables]
+    if not anchors:
+        return list(context.all_reduce(tf.distribute.ReduceOp.MEAN, values)) if values else []
+    changes = [value - anchor for value, anchor in zip(values, anchors)]
+    keys = variables if _active is not None and _active.error_feedback else None
+    sums = all_reduce_sum(changes, keys, owner)
+    replicas = context.num_replicas_in_sync
+    means = [anchor + total / tf.cast(replicas, total.dtype) for anchor, total in zip(anchors, sums)]
+    for anchor, mean in zip(anchors, means):
+        anchor.assign(mean)
+    return means
+
+
+@contextlib.contextmanager
+def unaggregated() -> Any:
+    """While inside, the Keras optimizers (patched by :func:`patch_optimizers`) apply each
+    replica's own gradients: no all-reduce. Entered around ``apply_gradients`` as it is traced."""
+    global _unaggregated
+    _unaggregated += 1
+    try:
+        yield
+    finally:
+        _unaggregated -= 1
+
+
 def _all_reduce_by_kind(context: Any, values: list) -> list:
     """One all-reduce per dtype (TensorFlow packs a batch into one concatenated tensor, which needs
     one dtype), results in the order given."""
@@ -130,8 +174,12 @@ def install(dtype: Optional[str], error_feedback: bool) -> None:
     optimizers of each Keras loaded by then (the worker loads the one tf.keras is before this)."""
     global _active
     _active = Compression(dtype, error_feedback) if dtype else None
-    if _active is None:
-        return
+    if _active is not None:
+        patch_optimizers()
+
+
+def patch_optimizers() -> None:
+    """Route the gradient all-reduce of each Keras loaded by now through this module (idempotent)."""
     import sys
 
     if "tf_keras" in sys.modules:
@@ -165,6 +213,8 @@ def _patch_keras3() -> None:
     original = TFOptimizer._all_reduce_sum_gradients
 
     def _all_reduce_sum_gradients(self: Any, grads_and_vars: Any) -> Any:
+        if _unaggregated:
+            return list(grads_and_vars)
         if not _engaged():
             return original(self, grads_and_vars)
         return _grads_and_vars(self, grads_and_vars)
@@ -184,6 +234,8 @@ def _patch_tf_keras() -> None:
         original_v2 = v2.Optimizer.aggregate_gradients
 
         def aggregate_gradients(self: Any, grads_and_vars: Any) -> Any:
+            if _unaggregated and not (self._mesh or self._run_with_dtensor):
+                return list(grads_and_vars)
             if not _engaged() or self._mesh or self._run_with_dtensor:
                 return original_v2(self, grads_and_vars)
             return _grads_and_vars(self, grads_and_vars)
@@ -194,6 +246,8 @@ def _patch_tf_keras() -> None:
         original_legacy = legacy.OptimizerV2._aggregate_gradients
 
         def _aggregate_gradients(self: Any, grads_and_vars: Any) -> Any:
+            if _unaggregated:
+                return list(grads_and_vars)
             # A user's own gradient_aggregator is theirs to keep.
             if not _engaged() or self.gradient_aggregator is not utils.all_reduce_sum_gradients:
                 return original_legacy(self, grads_and_vars)

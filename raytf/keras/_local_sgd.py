@@ -1,0 +1,230 @@
+"""``raytf.keras.local_sgd``: each worker steps on its own gradients; the weights are averaged
+every K steps.
+
+Synchronous training all-reduces every step's gradients, so every step moves
+the whole model's bytes across the network. Local SGD (periodic model
+averaging: Stich, "Local SGD converges fast and communicates little", 2019;
+Lin et al., "Don't use large mini-batches, use local SGD", 2020; PyTorch's
+``PostLocalSGDOptimizer``) lets each worker apply its own batch's gradient
+every step, as a single worker would, and every K-th step replaces each
+worker's weights with their mean over the workers: one all-reduce of the
+weights per K steps, so the bytes exchanged per sample drop K-fold while the
+number of updates stays that of synchronous training.
+
+What differs from synchronous training, stated plainly:
+
+- Between averages the workers' weights differ; each step's update uses this
+  worker's batch only (the per-worker batch, not the global one).
+- The optimizer's slots (momentum, Adam's moments) stay each worker's own;
+  only the trainable weights are averaged. Non-trainable variables (batch
+  norm statistics) keep the aggregation they were made with.
+- Wherever the model is read as one model, the weights are averaged first:
+  at every K-th step, before validation, at each epoch's end, before
+  ``raytf.keras.ReportCallback`` writes a checkpoint, and when training ends.
+  A checkpoint therefore always holds the averaged model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raytf._internal.worker import compression
+from raytf.errors import RaytfError
+from raytf.keras._accumulate import _Loss
+from raytf.keras._model import keras_of
+
+_AVERAGE = "_raytf_average_weights"
+
+
+def local_sgd(model: Any, steps: int) -> Any:
+    """Make ``model`` train with local SGD: every worker applies its own gradients each step, and
+    every ``steps`` steps the workers' weights are replaced by their mean (one all-reduce).
+
+    The all-reduce moves the model's weights once per ``steps`` training steps
+    instead of its gradients every step: ``steps`` times fewer bytes per sample.
+    With ``TensorflowConfig(gradient_compression=...)`` the averaging exchanges
+    each worker's change since the last average in 16 bits (the weights
+    themselves stay float32), halving that again.
+
+    Call it after ``compile``. Works for Keras 3 and tf-keras, in
+    ``raytf.keras.fit`` and in tf-keras's ``model.fit``; both average the weights
+    before validation, at each epoch's end and at the end of training, and
+    ``raytf.keras.ReportCallback`` averages before it checkpoints. A custom loop
+    that reads the model between averages calls ``raytf.keras.average_weights(model)``
+    on every worker. Returns ``model``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise RaytfError(f"raytf.keras.local_sgd: steps must be an int >= 1 (1 is synchronous training), "
+                         f"got {steps!r}")
+    if getattr(model, "optimizer", None) is None:
+        raise RaytfError("raytf.keras.local_sgd: the model has no optimizer; call model.compile(...) first")
+    compression.patch_optimizers()
+    averager = _Averager(model, steps)
+    model.train_step = averager.train_step
+    setattr(model, _AVERAGE, averager)
+    if hasattr(model, "train_function"):
+        model.train_function = None  # rebuilt around the new step
+    if keras_of(model).__name__ == "tf_keras":
+        _average_around_fit(model, averager)
+    return model
+
+
+def average_weights(model: Any) -> bool:
+    """Average a ``local_sgd`` model's weights over the workers now, if they may differ.
+
+    Every worker must call it at the same point (it is an all-reduce). Returns
+    whether it averaged: False for a model without ``local_sgd`` or one whose
+    weights are already the average.
+    """
+    averager = getattr(model, _AVERAGE, None)
+    return averager.average_now() if averager is not None else False
+
+
+def callbacks_for(model: Any, callbacks: list) -> list:
+    """``callbacks`` with, first, the one that averages a ``local_sgd`` model's weights where fit
+    reads the model as one (before validation, at each epoch's end, at the end of training)."""
+    averager = getattr(model, _AVERAGE, None)
+    return callbacks if averager is None else [averager.callback(), *callbacks]
+
+
+class _Averager:
+    """The local-SGD train step and the averaging it and fit's callbacks share."""
+
+    def __init__(self, model: Any, steps: int):
+        self.model = model
+        self.k = steps
+        self.keras = keras_of(model)
+        self.losses = _Loss(model)
+        self.count: Any = None  # steps since the last average; made on the first trace
+        self.strategy: Any = None  # the one the step was traced under
+        self._eager_average: Any = None
+        self._anchors: list = []
+
+    # -- the train step (replica context, traced) --
+
+    def train_step(self, data: Any) -> Any:
+        import tensorflow as tf
+
+        model = self.model
+        x, y, sample_weight = self.losses.unpack(data)
+        variables = model.trainable_variables
+        count = self._counter()
+        self.strategy = tf.distribute.get_strategy()
+        replicas = self.strategy.num_replicas_in_sync
+        # The Keras losses are scaled by 1 / replicas for the all-reduce's sum; a worker stepping
+        # alone takes its batch's mean gradient.
+        y_pred, grads = self.losses.gradients(x, y, sample_weight, 1.0 / replicas)
+        with compression.unaggregated():
+            model.optimizer.apply_gradients(zip(grads, variables))
+        due = count.assign_add(1) >= self.k
+
+        def maybe_average(strategy: Any, due: Any) -> None:
+            # Cross-replica context: a collective cannot sit in a tf.cond inside a replica, but a
+            # strategy.run inside a tf.cond here can. Every worker is on the same step.
+            tf.cond(due, lambda: tf.group(strategy.run(self._average)), tf.no_op)
+
+        tf.distribute.get_replica_context().merge_call(maybe_average, args=(due,))
+        model.compute_metrics(x, y, y_pred, sample_weight)
+        return model.get_metrics_result()
+
+    def _counter(self) -> Any:
+        import tensorflow as tf
+
+        if self.count is None:
+            with tf.init_scope():  # once, on the first trace, outside the traced step
+                # Each worker's own (ON_READ, no aggregation), never all-reduced or checkpointed:
+                # a restored model starts equal on every worker.
+                self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_local_steps",
+                                         synchronization=tf.VariableSynchronization.ON_READ,
+                                         aggregation=tf.VariableAggregation.NONE)
+        return self.count
+
+    def _tf_variables(self) -> list:
+        if self.keras.__name__ == "tf_keras":
+            return list(self.model.trainable_variables)
+        return [v.value for v in self.model.trainable_variables]  # Keras 3: the tf.Variable inside
+
+    def _average(self) -> Any:
+        """Replace this worker's weights with the workers' mean (replica context)."""
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        variables = self._tf_variables()
+        # This replica's copies live on its device; run in the cross-replica step (tf.cond in a
+        # merge_call), the reads would carry no device, and the all-reduce needs one to send from.
+        with tf.device(variables[0].device):
+            means = compression.all_reduce_mean_of_weights(context, variables, self._anchor_variables(variables),
+                                                           self)
+
+        def assign(strategy: Any, means: Any) -> Any:
+            return tf.group([strategy.extended.update(v, lambda var, value: var.assign(value), args=(m,), group=True)
+                             for v, m in zip(variables, means)])
+
+        done = context.merge_call(assign, args=(means,))
+        with tf.control_dependencies([done]):
+            return self.count.assign(0)
+
+    def _anchor_variables(self, variables: list) -> list:
+        """Compressed averaging's per-worker copies of the last average (made once)."""
+        import tensorflow as tf
+
+        if compression.active() is None:
+            return []
+        if not self._anchors:
+            with tf.init_scope():
+                self._anchors = [
+                    tf.Variable(tf.convert_to_tensor(v), trainable=False, name="raytf_last_average",
+                                synchronization=tf.VariableSynchronization.ON_READ,
+                                aggregation=tf.VariableAggregation.NONE) for v in variables
+                ]
+        return self._anchors
+
+    # -- outside the step (eager, every worker at the same point) --
+
+    def average_now(self) -> bool:
+        import tensorflow as tf
+
+        if self.count is None:
+            return False  # not trained yet: the weights are the ones every worker started from
+        strategy = self.strategy
+        local = strategy.experimental_local_results(self.count)
+        if int(local[0].numpy()) == 0:
+            return False
+        if self._eager_average is None:
+            self._eager_average = tf.function(lambda: strategy.run(self._average))
+        self._eager_average()
+        return True
+
+    def callback(self) -> Any:
+        averager = self
+
+        class AverageWeights(self.keras.callbacks.Callback):
+            """Average before validation, at each epoch's end and at the end of training."""
+
+            def on_test_begin(self, logs: Any = None) -> None:
+                averager.average_now()
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                averager.average_now()
+
+            def on_train_end(self, logs: Any = None) -> None:
+                averager.average_now()
+
+        return AverageWeights()
+
+
+def _average_around_fit(model: Any, averager: _Averager) -> None:
+    """tf-keras's ``model.fit`` with the averaging callback first in its callbacks."""
+    fit = model.fit
+    if getattr(fit, "_raytf_local_sgd", False):
+        return
+
+    def fit_averaging(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+            args = (*args[:5], callbacks_for(model, list(args[5] or [])), *args[6:])
+        else:
+            kwargs["callbacks"] = callbacks_for(model, list(kwargs.get("callbacks") or []))
+        return fit(*args, **kwargs)
+
+    fit_averaging._raytf_local_sgd = True  # type: ignore[attr-defined]
+    model.fit = fit_averaging
