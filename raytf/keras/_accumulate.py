@@ -66,7 +66,7 @@ class _Loss:
         # own train_step updates with the loss before it was scaled for the replicas.
         self.loss_metric = None if self.legacy else next((m for m in model.metrics if m.name == "loss"), None)
 
-    def gradients(self, x: Any, y: Any, sample_weight: Any, share: int) -> tuple[Any, list]:
+    def gradients(self, x: Any, y: Any, sample_weight: Any, share: float) -> tuple[Any, list]:
         """(predictions, unscaled gradients of the loss / share) for one part."""
         import tensorflow as tf
 

@@ -49,15 +49,22 @@ def local_sgd(model: Any, steps: int) -> Any:
     Call it after ``compile``. Works for Keras 3 and tf-keras, in
     ``raytf.keras.fit`` and in tf-keras's ``model.fit``; both average the weights
     before validation, at each epoch's end and at the end of training, and
-    ``raytf.keras.ReportCallback`` averages before it checkpoints. A custom loop
-    that reads the model between averages calls ``raytf.keras.average_weights(model)``
-    on every worker. Returns ``model``.
+    ``raytf.keras.ReportCallback`` averages before it checkpoints. Code of your
+    own that reads the model mid-epoch (a callback that saves or evaluates it)
+    calls ``raytf.keras.average_weights(model)`` on every worker first. Returns
+    ``model``.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise RaytfError(f"raytf.keras.local_sgd: steps must be an int >= 1 (1 is synchronous training), "
                          f"got {steps!r}")
     if getattr(model, "optimizer", None) is None:
         raise RaytfError("raytf.keras.local_sgd: the model has no optimizer; call model.compile(...) first")
+    if "LossScale" in type(model.optimizer).__name__:
+        raise RaytfError(
+            "raytf.keras.local_sgd: the optimizer is a LossScaleOptimizer (mixed_float16), whose overflow check "
+            "is agreed across the workers every step; local SGD steps each worker alone. Use "
+            "mixed_precision='mixed_bfloat16' (no loss scaling) or float32 with local_sgd"
+        )
     compression.patch_optimizers()
     averager = _Averager(model, steps)
     model.train_step = averager.train_step
@@ -123,7 +130,8 @@ class _Averager:
             # strategy.run inside a tf.cond here can. Every worker is on the same step.
             tf.cond(due, lambda: tf.group(strategy.run(self._average)), tf.no_op)
 
-        tf.distribute.get_replica_context().merge_call(maybe_average, args=(due,))
+        if replicas > 1:  # alone, a worker's weights are already the mean
+            tf.distribute.get_replica_context().merge_call(maybe_average, args=(due,))
         model.compute_metrics(x, y, y_pred, sample_weight)
         return model.get_metrics_result()
 
@@ -184,8 +192,8 @@ class _Averager:
     def average_now(self) -> bool:
         import tensorflow as tf
 
-        if self.count is None:
-            return False  # not trained yet: the weights are the ones every worker started from
+        if self.count is None or self.strategy.num_replicas_in_sync == 1:
+            return False  # not trained yet (every worker holds the weights it started from), or alone
         strategy = self.strategy
         local = strategy.experimental_local_results(self.count)
         if int(local[0].numpy()) == 0:

@@ -194,3 +194,6 @@ def test_local_sgd_steps_are_checked():
     for steps in (0, 2.0, True):
         with pytest.raises(raytf.RaytfError, match="steps must be an int >= 1"):
             raytf.keras.local_sgd(model, steps=steps)
+    model.compile(optimizer=tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD()), loss="mse")
+    with pytest.raises(raytf.RaytfError, match="LossScaleOptimizer.*mixed_bfloat16"):
+        raytf.keras.local_sgd(model, steps=2)
