@@ -629,9 +629,10 @@ def local_sgd_update(config: dict) -> None:
     """A linear model trained with ``raytf.keras.local_sgd(steps=3)`` and plain SGD for ``steps``
     steps, each worker on rows of its own (worker r's targets are offset by r, so the workers'
     gradients differ), through the run's Keras path: tf-keras ``model.fit``, or
-    ``raytf.keras.fit`` for Keras 3, with ``ReportCallback``. Each rank writes
-    ``<name>-rank<r>.json``: its rows, the initial weights, the weights its fit saw after every
-    step, the final weights and the optimizer's iterations."""
+    ``raytf.keras.fit`` for Keras 3, with ``ReportCallback`` (and, in tf-keras, one validation
+    batch). Each rank writes ``<name>-rank<r>.json``: its rows, the initial weights, the weights
+    its fit saw after every step and when validation began, the final weights and the
+    optimizer's iterations."""
     import numpy as np
     import tensorflow as tf
 
@@ -651,9 +652,14 @@ def local_sgd_update(config: dict) -> None:
     initial = [w.tolist() for w in model.get_weights()]
     seen = []
 
+    at_validation = []
+
     class Seen(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             seen.append([w.tolist() for w in self.model.get_weights()])
+
+        def on_test_begin(self, logs=None):  # tf-keras's fit calls it before validating
+            at_validation.append([w.tolist() for w in self.model.get_weights()])
 
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
     callbacks = [Seen(), raytf.keras.ReportCallback()]
@@ -661,9 +667,9 @@ def local_sgd_update(config: dict) -> None:
         raytf.keras.fit(model, data, epochs=1, callbacks=callbacks)
     else:
         model.fit(raytf.keras.distribute(data.repeat()), steps_per_epoch=steps, epochs=1, verbose=0,
-                  callbacks=callbacks)
+                  callbacks=callbacks, validation_data=raytf.keras.distribute(data.take(1)), validation_steps=1)
     _write(config["out_dir"], f"{config['name']}-rank{ctx.world_rank}.json", {
-        "x": x.tolist(), "y": y.tolist(), "initial": initial, "seen": seen,
+        "x": x.tolist(), "y": y.tolist(), "initial": initial, "seen": seen, "at_validation": at_validation,
         "final": [w.tolist() for w in model.get_weights()],
         "iterations": int(model.optimizer.iterations.numpy()),
     })

@@ -167,6 +167,8 @@ def test_local_sgd_steps_each_worker_alone_and_averages_every_k_steps(local_sgd_
     assert np.abs(np.array(ranks[0]["seen"][1][0]) - np.array(ranks[1]["seen"][1][0])).max() > 1e-2
     assert ranks[0]["seen"][2] == ranks[1]["seen"][2]
     assert ranks[0]["seen"][6] != ranks[1]["seen"][6] and ranks[0]["final"] == ranks[1]["final"]
+    if name == "local-sgd-tf-keras":  # validation, after step 7, already sees the averaged model
+        assert ranks[0]["at_validation"] == ranks[1]["at_validation"] == [ranks[0]["final"]]
     # The checkpoint ReportCallback wrote at the epoch's end holds the averaged model.
     np.testing.assert_allclose(checkpointed, np.array(ranks[0]["final"][0]), rtol=1e-6)
 
