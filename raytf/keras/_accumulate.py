@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from raytf._internal.worker.compression import replica_local
 from raytf.errors import RaytfError
 from raytf.keras._model import keras_of
 
@@ -132,16 +133,11 @@ def _deferred_train_step(model: Any, k: int) -> Any:
     losses = _Loss(model)
     state: dict[str, Any] = {}
 
-    def local(value: Any, name: str) -> Any:
-        # Each worker's own copy (ON_READ, no aggregation): never synchronized, never all-reduced.
-        return tf.Variable(value, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
-                           aggregation=tf.VariableAggregation.NONE)
-
     def accumulators(variables: list) -> tuple[list, Any]:
-        if "sums" not in state:  # made once, on the first trace, outside the traced step
-            with tf.init_scope():
-                state["sums"] = [local(tf.zeros(v.shape, v.dtype), "raytf_accumulated_gradient") for v in variables]
-                state["count"] = local(tf.constant(0, tf.int64), "raytf_accumulated_steps")
+        if "sums" not in state:  # made once, on the first trace; each worker's own
+            state["sums"] = [replica_local(lambda v=v: tf.zeros(v.shape, v.dtype), "raytf_accumulated_gradient")
+                             for v in variables]
+            state["count"] = replica_local(lambda: tf.constant(0, tf.int64), "raytf_accumulated_steps")
         return state["sums"], state["count"]
 
     def train_step(data: Any) -> Any:

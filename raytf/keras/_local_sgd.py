@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from raytf._internal.worker import compression
+from raytf._internal.worker.compression import replica_local
 from raytf.errors import RaytfError
 from raytf.keras._accumulate import _Loss
 from raytf.keras._model import keras_of
@@ -72,7 +73,7 @@ def local_sgd(model: Any, steps: int) -> Any:
     if hasattr(model, "train_function"):
         model.train_function = None  # rebuilt around the new step
     if keras_of(model).__name__ == "tf_keras":
-        _average_around_fit(model, averager)
+        _average_around_fit(model)
     return model
 
 
@@ -85,13 +86,6 @@ def average_weights(model: Any) -> bool:
     """
     averager = getattr(model, _AVERAGE, None)
     return averager.average_now() if averager is not None else False
-
-
-def callbacks_for(model: Any, callbacks: list) -> list:
-    """``callbacks`` with, first, the one that averages a ``local_sgd`` model's weights where fit
-    reads the model as one (before validation, at each epoch's end, at the end of training)."""
-    averager = getattr(model, _AVERAGE, None)
-    return callbacks if averager is None else [averager.callback(), *callbacks]
 
 
 class _Averager:
@@ -138,13 +132,9 @@ class _Averager:
     def _counter(self) -> Any:
         import tensorflow as tf
 
-        if self.count is None:
-            with tf.init_scope():  # once, on the first trace, outside the traced step
-                # Each worker's own (ON_READ, no aggregation), never all-reduced or checkpointed:
-                # a restored model starts equal on every worker.
-                self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_local_steps",
-                                         synchronization=tf.VariableSynchronization.ON_READ,
-                                         aggregation=tf.VariableAggregation.NONE)
+        if self.count is None:  # once, on the first trace; not checkpointed: a restored model
+            # starts equal on every worker
+            self.count = replica_local(lambda: tf.constant(0, tf.int64), "raytf_local_steps")
         return self.count
 
     def _tf_variables(self) -> list:
@@ -179,12 +169,8 @@ class _Averager:
         if compression.active() is None:
             return []
         if not self._anchors:
-            with tf.init_scope():
-                self._anchors = [
-                    tf.Variable(tf.convert_to_tensor(v), trainable=False, name="raytf_last_average",
-                                synchronization=tf.VariableSynchronization.ON_READ,
-                                aggregation=tf.VariableAggregation.NONE) for v in variables
-                ]
+            self._anchors = [replica_local(lambda v=v: tf.convert_to_tensor(v), "raytf_last_average")
+                             for v in variables]
         return self._anchors
 
     # -- outside the step (eager, every worker at the same point) --
@@ -221,17 +207,18 @@ class _Averager:
         return AverageWeights()
 
 
-def _average_around_fit(model: Any, averager: _Averager) -> None:
+def _average_around_fit(model: Any) -> None:
     """tf-keras's ``model.fit`` with the averaging callback first in its callbacks."""
     fit = model.fit
     if getattr(fit, "_raytf_local_sgd", False):
         return
 
     def fit_averaging(*args: Any, **kwargs: Any) -> Any:
+        averaging = getattr(model, _AVERAGE).callback()
         if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
-            args = (*args[:5], callbacks_for(model, list(args[5] or [])), *args[6:])
+            args = (*args[:5], [averaging, *(args[5] or [])], *args[6:])
         else:
-            kwargs["callbacks"] = callbacks_for(model, list(kwargs.get("callbacks") or []))
+            kwargs["callbacks"] = [averaging, *(kwargs.get("callbacks") or [])]
         return fit(*args, **kwargs)
 
     fit_averaging._raytf_local_sgd = True  # type: ignore[attr-defined]

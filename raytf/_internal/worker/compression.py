@@ -152,20 +152,27 @@ def _residual_table(owner: Any) -> dict:
     return table
 
 
+def replica_local(initial: Any, name: str) -> Any:
+    """A variable each replica keeps for itself (ON_READ, no aggregation: never synchronized,
+    all-reduced or checkpointed as one), made outside the traced step even when called in it.
+    ``initial`` is a value or a callable giving one (called there)."""
+    import tensorflow as tf
+
+    with tf.init_scope():
+        return tf.Variable(initial() if callable(initial) else initial, trainable=False, name=name,
+                           synchronization=tf.VariableSynchronization.ON_READ,
+                           aggregation=tf.VariableAggregation.NONE)
+
+
 def _residual(table: dict, variable: Any, gradient: Any) -> Any:
-    """This worker's own residual for ``variable``: a variable each replica keeps for itself
-    (ON_READ, no aggregation), made once, outside the traced step."""
+    """This worker's own residual for ``variable``, made once."""
     import tensorflow as tf
 
     key = variable.ref()
     residual = table.get(key)
     if residual is None:
-        with tf.init_scope():
-            residual = tf.Variable(
-                tf.zeros(gradient.shape, gradient.dtype), trainable=False, name="raytf_gradient_residual",
-                synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.NONE,
-            )
-        table[key] = residual
+        residual = table[key] = replica_local(lambda: tf.zeros(gradient.shape, gradient.dtype),
+                                              "raytf_gradient_residual")
     return residual
 
 
