@@ -3,7 +3,7 @@
     python _plain_worker.py RANK TF_CONFIG DATA.npz|- OUT.json [WORKLOAD]
 
 WORKLOAD is the bench module defining it (w1, the default, or w2): its WORKER_ENV,
-WORKER_BATCH, ring_strategy() and fit(dataset, strategy); with DATA "-", fit(None, strategy)
+WORKER_BATCH, mwms_strategy() and fit(dataset, strategy); with DATA "-", fit(None, strategy)
 makes its own rows.
 """
 
@@ -21,7 +21,7 @@ os.environ.update(workload.WORKER_ENV)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-strategy = workload.ring_strategy()
+strategy = workload.mwms_strategy()
 if data_path == "-":  # the workload makes its own rows
     with open(out_path, "w") as f:
         json.dump(workload.fit(None, strategy), f)

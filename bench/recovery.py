@@ -134,10 +134,10 @@ def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None, warm_sta
         _raytf_train,
         config={"marks": marks, "kill_step": kill_step},
         datasets={"train": dataset},
-        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        scaling=w1.raytf_scaling(),
         run=raytf.RunConfig(name=f"recovery-raytf-{kill_step}-{warm_standby}", storage_path=workdir, verbose=0,
                             failure_config=raytf.FailureConfig(max_failures=3, warm_standby=warm_standby)),
-        tensorflow=raytf.TensorflowConfig(communication="ring", worker_env={"TF_USE_LEGACY_KERAS": "1"}),
+        tensorflow=raytf.TensorflowConfig(communication=w1.communication(), worker_env={"TF_USE_LEGACY_KERAS": "1"}),
     ).fit()
     # Where the retry's start went (placement, actors, loading, connect, first step), from result.startup,
     # and when the driver noticed the loss (the first failure's time).
@@ -151,7 +151,7 @@ def _ray_train_train(config):
     import tensorflow as tf
     from ray import train
 
-    strategy = w1.ring_strategy()
+    strategy = w1.mwms_strategy()
     rank = train.get_context().get_world_rank()
 
     def restore(trackables):
@@ -177,7 +177,7 @@ def _ray_train_train(config):
 
 
 def run_ray_train(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig
     from ray.train.tensorflow import TensorflowTrainer
 
     start = time.perf_counter()
@@ -185,7 +185,7 @@ def run_ray_train(dataset, workdir: str, marks: str, kill_step: int | None) -> d
         _ray_train_train,
         train_loop_config={"marks": marks, "kill_step": kill_step},
         datasets={"train": dataset},
-        scaling_config=ScalingConfig(num_workers=w1.WORKERS, resources_per_worker={"CPU": 1}),
+        scaling_config=w1.ray_train_scaling(),
         run_config=RunConfig(name=f"recovery-ray-train-{kill_step}", storage_path=workdir,
                              failure_config=FailureConfig(max_failures=3)),
     ).fit()
@@ -260,7 +260,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--kill-step", type=int, default=KILL_STEP)
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
+    w1.use_gpus(args.gpus_per_worker)
 
     import ray
     from ray import cloudpickle

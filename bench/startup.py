@@ -63,7 +63,7 @@ def plain_worker(tf_config: str, out: str) -> None:
     import tensorflow as tf
 
     marks["imported"] = time.time()
-    strategy = w1.ring_strategy()
+    strategy = w1.mwms_strategy()
     marks["connected"] = time.time()
     first_step(strategy)
     marks["first_step"] = time.time()

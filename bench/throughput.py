@@ -60,7 +60,7 @@ def run_plain_mwms(dataset, workdir: str, workload: str = "w1") -> dict:
         processes.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "_plain_worker.py"), str(rank), tf_config, data_path, out,
              workload],
-            env={**os.environ, **w1.WORKER_ENV},
+            env={**os.environ, **w1.WORKER_ENV, **w1.plain_worker_gpus(rank)},
         ))
     for p in processes:
         if p.wait() != 0:
@@ -86,9 +86,9 @@ def _fit_raytf(train_fn, dataset, workdir: str, keras: str) -> dict:
     result = raytf.Trainer(
         train_fn,
         datasets={"train": dataset},
-        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        scaling=w1.raytf_scaling(),
         run=raytf.RunConfig(name=f"bench-raytf-{keras}", storage_path=workdir, verbose=0),
-        tensorflow=raytf.TensorflowConfig(communication="ring", keras=keras),
+        tensorflow=raytf.TensorflowConfig(communication=w1.communication(), keras=keras),
     ).fit()
     return {**result.metrics, "fit_wall_s": time.perf_counter() - start}
 
@@ -139,7 +139,7 @@ def run_raytf_keras3(dataset, workdir: str) -> dict:
 def _ray_train_train(config):
     from ray import train
 
-    strategy = w1.ring_strategy()
+    strategy = w1.mwms_strategy()
     dataset = train.get_dataset_shard("train").to_tf("x", "y", batch_size=w1.WORKER_BATCH, drop_last=True)
     # model.fit cannot run several steps per call on data of unknown length: the documented way runs one.
     outcome = w1.fit(dataset, strategy, distribute=config["distribute"],
@@ -151,7 +151,7 @@ def _ray_train_train(config):
 
 
 def run_ray_train(dataset, workdir: str, distribute: bool = True) -> dict:
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import RunConfig
     from ray.train.tensorflow import TensorflowTrainer
 
     out = os.path.join(workdir, f"ray_train_{distribute}.json")
@@ -160,7 +160,7 @@ def run_ray_train(dataset, workdir: str, distribute: bool = True) -> dict:
         _ray_train_train,
         train_loop_config={"out": out, "distribute": distribute},
         datasets={"train": dataset},
-        scaling_config=ScalingConfig(num_workers=w1.WORKERS, resources_per_worker={"CPU": 1}),
+        scaling_config=w1.ray_train_scaling(),
         run_config=RunConfig(name="bench-ray-train", storage_path=workdir),
     ).fit()
     wall = time.perf_counter() - start
@@ -191,7 +191,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--steps-per-execution", type=int, default=1,
                         help="Keras steps_per_execution, the same for every system")
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
+    w1.use_gpus(args.gpus_per_worker)
     systems = args.systems.split(",")
     os.environ["W1_STEPS_PER_EXECUTION"] = str(args.steps_per_execution)  # the plain workers' processes
     w1.STEPS_PER_EXECUTION = args.steps_per_execution  # pickled with w1 to the Ray workers

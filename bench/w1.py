@@ -4,7 +4,8 @@ Synthetic classification: 60,000 rows of 784 standard-normal float32 features
 (generated per block, seeded by the block's first row id), label = argmax(x @ W)
 with W a fixed 784x10 standard-normal matrix (seed 0). MLP 784-128(relu)-10,
 Adam, sparse categorical cross-entropy from logits, global batch 256, 3 epochs,
-2 workers with 1 CPU and 1 intra/inter-op thread each. Trained with tf-keras
+2 workers with 1 CPU and 1 intra/inter-op thread each (and a GPU or a share of one
+with a bench's --gpus-per-worker). Trained with tf-keras
 ``model.fit`` (the path Ray Train supports), so all systems run the same
 training code and differ only in how data reaches it.
 """
@@ -33,26 +34,85 @@ WORKER_BATCH = GLOBAL_BATCH // WORKERS
 # --steps-per-execution sets it, for subprocesses too).
 STEPS_PER_EXECUTION = int(os.environ.get("W1_STEPS_PER_EXECUTION", "1"))
 STEPS_PER_EPOCH = ROWS // WORKERS // WORKER_BATCH
+# GPUs per worker: 0 (the default) trains on CPUs, as defined above. A bench's --gpus-per-worker
+# (use_gpus()) changes it for every system alike, its plain-TensorFlow subprocesses too.
+GPUS_PER_WORKER = float(os.environ.get("W1_GPUS_PER_WORKER", "0"))
 WORKER_ENV = {
     "TF_USE_LEGACY_KERAS": "1",
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_NUM_INTEROP_THREADS": "1",
     "OMP_NUM_THREADS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
-    "CUDA_VISIBLE_DEVICES": "",
 }
 
 
-def ring_strategy():
-    """MultiWorkerMirroredStrategy from TF_CONFIG, RING collectives, one thread each:
+def use_gpus(gpus_per_worker: float) -> None:
+    """Train every system compared on GPUs, ``gpus_per_worker`` each.
+
+    Below 1 the workers share a GPU (one GPU machine): they grow their GPU memory as
+    they need it rather than each taking all of it, and, since NCCL runs one rank per
+    GPU, all-reduce with RING over the host, as on CPUs. At 1 or more every system
+    uses NCCL."""
+    global GPUS_PER_WORKER
+    GPUS_PER_WORKER = float(gpus_per_worker)
+    os.environ["W1_GPUS_PER_WORKER"] = str(GPUS_PER_WORKER)  # read again by the plain workers' processes
+    _set_worker_env()
+
+
+def _set_worker_env() -> None:
+    # In place: the benches hand this dict to ray.init and subprocesses.
+    WORKER_ENV.pop("CUDA_VISIBLE_DEVICES", None)
+    WORKER_ENV.pop("TF_FORCE_GPU_ALLOW_GROWTH", None)
+    if GPUS_PER_WORKER == 0:
+        WORKER_ENV["CUDA_VISIBLE_DEVICES"] = ""
+    elif GPUS_PER_WORKER < 1:
+        WORKER_ENV["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+
+
+_set_worker_env()
+
+
+GPU_FLAG_HELP = ("GPUs per worker, for every system alike (default 0: CPUs only); below 1 the workers share "
+                 "a GPU and all-reduce with RING, at 1 or more with NCCL")
+
+
+def plain_worker_gpus(rank: int) -> dict:
+    """The plain anchor's rank ``rank`` process: its own GPUs when each worker has whole ones."""
+    if GPUS_PER_WORKER < 1:
+        return {}
+    count = int(GPUS_PER_WORKER)
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(rank * count + i) for i in range(count))}
+
+
+def communication() -> str:
+    """The collective implementation every system uses: NCCL with a GPU per worker, else RING."""
+    return "nccl" if GPUS_PER_WORKER >= 1 else "ring"
+
+
+def raytf_scaling(workers: int = WORKERS):
+    import raytf
+
+    return raytf.ScalingConfig(num_workers=workers, cpus_per_worker=1, gpus_per_worker=GPUS_PER_WORKER)
+
+
+def ray_train_scaling():
+    from ray.train import ScalingConfig
+
+    resources = {"CPU": 1, **({"GPU": GPUS_PER_WORKER} if GPUS_PER_WORKER else {})}
+    return ScalingConfig(num_workers=WORKERS, use_gpu=GPUS_PER_WORKER > 0, resources_per_worker=resources)
+
+
+def mwms_strategy():
+    """MultiWorkerMirroredStrategy from TF_CONFIG, communication() collectives, one thread each:
     how the anchors (plain TensorFlow, Ray Train) build theirs."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    implementation = tf.distribute.experimental.CommunicationImplementation
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+            implementation=implementation.NCCL if communication() == "nccl" else implementation.RING
         )
     )
 

@@ -43,7 +43,7 @@ EPOCHS = 2
 STEPS_PER_EPOCH = ROWS // GLOBAL_BATCH
 PARAMETERS = w1.DIM * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * w1.CLASSES + w1.CLASSES
 WORKER_ENV = w1.WORKER_ENV
-ring_strategy = w1.ring_strategy
+mwms_strategy = w1.mwms_strategy
 
 BF16_EF = {"gradient_compression": "bfloat16", "error_feedback": True}
 # name: (TensorflowConfig options, {"accumulate_steps": K} or {"local_sgd_steps": K} or {})
@@ -111,9 +111,9 @@ def run_raytf(workdir: str, name: str) -> dict:
     start = time.perf_counter()
     result = raytf.Trainer(
         _raytf_train, config=keras,
-        scaling=raytf.ScalingConfig(num_workers=w1.WORKERS, cpus_per_worker=1),
+        scaling=w1.raytf_scaling(),
         run=raytf.RunConfig(name=f"bench-w2-{name}", storage_path=workdir, verbose=0),
-        tensorflow=raytf.TensorflowConfig(communication="ring", keras="tf_keras", **tensorflow),
+        tensorflow=raytf.TensorflowConfig(communication=w1.communication(), keras="tf_keras", **tensorflow),
     ).fit()
     return {**result.metrics, "fit_wall_s": time.perf_counter() - start,
             "allreduce_bytes_per_sample": bytes_per_sample(tensorflow, keras)}
@@ -128,7 +128,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(["plain_mwms", *CONFIGS]))
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
+    w1.use_gpus(args.gpus_per_worker)
     configs = args.configs.split(",")
     unknown = [c for c in configs if c != "plain_mwms" and c not in CONFIGS]
     if unknown:

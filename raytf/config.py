@@ -146,7 +146,10 @@ class FailureConfig:
     kept shards instead of splitting the data again (seconds per restart). It
     costs one idle process per worker (its memory, and its import's CPU once
     per attempt) and a second copy of the shards in object-store memory.
-    For raytf.Trainer's CPU workers; GPU workers start cold.
+    A GPU worker's standby takes the GPUs of the bundle it is handed
+    (CUDA_VISIBLE_DEVICES, set before TensorFlow first lists its devices);
+    until then no GPU waits on it. For raytf.Trainer (a parameter-server
+    run's workers are replaced one by one instead).
     """
 
     max_failures: int = 0

@@ -164,11 +164,6 @@ class Trainer:
                     f"FailureConfig.warm_standby: {type(self).__name__} has no warm standby (its workers are "
                     "replaced, or run a script, rather than restarted from train_fn); leave it off"
                 )
-            if self.scaling.use_gpu:
-                raise ConfigError(
-                    "FailureConfig.warm_standby works with CPU workers for now; with "
-                    "ScalingConfig.gpus_per_worker > 0 leave it off (restarts start cold)"
-                )
 
     def _workers_text(self) -> str:
         scaling = self.scaling

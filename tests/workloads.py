@@ -151,7 +151,8 @@ def exit_after_warm_up(config: dict) -> None:
     """Attempt 0: no step and no report (a loop that tells raytf nothing); rank 1 waits
     ``linger_s`` (for standbys to warm up), notes the time and kills its own process. Every
     attempt writes, per rank, its pid, when its process was created, its actor's name, and the
-    ``id`` values of each dataset's shard it read (attempt<a>_rank<r>.json); attempt 1 trains small_train."""
+    ``id`` values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json); attempt 1
+    trains small_train."""
     ctx = raytf.get_context()
     ids = {}
     for name in config.get("datasets", []):
@@ -161,7 +162,9 @@ def exit_after_warm_up(config: dict) -> None:
 
     _write(config["out_dir"], f"attempt{ctx.attempt}_rank{ctx.world_rank}.json",
            {"pid": os.getpid(), "process_started": _process_started_at(), "ids": ids,
-            "actor": ray.get_runtime_context().get_actor_name()})
+            "actor": ray.get_runtime_context().get_actor_name(), "node_id": ray.get_runtime_context().get_node_id(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
     if ctx.attempt == 0:
         if ctx.world_rank == 1:
             time.sleep(config["linger_s"])

@@ -207,11 +207,13 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class WorkerAddress:
-    """Where one actor lives and the port it holds for TensorFlow's server."""
+    """Where one actor lives, the port it holds for TensorFlow's server, and the GPUs it trains on
+    (the ids CUDA_VISIBLE_DEVICES names: Ray's, or those a warm standby was handed)."""
 
     node_id: str
     node_ip: str
     port: int
+    gpu_ids: tuple[str, ...] = ()
 
     @property
     def host_port(self) -> str:

@@ -50,3 +50,31 @@ def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_le
         assert sorted(s["local_rank"] for s in ranks) == list(range(len(ranks)))
         assert all(s["local_world_size"] == len(ranks) for s in ranks)
     assert len(by_node) == 2
+
+
+def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_handed(gpu_nodes, tmp_path, no_leaks):
+    """FailureConfig(warm_standby=True) with a GPU per worker: the standbys reserve no GPU (Ray
+    assigns them none) and the retry runs in them, each seeing exactly the GPU that its bundle's
+    worker had before (CUDA_VISIBLE_DEVICES), so the retry's ranks use the same GPUs, none shared."""
+    result = raytf.Trainer(
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 18},
+        scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=1, cpus_per_worker=1),
+        run=raytf.RunConfig(name="warm-gpu", storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),
+        tensorflow=raytf.TensorflowConfig(communication="ring"),
+    ).fit()
+    assert result.attempts == 2 and result.history[-1]["epoch"] == 3
+
+    def info(attempt, rank):
+        return json.loads((tmp_path / f"attempt{attempt}_rank{rank}.json").read_text())
+
+    first = [info(0, r) for r in range(2)]
+    retry = [info(1, r) for r in range(2)]
+    for before in first:
+        assert len(before["ray_gpu_ids"]) == 1 and before["cuda_visible_devices"] == before["ray_gpu_ids"][0]
+    for after in retry:
+        assert ":standby:" in after["actor"] and after["pid"] not in {b["pid"] for b in first}
+        assert after["ray_gpu_ids"] == []  # a standby reserves no GPU of its own
+    # The same GPUs on the same nodes, one per rank.
+    assert sorted((a["node_id"], a["cuda_visible_devices"]) for a in retry) == sorted(
+        (b["node_id"], b["cuda_visible_devices"]) for b in first)

@@ -2,7 +2,10 @@
 
 import errno
 import json
+import os
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -220,3 +223,32 @@ def test_a_parameter_server_template_is_found_as_it_is_but_not_once_transformed(
     assert template_of(template) == "recipe" and template_of(Wrapped()) == "recipe"
     assert template_of(template.batch(2)) is None and derived_from_template(template.batch(2).repeat())
     assert not derived_from_template(tf.data.Dataset.range(4).batch(2))
+
+
+def test_a_standby_takes_its_gpus_only_before_tensorflow_lists_its_devices():
+    """adopt_gpus (a warm standby handed a GPU bundle) sets CUDA_VISIBLE_DEVICES while TensorFlow,
+    imported, has not listed its devices; afterwards the variable would no longer count, and it
+    refuses, naming the cause. In a fresh process: this one may have listed its devices."""
+    script = """
+import json, os
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import tensorflow as tf
+from raytf._internal.worker.tensorflow import adopt_gpus
+adopt_gpus(["3", "5"])
+seen = os.environ["CUDA_VISIBLE_DEVICES"]
+tf.config.list_physical_devices()
+try:
+    adopt_gpus(["1"])
+    error = None
+except RuntimeError as e:
+    error = str(e)
+print(json.dumps({"seen": seen, "after": os.environ["CUDA_VISIBLE_DEVICES"], "error": error}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["seen"] == "3,5"
+    assert result["after"] == "3,5"  # untouched by the refused call
+    assert "found its devices before it was handed its GPUs (1)" in result["error"]
+    assert "FailureConfig.warm_standby" in result["error"]

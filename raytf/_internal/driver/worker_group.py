@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
@@ -136,6 +136,7 @@ class RayWorkerGroup:
         self._standby: list[tuple[str, Any]] = []  # (node id, actor): warm, waiting for a rank
         self._standby_made = False  # for this attempt
         self._standby_count = 0  # names them apart
+        self._bundle_gpus: dict[int, tuple[str, ...]] = {}  # bundle index -> its GPUs' ids (standbys take them)
         self._keeper = ShardKeeper(self._datasets, run.split) if warm_standby else None
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
@@ -161,6 +162,7 @@ class RayWorkerGroup:
                 return
             placement.remove(self._pg)
             self._pg = None
+        self._bundle_gpus = {}  # a new group's bundles may hold other GPUs
         for workers, timeout in self._elastic.tries():
             self._pg = placement.place(self._bundles(workers), self._strategy, timeout, self._notify)
             if self._pg is not None:
@@ -178,17 +180,23 @@ class RayWorkerGroup:
     def _start_actors(self, attempt: int, resume: ResumePoint) -> None:
         actors, index = [], 0
         bundle_nodes = self._bundle_nodes() if self._standby else {}
+        reserves = []  # by actor: its reserve() call's arguments
         for role in self._roles:
             count = self.num_workers if role.name == TRAINING_ROLE else role.max_count
             resources = {k: v for k, v in role.bundle.items() if k not in ("CPU", "GPU")}
             for task in range(count):
-                standby = self._take_standby(bundle_nodes.get(index)) if role.name == TRAINING_ROLE else None
+                gpus = self._bundle_gpus.get(index) if role.bundle.get("GPU") else ()
+                standby = None
+                if role.name == TRAINING_ROLE and gpus is not None:
+                    standby = self._take_standby(bundle_nodes.get(index))
                 if standby is not None:
                     # Warm: TensorFlow and train_fn are loaded. It runs on this bundle's node, on the
-                    # CPUs the bundle holds for it.
+                    # CPUs and GPUs the bundle holds for it (its GPUs' ids as the bundle's last actor had them).
                     actors.append((role, task, standby))
+                    reserves.append({"gpu_ids": gpus} if gpus else {})
                     index += 1
                     continue
+                reserves.append({})
                 actors.append((role, task, _RemoteWorker.options(
                     # Named for the dashboard and `ray.get_actor`.
                     name=f"raytf:{self._run.run_name}:{attempt}:{index}",
@@ -200,7 +208,8 @@ class RayWorkerGroup:
         self._others = [actor for _, _, actor in actors]  # until ranks are known: all, for shutdown
         timeout = self._start_timeout_s
         try:
-            addresses = ray.get([actor.reserve.remote() for _, _, actor in actors], timeout=timeout)
+            addresses = ray.get([actor.reserve.remote(**kw) for (_, _, actor), kw in zip(actors, reserves)],
+                                timeout=timeout)
         except GetTimeoutError:
             raise WorkerStartError(
                 f"worker actors did not start within {timeout:g} s (FailureConfig.start_timeout_s); "
@@ -208,7 +217,11 @@ class RayWorkerGroup:
             ) from None
         except RayActorError as error:
             raise WorkerStartError(f"a worker actor died while starting: {error}") from None
+        except RayTaskError as error:  # a warm standby that could not take its bundle's GPUs
+            raise WorkerStartError(f"a worker actor could not start: {error.cause}") from None
         self._actors_up = time.monotonic()
+        # Bundle i is actors[i]'s; a warm standby handed bundle i later takes these GPUs.
+        self._bundle_gpus = {i: address.gpu_ids for i, address in enumerate(addresses) if address.gpu_ids}
         trained = [(a, address) for a, address in zip(actors, addresses) if a[0].name == TRAINING_ROLE]
         ranks = assign_ranks([address for _, address in trained])
         by_rank = sorted(zip(ranks, trained), key=lambda pair: pair[0].world_rank)

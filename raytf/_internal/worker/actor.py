@@ -13,13 +13,13 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker import logs as _logs
 from raytf._internal.worker.activity import ActivityTracker
 from raytf._internal.worker.payloads import PAYLOADS, ScriptFailed
-from raytf._internal.worker.tensorflow import failure_kind, reserve_port
+from raytf._internal.worker.tensorflow import adopt_gpus, failure_kind, reserve_port
 from raytf.errors import WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -84,20 +84,25 @@ class TrainWorker:
         if self._preempt_reason is None:
             self._preempt_reason = reason
 
-    def reserve(self, port: int = 0) -> WorkerAddress:
+    def reserve(self, port: int = 0, gpu_ids: Optional[Sequence[str]] = None) -> WorkerAddress:
         """Reserve a port for TensorFlow's server and say where this worker is. ``port``: the one
-        a replaced actor held, taken again when it is free, so the cluster's address list holds."""
+        a replaced actor held, taken again when it is free, so the cluster's address list holds.
+        ``gpu_ids``: a warm standby's, the GPUs of the bundle it is handed (see adopt_gpus)."""
         import ray
 
+        if gpu_ids is not None:
+            adopt_gpus(gpu_ids)
         if self._address is None:
             try:
                 self._sock = reserve_port(port)
             except OSError:
                 self._sock = reserve_port()
+            assigned = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
             self._address = WorkerAddress(
                 node_id=ray.get_runtime_context().get_node_id(),
                 node_ip=ray.util.get_node_ip_address(),
                 port=self._sock.getsockname()[1],
+                gpu_ids=tuple(str(g) for g in (gpu_ids if gpu_ids is not None else assigned)),
             )
         return self._address
 

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from raytf._internal import env as _env
 from raytf._internal.protocol import RunSpec, WorkerSpec
@@ -130,6 +130,22 @@ def load_keras(run: RunSpec) -> bool:
 
         return True
     return False
+
+
+def adopt_gpus(gpu_ids: Sequence[str]) -> None:
+    """Make ``gpu_ids`` this process's GPUs: a warm standby, started with no GPU of its own so
+    none sits idle while it waits, takes those of the bundle whose rank it is handed (the run's
+    placement group holds them for it). CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow
+    first lists its devices; a standby's warm-up imports TensorFlow without doing so."""
+    from tensorflow.python.eager import context
+
+    if context.context()._physical_devices is not None:
+        raise RuntimeError(
+            "this warm standby's TensorFlow found its devices before it was handed its GPUs "
+            f"({', '.join(gpu_ids)}): train_fn's modules use TensorFlow's devices when imported. Move "
+            "that into train_fn, or leave FailureConfig.warm_standby off"
+        )
+    os.environ[_env.CUDA_VISIBLE_DEVICES] = ",".join(gpu_ids)
 
 
 def configure_tensorflow(run: RunSpec) -> None:
