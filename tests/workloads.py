@@ -1053,3 +1053,50 @@ def communication_update(config: dict) -> None:
             "dtypes": sorted({tf.as_dtype(v.dtype).name for v in list(model.trainable_variables) + list(optimizer.variables)
                               if tf.as_dtype(v.dtype).is_floating}),
         })
+
+
+def gpu_train(config: dict) -> None:
+    """On GPU workers (tests/gpu): an all-reduce of 2^20 floats per rank through the strategy's
+    collectives, then W1's MLP trained with tf-keras model.fit for 2 epochs, reporting its loss.
+    Writes what the worker saw (gpu_attempt<a>_rank<r>.json). With ``die_after_s``, the last rank
+    of the first attempt waits that long (for warm standbys to get ready) and kills its process."""
+    import numpy as np
+    import ray
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+
+    @tf.function
+    def all_reduce():
+        replica = tf.distribute.get_replica_context()
+        value = tf.ones([1 << 20]) * tf.cast(ctx.world_rank + 1, tf.float32)
+        return replica.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    reduced = strategy.experimental_local_results(strategy.run(all_reduce))[0]
+    rng = np.random.default_rng(ctx.world_rank)
+    x = rng.standard_normal((4096, 784)).astype("float32")
+    y = np.argmax(x @ np.random.default_rng(0).standard_normal((784, 10)), axis=1)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(128, drop_remainder=True)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((784,)), tf.keras.layers.Dense(128, activation="relu"),
+                                     tf.keras.layers.Dense(10)])
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _write(config["out_dir"], f"gpu_attempt{ctx.attempt}_rank{ctx.world_rank}.json", {
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "actor": ray.get_runtime_context().get_actor_name(),
+        "implementation": strategy.extended._communication_options.implementation.name,
+        "all_reduce_device": reduced.device,
+        "all_reduce": [float(reduced[0]), float(reduced[-1])],
+        "kernel_device": model.trainable_variables[0].device,
+    })
+    if ctx.attempt == 0 and config.get("die_after_s") and ctx.world_rank == ctx.world_size - 1:
+        time.sleep(config["die_after_s"])
+        os._exit(1)
+    for epoch in range(2):
+        history = model.fit(strategy.distribute_datasets_from_function(lambda _: data.repeat()), epochs=1,
+                            steps_per_epoch=4096 // 128, verbose=0)
+        raytf.report({"epoch": epoch, "loss": float(history.history["loss"][-1])})
