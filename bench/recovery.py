@@ -260,9 +260,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--kill-step", type=int, default=KILL_STEP)
+    parser.add_argument("--epochs", type=int, default=w1.EPOCHS,
+                        help="W1's epochs (3); more let a fast machine's standbys load TensorFlow before the kill")
     parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
     w1.use_gpus(args.gpus_per_worker)
+    w1.EPOCHS = args.epochs  # pickled with w1 to the workers
 
     import ray
     from ray import cloudpickle

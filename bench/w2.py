@@ -46,6 +46,7 @@ WORKER_ENV = w1.WORKER_ENV
 mwms_strategy = w1.mwms_strategy
 
 BF16_EF = {"gradient_compression": "bfloat16", "error_feedback": True}
+FP16_EF = {"gradient_compression": "float16", "error_feedback": True}
 # name: (TensorflowConfig options, {"accumulate_steps": K} or {"local_sgd_steps": K} or {})
 CONFIGS = {
     "raytf": ({}, {}),
@@ -53,12 +54,13 @@ CONFIGS = {
     "raytf_packs_4mb": ({"bytes_per_pack": 4 << 20}, {}),
     "raytf_bfloat16": ({"gradient_compression": "bfloat16"}, {}),
     "raytf_bfloat16_ef": (BF16_EF, {}),
-    "raytf_float16_ef": ({"gradient_compression": "float16", "error_feedback": True}, {}),
+    "raytf_float16_ef": (FP16_EF, {}),
     "raytf_accumulate4": ({}, {"accumulate_steps": 4}),
     "raytf_bfloat16_ef_accumulate4": (BF16_EF, {"accumulate_steps": 4}),
     "raytf_local_sgd2": ({}, {"local_sgd_steps": 2}),
     "raytf_local_sgd4": ({}, {"local_sgd_steps": 4}),
     "raytf_bfloat16_ef_local_sgd4": (BF16_EF, {"local_sgd_steps": 4}),
+    "raytf_float16_ef_local_sgd4": (FP16_EF, {"local_sgd_steps": 4}),
 }
 
 
@@ -130,11 +132,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
-    w1.use_gpus(args.gpus_per_worker)
     configs = args.configs.split(",")
     unknown = [c for c in configs if c != "plain_mwms" and c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from plain_mwms, {', '.join(CONFIGS)}")
+    w1.use_gpus(args.gpus_per_worker)
+    bfloat16 = [c for c in configs if c in CONFIGS and CONFIGS[c][0].get("gradient_compression") == "bfloat16"]
+    if args.gpus_per_worker and bfloat16:
+        parser.error(f"{bfloat16} all-reduce bfloat16, which TensorFlow's GPU collectives refuse: "
+                     "leave them out on GPUs (the float16 configs compress there)")
 
     import ray
     from ray import cloudpickle

@@ -374,7 +374,9 @@ class TensorflowConfig:
     6e-8 to zero. ``error_feedback=True`` keeps what the cast rounded away on
     each worker and adds it to that worker's next gradient, so small gradient
     components accumulate instead of vanishing (one float32 residual per
-    weight on each worker, not checkpointed).
+    weight on each worker, not checkpointed). On GPU workers only float16:
+    TensorFlow's GPU collectives (NCCL and RING alike) do not all-reduce
+    bfloat16.
     """
 
     communication: str = "auto"
@@ -444,6 +446,12 @@ class TensorflowConfig:
             raise ConfigError(
                 "TensorflowConfig.communication='nccl' needs GPUs, but ScalingConfig.gpus_per_worker=0: "
                 "use 'ring' (or 'auto') for CPU workers, or give each worker a GPU"
+            )
+        if self.gradient_compression == "bfloat16" and scaling.use_gpu:
+            raise ConfigError(
+                "TensorflowConfig.gradient_compression='bfloat16' cannot run on GPU workers: TensorFlow's GPU "
+                "collectives (NCCL and RING) do not all-reduce bfloat16. Use gradient_compression='float16' "
+                "(with error_feedback=True to keep what it rounds away)"
             )
         if self.communication == "auto":
             return "nccl" if scaling.use_gpu else "ring"

@@ -1092,6 +1092,8 @@ def gpu_train(config: dict) -> None:
         "all_reduce_device": reduced.device,
         "all_reduce": [float(reduced[0]), float(reduced[-1])],
         "kernel_device": model.trainable_variables[0].device,
+        "worker_devices": list(strategy.extended.worker_devices),
+        "logical_gpus": [d.name for d in tf.config.list_logical_devices("GPU")],
     })
     if ctx.attempt == 0 and config.get("die_after_s") and ctx.world_rank == ctx.world_size - 1:
         time.sleep(config["die_after_s"])

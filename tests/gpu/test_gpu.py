@@ -38,12 +38,13 @@ def test_each_worker_trains_on_its_own_gpu_and_all_reduces_with_nccl(gpus, tmp_p
     assert result.metrics["loss"] < result.history[0]["loss"]  # it learns
     seen = [_seen(tmp_path, 0, r) for r in range(workers)]
     for s in seen:
-        assert s["implementation"] == "NCCL"
-        assert len(s["gpus"]) == 1  # its own GPU, and only it
-        assert s["cuda_visible_devices"] == ",".join(s["ray_gpu_ids"])
-        assert "GPU:0" in s["all_reduce_device"] and "GPU:0" in s["kernel_device"]
+        assert s["implementation"] == "NCCL", s
+        assert len(s["gpus"]) == 1 and len(s["logical_gpus"]) == 1, s  # its own GPU, and only it
+        assert s["cuda_visible_devices"] == ",".join(s["ray_gpu_ids"]), s
+        assert all("GPU:0" in d for d in s["worker_devices"]), s
+        assert "GPU:0" in s["all_reduce_device"] and "GPU:0" in s["kernel_device"], s
         # The sum over ranks of (rank + 1) x ones(2^20), in every element.
-        assert s["all_reduce"] == [workers * (workers + 1) / 2] * 2
+        assert s["all_reduce"] == [workers * (workers + 1) / 2] * 2, s
     assert len({s["cuda_visible_devices"] for s in seen}) == workers  # no GPU shared
 
 
@@ -56,8 +57,8 @@ def test_a_warm_standby_takes_the_gpu_of_the_worker_it_replaces(gpus, tmp_path):
     assert result.attempts == 2
     for rank in range(workers):
         before, after = _seen(tmp_path, 0, rank), _seen(tmp_path, 1, rank)
-        assert ":standby:" in after["actor"] and after["ray_gpu_ids"] == []
-        assert len(after["gpus"]) == 1 and "GPU:0" in after["kernel_device"]
-        assert after["all_reduce"] == before["all_reduce"]
+        assert ":standby:" in after["actor"] and after["ray_gpu_ids"] == [], after
+        assert len(after["logical_gpus"]) == 1 and "GPU:0" in after["kernel_device"], after
+        assert after["all_reduce"] == before["all_reduce"], (before, after)
     assert sorted(_seen(tmp_path, 1, r)["cuda_visible_devices"] for r in range(workers)) == sorted(
         _seen(tmp_path, 0, r)["cuda_visible_devices"] for r in range(workers))

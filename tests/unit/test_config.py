@@ -92,6 +92,17 @@ def test_communication_defaults_follow_the_hardware():
         TensorflowConfig(communication="mpi")
 
 
+def test_bfloat16_compression_is_refused_on_gpu_workers_with_the_fix_named():
+    """TensorFlow's GPU collectives refuse DT_BFLOAT16 (seen on an H100, NCCL and RING alike); the
+    run is refused before it starts, pointing at float16."""
+    gpu = ScalingConfig(gpus_per_worker=1)
+    for communication in ("auto", "nccl", "ring"):
+        with pytest.raises(ConfigError, match="gradient_compression='bfloat16' cannot run on GPU workers.*'float16'"):
+            TensorflowConfig(communication=communication, gradient_compression="bfloat16").resolve_communication(gpu)
+    assert TensorflowConfig(gradient_compression="float16", error_feedback=True).resolve_communication(gpu) == "nccl"
+    assert TensorflowConfig(gradient_compression="bfloat16").resolve_communication(ScalingConfig()) == "ring"
+
+
 def test_threads_default_to_the_workers_cpus():
     assert TensorflowConfig().threads(ScalingConfig(cpus_per_worker=4)) == (4, 4)
     assert TensorflowConfig().threads(ScalingConfig(cpus_per_worker=0.5)) == (1, 1)
