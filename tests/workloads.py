@@ -1067,11 +1067,13 @@ def gpu_train(config: dict) -> None:
     ctx = raytf.get_context()
     strategy = raytf.strategy()
 
+    with strategy.scope():
+        ones = tf.Variable(tf.ones([1 << 20]))  # on the worker's GPU (a constant would be folded on the host)
+
     @tf.function
     def all_reduce():
         replica = tf.distribute.get_replica_context()
-        value = tf.ones([1 << 20]) * tf.cast(ctx.world_rank + 1, tf.float32)
-        return replica.all_reduce(tf.distribute.ReduceOp.SUM, value)
+        return replica.all_reduce(tf.distribute.ReduceOp.SUM, ones * tf.cast(ctx.world_rank + 1, tf.float32))
 
     reduced = strategy.experimental_local_results(strategy.run(all_reduce))[0]
     rng = np.random.default_rng(ctx.world_rank)
