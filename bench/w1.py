@@ -89,10 +89,10 @@ def communication() -> str:
     return "nccl" if GPUS_PER_WORKER >= 1 else "ring"
 
 
-def raytf_scaling(workers: int = WORKERS):
+def raytf_scaling():
     import raytf
 
-    return raytf.ScalingConfig(num_workers=workers, cpus_per_worker=1, gpus_per_worker=GPUS_PER_WORKER)
+    return raytf.ScalingConfig(num_workers=WORKERS, cpus_per_worker=1, gpus_per_worker=GPUS_PER_WORKER)
 
 
 def ray_train_scaling():
