@@ -174,6 +174,7 @@ class Trainer:
         and no retry was left. Ctrl-C stops every worker and frees the placement group."""
         import ray
 
+        _env.check()  # every RAYTF_* setting, before anything starts
         if not ray.is_initialized():
             ray.init()
         name = self.run.name or _default_run_name()
@@ -181,6 +182,7 @@ class Trainer:
         self._preflight(display)
         payload = self._payload()
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
+        storage.check_writable()
         lease = RunLease(storage.filesystem, storage.root, name, ttl_s=_env.get_float(_env.LEASE_TTL_S))
         with _StopSignals() as stop_signals:
             lease.acquire()  # before anything of the run is read or written

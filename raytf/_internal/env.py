@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
+
+from raytf.errors import ConfigError
 
 # Read on the driver.
 POLL_INTERVAL_S = "RAYTF_POLL_INTERVAL_S"  # how often the driver polls workers
@@ -30,14 +33,28 @@ _DEFAULTS = {
 
 
 def get_float(name: str) -> float:
-    """The float value of a raytf driver setting, or its default."""
+    """The float value of a raytf driver setting, or its default.
+
+    As strict as the configs: a finite number of seconds above zero, else a
+    ConfigError naming the variable (``nan`` would make the driver wait
+    forever on a failing rank, or renew its lease in a busy loop).
+    """
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return _DEFAULTS[name]
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"environment variable {name} must be > 0, got {raw!r}")
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            f"environment variable {name} must be a finite number of seconds > 0, got {raw!r}; "
+            f"set it to a number such as {_DEFAULTS[name]:g} (its default), or unset it"
+        )
     return value
+
+
+def check() -> None:
+    """Every raytf setting read from the environment, checked before any actor starts."""
+    for name in _DEFAULTS:
+        get_float(name)

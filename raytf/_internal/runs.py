@@ -16,7 +16,12 @@ from raytf.errors import CheckpointError
 
 
 def describe_runs(storage_path: Optional[str] = None) -> list[dict[str, Any]]:
-    """One row per run under ``storage_path``: starts, attempts, latest checkpoint, last metrics."""
+    """One row per run under ``storage_path``: starts, attempts, latest checkpoint, last metrics.
+
+    A run whose run.json or history.json is damaged (truncated, not JSON, not
+    the shape raytf writes) is still listed, with ``damaged`` naming each such
+    file and what is wrong with it; the other runs are listed as usual.
+    """
     filesystem, root, _ = resolve_storage(storage_path or default_storage_path())
     rows = []
     for info in sorted(filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)),
@@ -24,9 +29,11 @@ def describe_runs(storage_path: Optional[str] = None) -> list[dict[str, Any]]:
         if info.type != pafs.FileType.Directory:
             continue
         run = RunStorage(storage_path or default_storage_path(), info.base_name)
-        record = run.read_json(RUN_FILE, default={})
-        history = run.read_json(HISTORY_FILE, default=[]) if record or _has(run, HISTORY_FILE) else []
-        if not record and not history and not _has(run, "checkpoints/index.json"):
+        damaged: list[str] = []
+        record = _read(run, RUN_FILE, dict, damaged)
+        history = _read(run, HISTORY_FILE, list, damaged)
+        history = [e for e in history if isinstance(e, dict)]
+        if not damaged and not record and not history and not _has(run, "checkpoints/index.json"):
             continue  # not a raytf run
         try:
             newest = CheckpointManager(run.filesystem, run.root).newest()
@@ -36,15 +43,33 @@ def describe_runs(storage_path: Optional[str] = None) -> list[dict[str, Any]]:
             checkpoint = "" if newest is None else (
                 f"{newest.path.rstrip('/').split('/')[-1]} (epoch {newest.epoch}, step {newest.step})")
         last = history[-1] if history else {}
+        starts = record.get("starts", [])
         rows.append({
             "name": info.base_name,
-            "driver_starts": len(record.get("starts", [])) if isinstance(record, dict) else 0,
+            "driver_starts": len(starts) if isinstance(starts, list) else 0,
             "attempts": len({(e.get("driver_start", 0), e.get("attempt", 0)) for e in history}),
             "reports": len(history),
             "latest_checkpoint": checkpoint,
             "last_metrics": {k: v for k, v in last.items() if k not in HISTORY_KEYS},
+            "damaged": damaged,
         })
     return rows
+
+
+def _read(run: RunStorage, relpath: str, kind: type, damaged: list[str]) -> Any:
+    """The JSON file ``relpath`` of ``run`` if it is a ``kind``; else ``kind()``, and why in ``damaged``."""
+    if not _has(run, relpath):
+        return kind()
+    try:
+        value = run.read_json(relpath)
+    except (OSError, ValueError) as error:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        damaged.append(f"{run.path(relpath)}: {type(error).__name__}: {error}")
+        return kind()
+    if not isinstance(value, kind):
+        damaged.append(f"{run.path(relpath)}: holds a {type(value).__name__}, not a JSON "
+                       f"{'object' if kind is dict else 'list'}")
+        return kind()
+    return value
 
 
 def _has(run: RunStorage, relpath: str) -> bool:
@@ -61,3 +86,5 @@ def print_runs(storage_path: Optional[str] = None) -> None:
               f"{row['reports']} report(s)")
         print(f"  latest checkpoint: {row['latest_checkpoint'] or 'none'}")
         print(f"  last metrics: {format_metrics(row['last_metrics']) or 'none'}")
+        for problem in row["damaged"]:
+            print(f"  damaged: {problem} (move the file aside or repair it; checkpoints are not affected)")

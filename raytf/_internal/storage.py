@@ -111,7 +111,27 @@ class RunStorage:
         self.root = join(self.filesystem, root, name)
         base, _, query = shown_root.partition("?")  # s3://b/p?endpoint_override=... keeps its query last
         self.uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
-        self.filesystem.create_dir(self.root, recursive=True)
+        try:
+            self.filesystem.create_dir(self.root, recursive=True)
+        except OSError as error:
+            raise self._unwritable(error) from None
+
+    def check_writable(self) -> None:
+        """Write and remove a small file in the run's directory: a storage path that is a file, on a
+        read-only disk or in a bucket this user cannot write fails here, before anything starts."""
+        probe = self.path(f".raytf-write-check-{uuid.uuid4().hex}")
+        try:
+            with self.filesystem.open_output_stream(probe) as out:
+                out.write(b"raytf")
+            self.filesystem.delete_file(probe)
+        except OSError as error:
+            raise self._unwritable(error) from None
+
+    def _unwritable(self, error: OSError) -> ConfigError:
+        return ConfigError(
+            f"RunConfig.storage_path: raytf cannot write the run's directory {self.uri} ({error}). Give a "
+            "storage_path that is a directory (or bucket prefix) this user can write; raytf creates it if missing"
+        )
 
     def path(self, relpath: str) -> str:
         return join(self.filesystem, self.root, relpath)

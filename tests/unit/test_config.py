@@ -1,5 +1,6 @@
 import pytest
 
+import raytf
 from raytf import CheckpointConfig, ConfigError, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
 
 
@@ -175,3 +176,26 @@ def test_none_for_a_mapping_means_empty_as_in_ray_train():
 def test_run_names_with_a_trailing_newline_or_control_characters_are_rejected(name):
     with pytest.raises(ConfigError, match="RunConfig.name"):
         RunConfig(name=name)
+
+
+@pytest.mark.parametrize("variable", ["RAYTF_FAILURE_GRACE_S", "RAYTF_LEASE_TTL_S", "RAYTF_POLL_INTERVAL_S",
+                                      "RAYTF_SHUTDOWN_TIMEOUT_S"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
+def test_every_raytf_seconds_variable_is_checked_as_strictly_as_a_config(monkeypatch, variable, value):
+    from raytf._internal import env
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        env.check()  # what fit() runs before anything starts
+    assert variable in str(info.value) and repr(value) in str(info.value)
+    monkeypatch.setenv(variable, "2.5")
+    env.check()
+    assert env.get_float(variable) == 2.5
+
+
+def test_fit_refuses_a_nan_environment_setting_before_anything_starts(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYTF_LEASE_TTL_S", "nan")
+    trainer = raytf.Trainer(lambda: None, run=raytf.RunConfig(storage_path=str(tmp_path)))
+    with pytest.raises(ConfigError, match="RAYTF_LEASE_TTL_S"):
+        trainer.fit()
+    assert list(tmp_path.iterdir()) == []  # nothing of a run was written

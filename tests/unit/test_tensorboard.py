@@ -32,3 +32,29 @@ def test_event_files_are_what_tensorflow_reads(tmp_path):
     assert [(e.step, {v.tag: v.simple_value for v in e.summary.value}) for e in events[1:]] == [
         (10, {"loss": 0.5, "acc": 1.0}), (20, {"loss": 0.25}),
     ]
+
+
+def test_a_metric_beyond_float32_is_kept_in_the_history_and_left_out_of_tensorboard(tmp_path, caplog):
+    import math
+
+    import tensorflow as tf
+
+    from raytf._internal.driver.history import RunHistory
+    from raytf._internal.driver.progress import ProgressDisplay
+    from raytf._internal.protocol import Report
+    from raytf._internal.storage import RunStorage
+
+    storage = RunStorage(str(tmp_path), "run")
+    writer = EventWriter(storage.filesystem, storage.root, driver_start=0)
+    history = RunHistory(storage, ProgressDisplay("run", 0), 0, [], events=writer)
+    huge = math.exp(100)
+    for seq in range(3):  # the second flush is where fit() raised OverflowError
+        history.record(Report(rank=0, seq=seq, metrics={"epoch": seq, "step": seq, "loss": 0.5, "score": huge,
+                                                        "count": 10**400}, time=0.0))
+        history.flush()
+    assert [e["score"] for e in storage.read_json("history.json")] == [huge] * 3
+    assert "beyond float32's range" in caplog.text
+    [name] = os.listdir(tmp_path / "run" / "tensorboard")
+    events = list(tf.compat.v1.train.summary_iterator(str(tmp_path / "run" / "tensorboard" / name)))
+    assert [{v.tag: v.simple_value for v in e.summary.value} for e in events[1:]] == [
+        {"epoch": float(i), "step": float(i), "loss": 0.5} for i in range(3)]

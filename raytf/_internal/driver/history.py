@@ -19,6 +19,7 @@ from raytf._internal.driver.progress import ProgressDisplay
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.protocol import HISTORY_KEYS, Report
 from raytf._internal.storage import RunStorage
+from raytf.errors import RaytfError
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,20 @@ def record_start(storage: RunStorage, name: str) -> int:
     """Append this driver start to run.json; returns its number (0 for the run's first)."""
     from raytf import __version__
 
-    record = storage.read_json(RUN_FILE, default={})
-    starts = list(record.get("starts", [])) if isinstance(record, dict) else []
+    try:
+        record = storage.read_json(RUN_FILE, default={})
+        problem = None if isinstance(record, dict) and isinstance(record.get("starts", []), list) else (
+            f"it holds {type(record).__name__ if not isinstance(record, dict) else 'starts that are not a list'}, "
+            "not the object raytf writes")
+    except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+        problem = f"{type(error).__name__}: {error}"
+    if problem is not None:
+        raise RaytfError(
+            f"{storage.path(RUN_FILE)} is damaged ({problem}). It lists run {name!r}'s driver starts, which "
+            "number the history's entries: repair it, or move it aside and raytf starts a new list (the "
+            "run's checkpoints and history.json are not affected)"
+        )
+    starts = list(record.get("starts", []))
     starts.append({
         "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": socket.gethostname(), "pid": os.getpid(), "raytf_version": __version__,

@@ -14,6 +14,7 @@ scalar values each. The few protobuf fields needed are encoded here.
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import struct
@@ -23,6 +24,8 @@ from typing import Any, Mapping, Optional
 import pyarrow.fs as pafs
 
 from raytf._internal import storage as _storage
+
+logger = logging.getLogger(__name__)
 
 DIRECTORY = "tensorboard"
 
@@ -95,14 +98,32 @@ def event(wall_time: float, step: int, *, scalars: Optional[Mapping[str, float]]
     return out
 
 
+_FLOAT32_MAX = 3.4028234663852886e38  # TensorBoard's scalars are float32
+_warned: set[str] = set()
+
+
 def scalars_of(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics TensorBoard can plot: finite numbers, nested dicts flattened to ``a/b``."""
+    """The metrics TensorBoard can plot: finite numbers within float32's range, nested dicts
+    flattened to ``a/b``. A value beyond float32 is left out (with one warning per metric); the
+    history keeps it as reported."""
     out: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, Mapping):
             out.update({f"{key}/{k}": v for k, v in scalars_of(value).items()})
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out[key] = float(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond any float
+                number = math.inf
+            if isinstance(value, float) and not math.isfinite(value):
+                continue  # NaN and infinities: nothing to plot
+            if abs(number) > _FLOAT32_MAX:
+                if key not in _warned:
+                    _warned.add(key)
+                    logger.warning("metric %r = %r is beyond float32's range, which TensorBoard's scalars "
+                                   "have; it is not plotted (result.history keeps it)", key, value)
+                continue
+            out[key] = number
     return out
 
 
