@@ -339,3 +339,15 @@ def test_a_preempted_worker_is_replaced_without_counting():
     controller, _ = run(group, FailureConfig(max_failures=0))
     assert isinstance(controller.run(), Finished)
     assert len(group.replaced) == 1 and controller._policy.counted == 0
+
+
+def test_port_races_are_free_a_few_times_then_count_against_max_failures():
+    from raytf._internal.driver.failure import FREE_PORT_RACES
+
+    policy = FailurePolicy(FailureConfig(max_failures=0))
+    races = [policy.decide(failure(kind="port_taken")) for _ in range(FREE_PORT_RACES)]
+    assert races == [Decision.RETRY] * FREE_PORT_RACES and policy.counted == 0
+    assert policy.decide(failure(kind="port_taken")) is Decision.RAISE  # with max_failures=0: the next one ends it
+    retrying = FailurePolicy(FailureConfig(max_failures=2))
+    decisions = [retrying.decide(failure(kind="port_taken")) for _ in range(FREE_PORT_RACES + 3)]
+    assert decisions == [Decision.RETRY] * (FREE_PORT_RACES + 2) + [Decision.RAISE]

@@ -77,3 +77,26 @@ def test_a_tracker_measures_how_long_a_kind_has_lasted():
     assert tracker.finished() == Activity("finished", 7.0, "")
     now[0] = 8.0
     assert tracker.sample(None).seconds == 0.0  # a new kind starts its own clock
+
+
+def test_a_train_fn_installed_as_a_package_is_the_users_code(tmp_path, monkeypatch):
+    import importlib
+
+    from raytf._internal.worker import activity
+
+    package = tmp_path / "lib" / "python3" / "site-packages" / "raytf_test_userpkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "training.py").write_text(
+        "def train_fn(ready, done):\n"
+        "    ready.set()\n"
+        "    done.wait(5)  # idles in its own code: the stall raytf must name\n"
+    )
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setattr(activity, "_user_roots", ())
+    train_fn = importlib.import_module("raytf_test_userpkg.training").train_fn
+    activity.note_user_code(train_fn)  # what a payload does when it loads train_fn
+    frame, done, thread = _frame_of(train_fn)
+    kind, where = classify(frame)
+    done.set(), thread.join()
+    assert kind == "python" and "site-packages/raytf_test_userpkg/training.py:3 in train_fn" in where

@@ -9,12 +9,12 @@ column as serialized tensors to files on its own node; the chief's pipeline
 reads those files on that worker, once, and batches them with one gather per
 column (tfdata_ps.py), at in-memory speed.
 
-The files live in a directory fixed by the run and the worker's task index on
-the worker's node (``shard_directory``), not by the process: a worker that dies
-is replaced at the same task index, rewrites the same paths from the same Ray
-Data piece, and the chief's pipelines, which name those paths, go on reading.
-The actor removes the directory when the group shuts it down; the next run of
-the same name on that node overwrites whatever a crash left.
+The files live in a directory fixed by the run's identity (storage, name and the
+driver's lease) and the worker's task index on the worker's node
+(``shard_directory``), not by the process: a worker that dies is replaced at the
+same task index, rewrites the same paths from the same Ray Data piece, and the
+chief's pipelines, which name those paths, go on reading. The actor removes the
+directory when the group shuts it down.
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from raytf._internal.data.tfdata import read_shard
+from raytf.errors import DatasetShardError
+
+if TYPE_CHECKING:
+    from raytf._internal.protocol import RunSpec
 
 CHUNK_BYTES = 256 << 20  # one serialized tensor per file stays far below protobuf's 2 GiB
 
@@ -48,19 +53,63 @@ class ColumnFiles:
 ShardFiles = dict[str, dict[str, ColumnFiles]]
 
 
-def shard_directory(run_name: str, task_index: int) -> str:
-    """Where worker ``task_index`` of run ``run_name`` keeps its shard files on its node."""
-    digest = hashlib.sha256(run_name.encode()).hexdigest()[:12]  # run names may hold any character
-    return os.path.join(tempfile.gettempdir(), "raytf-shards", digest, f"worker-{task_index}")
+def shard_directory(run: "RunSpec", task_index: int) -> str:
+    """Where worker ``task_index`` of ``run`` keeps its shard files on its node.
+
+    Keyed by the run's identity: its storage, its name and the driver's lease
+    token. Two jobs with the same run name (in other storage, or one after the
+    other) never share files, and a replacement worker of the same driver
+    finds its predecessor's directory. The parent is private to this user
+    (``<tmp>/raytf-shards-<uid>``, mode 0700).
+    """
+    identity = "\0".join((run.run_path, run.run_name, run.lease_token or ""))
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]  # names and paths may hold any character
+    base = os.path.join(tempfile.gettempdir(), f"raytf-shards-{os.getuid()}")
+    return os.path.join(base, digest, f"worker-{task_index}")
+
+
+def _private_directory(path: str) -> None:
+    """``path`` as a directory of this user's that nobody else can enter: created 0700 if missing;
+    an existing one must be a real directory (not a link), owned by this user, closed to others."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        problem = "a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "not a directory"
+    elif info.st_uid != os.getuid() or info.st_mode & 0o077:
+        problem = f"not private to this user (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o777)})"
+    else:
+        return
+    raise DatasetShardError(
+        f"{path} is where raytf keeps parameter-server shard files, but it is {problem}: something may be "
+        "redirecting them. Remove it; raytf creates it again, mode 0700"
+    )
 
 
 class ShardFileWriter:
-    """Writes a worker's shards to its directory, and removes them on ``close()``."""
+    """Writes a worker's shards to its directory, and removes them on ``close()``.
+
+    The directory is made safely: its parents are private to this user, and
+    whatever is at its own path (a predecessor's half-written files, or a
+    planted symbolic link) is removed, never followed, before it is created
+    afresh with mode 0700.
+    """
 
     def __init__(self, directory: str):
         self._directory = directory
-        shutil.rmtree(directory, ignore_errors=True)  # what a dead predecessor left half written
-        os.makedirs(directory, mode=0o700, exist_ok=True)  # the user's data: readable by its owner only
+        run_dir = os.path.dirname(directory)
+        _private_directory(os.path.dirname(run_dir))
+        _private_directory(run_dir)
+        if os.path.islink(directory) or os.path.isfile(directory):
+            os.unlink(directory)  # the link itself, not what it points to
+        elif os.path.lexists(directory):
+            shutil.rmtree(directory)  # what a dead predecessor left (rmtree never follows links inside)
+        os.mkdir(directory, 0o700)  # fails if anything was put back meanwhile
+        _private_directory(directory)
 
     def write(self, datasets: Mapping[str, Any]) -> ShardFiles:
         """Read each dataset's iterator to the end and write every column to files."""
@@ -90,7 +139,12 @@ class ShardFileWriter:
         return ColumnFiles(dtype=dtype, shape=tuple(int(d) for d in values.shape[1:]), rows=rows, files=tuple(files))
 
     def close(self) -> None:
-        shutil.rmtree(self._directory, ignore_errors=True)
+        if os.path.isdir(self._directory) and not os.path.islink(self._directory):
+            shutil.rmtree(self._directory, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self._directory))  # the run's directory, once its last worker is gone
+        except OSError:
+            pass
 
 
 def _safe(name: str) -> str:

@@ -17,8 +17,12 @@ class Decision(enum.Enum):
 LOST = (FailureKind.DIED, FailureKind.UNRESPONSIVE, FailureKind.NOT_STARTED)
 # A rank that stopped taking part while its peers waited for it (see raytf._internal.driver.hang).
 STOPPED = (FailureKind.STALLED, FailureKind.RETURNED_EARLY)
-# Retried whatever max_failures says: nobody's fault.
+# Retried whatever max_failures says: nobody's fault (port races only up to FREE_PORT_RACES).
 NOT_COUNTED = (FailureKind.PREEMPTED, FailureKind.PORT_TAKEN)
+# A launched script whose server lost raytf's port handover is retried with new ports this many
+# times without counting; past it, every further race counts against max_failures as a failure
+# (a machine where ports are taken that often has a problem no number of retries fixes).
+FREE_PORT_RACES = 3
 # Raised on the side of a collective whose peer went away: a loss, not a bug in train_fn.
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
 
@@ -51,8 +55,10 @@ class FailurePolicy:
 
     @property
     def counted(self) -> int:
-        """Failures that count against ``max_failures`` (preemptions do not)."""
-        return sum(1 for f in self.failures if f.kind not in NOT_COUNTED)
+        """Failures that count against ``max_failures`` (preemptions do not, nor the first
+        FREE_PORT_RACES port races)."""
+        races = sum(1 for f in self.failures if f.kind == FailureKind.PORT_TAKEN)
+        return sum(1 for f in self.failures if f.kind not in NOT_COUNTED) + max(0, races - FREE_PORT_RACES)
 
     def _exhausted(self) -> bool:
         limit = self._config.max_failures
@@ -60,8 +66,10 @@ class FailurePolicy:
 
     def decide(self, failure: WorkerFailure) -> Decision:
         self.failures.append(failure)
-        if failure.kind in NOT_COUNTED:
+        if failure.kind == FailureKind.PREEMPTED:
             return Decision.RETRY
+        if failure.kind == FailureKind.PORT_TAKEN:
+            return Decision.RAISE if self._exhausted() else Decision.RETRY
         # An exception, or a train_fn that returned before its peers, is the training
         # code's doing: a retry would do it again, unless the user says otherwise.
         if failure.kind in (FailureKind.EXCEPTION, FailureKind.RETURNED_EARLY) and not self._config.retry_on_exception:

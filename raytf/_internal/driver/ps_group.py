@@ -33,7 +33,7 @@ from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
 from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.driver.worker_group import _RemoteWorker, poll_round
+from raytf._internal.driver.worker_group import new_worker, poll_round
 from raytf._internal.protocol import (
     GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
     WorkerStatus,
@@ -147,12 +147,12 @@ class ParameterServerGroup:
         role = member.role
         resources = {k: v for k, v in role.bundle.items() if k not in ("CPU", "GPU")}
         suffix = f":{member.generation}" if member.generation else ""
-        return _RemoteWorker.options(
-            name=f"raytf:{self._run.run_name}:{self._attempt}:{member.label.replace(' ', '-')}{suffix}",
+        return new_worker(
+            self._run.run_name, f"raytf:{self._run.run_name}:{self._attempt}:{member.label.replace(' ', '-')}{suffix}",
             num_cpus=role.bundle.get("CPU", 0), num_gpus=role.bundle.get("GPU", 0), resources=resources,
             max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self._pg, placement_group_bundle_index=member.bundle),
-        ).remote()
+        )
 
     def _start_members(self) -> None:
         members, bundle = [], 0

@@ -30,7 +30,7 @@ from raytf._internal.driver.topology import assign_ranks, build_tf_config
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.protocol import GroupStatus, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker.actor import TrainWorker
-from raytf.errors import PlacementTimeoutError, WorkerStartError
+from raytf.errors import ConfigError, PlacementTimeoutError, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,21 @@ _DRAIN_CHECK_INTERVAL_S = 1.0  # how often the driver asks Ray which nodes are d
 # start; a loop that tells raytf of neither gets them this long after its strategy connected.
 _WARM_AFTER_S = 10.0
 TRAINING_ROLE = "worker"  # the role whose actors run train_fn and have world ranks
+
+
+def new_worker(run_name: str, name: str, **options: Any) -> Any:
+    """A worker actor named ``name`` (for the dashboard and ``ray.get_actor``). Names hold the run's
+    name, so two runs of one name at once in one driver (one Ray namespace) would clash: that is
+    an error naming the fix, not Ray's ActorAlreadyExistsError."""
+    from ray.exceptions import ActorAlreadyExistsError
+
+    try:
+        return _RemoteWorker.options(name=name, **options).remote()
+    except ActorAlreadyExistsError:
+        raise ConfigError(
+            f"another run named {run_name!r} is training in this driver (its worker actor {name!r} exists "
+            "in this Ray namespace): give each run that trains at the same time its own RunConfig.name"
+        ) from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -197,13 +212,12 @@ class RayWorkerGroup:
                     index += 1
                     continue
                 reserves.append({})
-                actors.append((role, task, _RemoteWorker.options(
-                    # Named for the dashboard and `ray.get_actor`.
-                    name=f"raytf:{self._run.run_name}:{attempt}:{index}",
+                actors.append((role, task, new_worker(
+                    self._run.run_name, f"raytf:{self._run.run_name}:{attempt}:{index}",
                     num_cpus=role.bundle.get("CPU", 0), num_gpus=role.bundle.get("GPU", 0), resources=resources,
                     max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=self._pg, placement_group_bundle_index=index),
-                ).remote()))
+                )))
                 index += 1
         self._others = [actor for _, _, actor in actors]  # until ranks are known: all, for shutdown
         timeout = self._start_timeout_s
@@ -289,11 +303,11 @@ class RayWorkerGroup:
                 waiting[address.node_id] -= 1
                 continue
             self._standby_count += 1
-            actor = _RemoteWorker.options(
-                name=f"raytf:{self._run.run_name}:standby:{self._standby_count}",
+            actor = new_worker(
+                self._run.run_name, f"raytf:{self._run.run_name}:standby:{self._standby_count}",
                 num_cpus=0, num_gpus=0, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(address.node_id, soft=False),
-            ).remote()
+            )
             actor.warm.remote(self._run_ref)  # not waited on: a restart's reserve() queues behind it
             self._standby.append((address.node_id, actor))
 

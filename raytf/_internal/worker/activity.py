@@ -33,7 +33,39 @@ def _tensorflow_dir() -> Optional[str]:
     return os.path.dirname(os.path.abspath(path)) + os.sep if path else None
 
 
+# Where the user's training code lives when it is an installed package (site-packages): the
+# directory of train_fn's top-level package, or its module's file. Frames there are the user's.
+_user_roots: tuple[str, ...] = ()
+
+
+def note_user_code(fn: object) -> None:
+    """Count the package that defines ``fn`` (``train_fn``) as the user's code, wherever it is
+    installed: a ``train_fn`` that a user installed with pip and that idles is still named."""
+    global _user_roots
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or module.__name__ == "__main__":
+        return
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    path = getattr(top, "__file__", None)
+    if not path:
+        return
+    path = os.path.abspath(path)
+    root = os.path.dirname(path) + os.sep if os.path.basename(path) == "__init__.py" else path
+    if root.startswith(_RAYTF_DIR) or root in _user_roots:
+        return
+    tensorflow = _tensorflow_dir()
+    if tensorflow and root.startswith(tensorflow):
+        return
+    _user_roots = _user_roots + (root,)
+
+
+def _is_user_package(path: str) -> bool:
+    return any(path == root or (root.endswith(os.sep) and path.startswith(root)) for root in _user_roots)
+
+
 def _is_library(path: str) -> bool:
+    if _is_user_package(path):
+        return False
     return (
         path.startswith("<")  # frozen modules, exec'd strings
         or f"{os.sep}site-packages{os.sep}" in path

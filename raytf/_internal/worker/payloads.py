@@ -9,9 +9,11 @@ forward through the :class:`Host` it is given. Today's payload runs
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ import pyarrow.fs as pafs
 from ray import cloudpickle
 
 from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, WorkerSpec
+from raytf._internal.worker import activity as _activity
 from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
@@ -70,6 +73,7 @@ class TrainFnPayload:
         _tensorflow.check_storage_visible(run, host.node_ip)
         # Loading the payload may import the user's modules, and with them TensorFlow.
         train_fn, config = cloudpickle.loads(run.payload)
+        _activity.note_user_code(train_fn)
         _tensorflow.configure_tensorflow(run)
         keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
         host.set_phase(Phase.READY)
@@ -106,6 +110,32 @@ class ScriptFailed(Exception):
 
 # What a script's gRPC server says when the port it was given is taken.
 _BIND_FAILED = ("Address already in use", "Failed to add port", "Could not start gRPC server", "bind(")
+
+
+def handed_port(tf_config: str) -> Optional[int]:
+    """The port raytf held for this task and released for its server (its own TF_CONFIG entry)."""
+    try:
+        config = json.loads(tf_config)
+        task = config["task"]
+        return int(str(config["cluster"][task["type"]][int(task["index"])]).rpartition(":")[2])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def lost_port_race(text: str, port: Optional[int]) -> bool:
+    """Whether a script's failure is raytf's own port handover lost: its server could not bind the
+    port raytf released for it, because another process took it in between. The bind error must be
+    about that port (gRPC names the address it could not add), or the port must be taken now; a
+    script that fails to bind some other port of its own has a bug a retry would not fix."""
+    if port is None or not any(p in text for p in _BIND_FAILED):
+        return False
+    if re.search(rf":{port}(?!\d)", text):
+        return True
+    try:
+        _tensorflow.reserve_port(port).close()
+    except OSError as error:
+        return error.errno == errno.EADDRINUSE  # someone holds it now
+    return False
 
 
 def _die_with_parent() -> None:
@@ -147,7 +177,7 @@ class SubprocessPayload:
         if code == 0:
             return
         text = b"".join(tail).decode(errors="replace")
-        if any(p in text for p in _BIND_FAILED):
+        if lost_port_race(text, handed_port(spec.tf_config)):
             raise ScriptFailed(f"{' '.join(command)} could not bind its port (another process took it after "
                                "raytf released it): retrying with new ports", FailureKind.PORT_TAKEN, code)
         if code < 0:
@@ -177,6 +207,7 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> tuple[Any, A
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
     _tensorflow.check_storage_visible(run, host.node_ip)
     train_fn, config, options = cloudpickle.loads(run.payload)
+    _activity.note_user_code(train_fn)
     _tensorflow.configure_tensorflow(run)
     _tensorflow.configure_keras(run)
     return train_fn, config, options
@@ -258,7 +289,7 @@ class ServerPayload:
         _load_ps_payload(run, spec, host)
         task_type, _, task_index = spec.task.partition(" ")
         if task_type == "worker":
-            self._writer = ShardFileWriter(shard_directory(run.run_name, int(task_index)))
+            self._writer = ShardFileWriter(shard_directory(run, int(task_index)))
             self.shard_files = self._writer.write(spec.datasets)
         host.release_port()
         self._server = _ps.start_server(task_type, int(task_index))
