@@ -19,7 +19,13 @@ from typing import Any, Optional
 
 from raytf._internal.worker.compression import replica_local
 from raytf.errors import RaytfError
-from raytf.keras._model import keras_of
+from raytf.keras._model import (
+    ACCUMULATE_STEPS,
+    add_fit_callback,
+    check_accumulation_window,
+    claim_train_step,
+    keras_of,
+)
 
 
 def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, steps: Optional[int] = None) -> Any:
@@ -37,7 +43,13 @@ def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, ste
     K batches), so the workers exchange gradients K times less often. The
     update equals one step on the K batches together; the optimizer steps (and
     ``optimizer.iterations``) once per K training steps. A partly accumulated
-    sum is not checkpointed: a run resumed mid-way starts a fresh one.
+    sum is not checkpointed: a run resumed mid-way starts a fresh one. K may
+    not exceed the steps of an epoch (fit refuses it: the model would be
+    updated less than once an epoch, or never).
+
+    A model takes one of ``accumulate_gradients`` and ``local_sgd``, once:
+    each replaces the train step, so a second is refused rather than silently
+    replacing the first.
 
     Works for Keras 3 and tf-keras, in ``raytf.keras.fit`` and in tf-keras's
     ``model.fit``. Returns ``model``.
@@ -49,10 +61,25 @@ def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, ste
     name = "micro_batches" if steps is None else "steps"
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RaytfError(f"raytf.keras.accumulate_gradients: {name} must be an int >= 1, got {k!r}")
+    claim_train_step(model, "accumulate_gradients", f"accumulate_gradients({name}={k})")
     model.train_step = _accumulating_train_step(model, k) if steps is None else _deferred_train_step(model, k)
+    if steps is not None:
+        setattr(model, ACCUMULATE_STEPS, k)
+        if keras_of(model).__name__ == "tf_keras":  # raytf.keras.fit checks it itself
+            add_fit_callback(model, "accumulate_gradients", lambda: _window_check(model))
     if hasattr(model, "train_function"):
         model.train_function = None  # rebuilt around the new step
     return model
+
+
+def _window_check(model: Any) -> Any:
+    """A callback that refuses, as tf-keras's fit begins, an accumulation window past an epoch."""
+
+    class CheckAccumulationWindow(keras_of(model).callbacks.Callback):
+        def on_train_begin(self, logs: Any = None) -> None:
+            check_accumulation_window(model, self.params.get("steps"))
+
+    return CheckAccumulationWindow()
 
 
 class _Loss:

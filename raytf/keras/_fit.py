@@ -16,7 +16,7 @@ import raytf.session as session
 from raytf._internal.worker.session import current
 from raytf.errors import RaytfError
 from raytf.keras._local_sgd import average_weights
-from raytf.keras._model import build_optimizer, distribute, keras_of, restore
+from raytf.keras._model import build_optimizer, check_accumulation_window, distribute, keras_of, restore
 
 
 def _metrics(model: Any) -> dict[str, float]:
@@ -147,6 +147,7 @@ def fit(
         build_optimizer(model)
     if steps_per_epoch is None:
         steps_per_epoch = _known_length(dataset)
+    check_accumulation_window(model, steps_per_epoch)
     # A checkpoint taken mid-epoch (a preemption) records the steps done: skip their batches.
     skip = _steps_done_in_epoch(model, initial_epoch, steps_per_epoch) if resuming else 0
     if validation_steps is None and validation_data is not None:

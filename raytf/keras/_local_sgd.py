@@ -32,7 +32,7 @@ from raytf._internal.worker import compression
 from raytf._internal.worker.compression import replica_local
 from raytf.errors import RaytfError
 from raytf.keras._accumulate import _Loss
-from raytf.keras._model import keras_of
+from raytf.keras._model import add_fit_callback, claim_train_step, keras_of
 
 _AVERAGE = "_raytf_average_weights"
 
@@ -66,6 +66,7 @@ def local_sgd(model: Any, steps: int) -> Any:
             "is agreed across the workers every step; local SGD steps each worker alone. Use "
             "mixed_precision='mixed_bfloat16' (no loss scaling) or float32 with local_sgd"
         )
+    claim_train_step(model, "local_sgd", f"local_sgd(steps={steps})")
     compression.patch_optimizers()
     averager = _Averager(model, steps)
     model.train_step = averager.train_step
@@ -73,7 +74,7 @@ def local_sgd(model: Any, steps: int) -> Any:
     if hasattr(model, "train_function"):
         model.train_function = None  # rebuilt around the new step
     if keras_of(model).__name__ == "tf_keras":
-        _average_around_fit(model)
+        add_fit_callback(model, "local_sgd", lambda: getattr(model, _AVERAGE).callback())
     return model
 
 
@@ -205,21 +206,3 @@ class _Averager:
                 averager.average_now()
 
         return AverageWeights()
-
-
-def _average_around_fit(model: Any) -> None:
-    """tf-keras's ``model.fit`` with the averaging callback first in its callbacks."""
-    fit = model.fit
-    if getattr(fit, "_raytf_local_sgd", False):
-        return
-
-    def fit_averaging(*args: Any, **kwargs: Any) -> Any:
-        averaging = getattr(model, _AVERAGE).callback()
-        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
-            args = (*args[:5], [averaging, *(args[5] or [])], *args[6:])
-        else:
-            kwargs["callbacks"] = [averaging, *(kwargs.get("callbacks") or [])]
-        return fit(*args, **kwargs)
-
-    fit_averaging._raytf_local_sgd = True  # type: ignore[attr-defined]
-    model.fit = fit_averaging

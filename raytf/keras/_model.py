@@ -3,7 +3,7 @@ and restoring a model and its optimizer from the run's checkpoint."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import raytf.session as session
 from raytf.errors import RaytfError
@@ -18,6 +18,56 @@ def keras_of(model: Any) -> Any:
     import keras
 
     return keras
+
+
+_TRAIN_STEP = "_raytf_train_step"  # which raytf.keras feature replaced the model's train step
+ACCUMULATE_STEPS = "_raytf_accumulate_steps"  # accumulate_gradients(steps=K): K
+
+
+def claim_train_step(model: Any, feature: str, call: str) -> None:
+    """Mark ``model``'s train step as replaced by ``call`` (e.g. "local_sgd(steps=3)"). Each such
+    feature replaces the whole step, so a model that another one already replaced is refused:
+    applied silently, the second would undo the first."""
+    current = getattr(model, _TRAIN_STEP, None)
+    if current is not None and current != call:
+        raise RaytfError(
+            f"raytf.keras.{feature}: the model already trains with raytf.keras.{current}; each of "
+            "accumulate_gradients and local_sgd replaces the model's train step, and they do not combine "
+            "(nor does one with other arguments): apply one of them, once, to a freshly compiled model"
+        )
+    setattr(model, _TRAIN_STEP, call)
+
+
+def check_accumulation_window(model: Any, steps_per_epoch: Optional[int]) -> None:
+    """Refuse ``accumulate_gradients(steps=K)`` with K past an epoch's steps, which would update the
+    model less than once an epoch, or never (called when fit knows its steps per epoch)."""
+    k = getattr(model, ACCUMULATE_STEPS, None)
+    if k is None or steps_per_epoch is None or k <= steps_per_epoch:
+        return
+    raise RaytfError(
+        f"raytf.keras.accumulate_gradients(steps={k}): an epoch here has {steps_per_epoch} steps, so the "
+        f"model would be updated less than once an epoch, or never; use steps <= {steps_per_epoch}"
+    )
+
+
+def add_fit_callback(model: Any, name: str, make: Callable[[], Any]) -> None:
+    """From now on, tf-keras's ``model.fit`` on ``model`` runs with ``make()`` first in its callbacks
+    (added once per ``name``)."""
+    fit = model.fit
+    added = getattr(fit, "_raytf_callbacks", ())
+    if name in added:
+        return
+
+    def fit_with_callback(*args: Any, **kwargs: Any) -> Any:
+        first = make()
+        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+            args = (*args[:5], [first, *(args[5] or [])], *args[6:])
+        else:
+            kwargs["callbacks"] = [first, *(kwargs.get("callbacks") or [])]
+        return fit(*args, **kwargs)
+
+    fit_with_callback._raytf_callbacks = (*added, name)  # type: ignore[attr-defined]
+    model.fit = fit_with_callback
 
 
 def distribute(dataset: Any) -> Any:
