@@ -64,6 +64,12 @@ class Checkpoint:
         """
         import tensorflow as tf
 
+        if self.filesystem.get_file_info(self.path).type == pafs.FileType.NotFound:
+            raise CheckpointError(
+                f"{self!r} no longer exists: it was deleted after it was handed out (CheckpointConfig.num_to_keep "
+                "deletes older checkpoints as newer ones commit, and a person or a lifecycle rule may delete "
+                "files). Restore from a newer checkpoint, or keep more with CheckpointConfig.num_to_keep"
+            )
         local = self.path if isinstance(self.filesystem, pafs.LocalFileSystem) else _kept_copy(self)
         prefix = os.path.join(local, STATE_PREFIX)
         if not os.path.exists(prefix + ".index"):

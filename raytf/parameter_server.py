@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from raytf._internal.driver import cluster
-from raytf._internal.driver.preflight import fits
+from raytf._internal.driver.preflight import fits, too_few_rows
 from raytf._internal.driver.progress import ProgressDisplay
 from raytf._internal.protocol import PayloadKind, RoleSpec, RunSpec
 from raytf._internal.storage import RunStorage
@@ -196,11 +196,23 @@ class ParameterServerTrainer(Trainer):
                 f"to reach the actors: {error}"
             ) from error
 
+    def _has_evaluator(self) -> bool:
+        return bool(self.scaling.num_evaluators)
+
     def _roles(self) -> list[RoleSpec]:
         return [RoleSpec(role, self.scaling.count(role), self.scaling.count(role), self.scaling.bundle(role),
                          self.role_payloads[role]) for role in ROLES if self.scaling.count(role)]
 
     def _preflight(self, display: ProgressDisplay) -> None:
+        from ray.data.dataset import MaterializedDataset
+
+        split = self.data_config.split(list(self.datasets))
+        for dataset_name, dataset in self.datasets.items():
+            if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
+                problem = too_few_rows(dataset_name, dataset.count(), self.scaling.num_workers, dataset_name in split,
+                                       trainer="ParameterServerTrainer", scaling="ParameterServerScaling")
+                if problem:
+                    raise ConfigError(problem)
         if not self.scaling.check_resources or cluster.node_types() is not None:
             return  # an autoscaler may add the nodes a role needs
         nodes = cluster.live_node_resources()

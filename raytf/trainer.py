@@ -192,6 +192,10 @@ class Trainer:
                 lease.release()
 
     payload_kind = PayloadKind.TRAIN_FN  # what the workers run
+
+    def _has_evaluator(self) -> bool:
+        """Whether an evaluator reads committed checkpoints while the run trains."""
+        return False
     warm_standby_works = True  # FailureConfig.warm_standby: restarts hand ranks to pre-warmed processes
 
     def _payload(self) -> bytes:
@@ -288,7 +292,7 @@ class Trainer:
         kept = self.run.checkpoint_config
         checkpoints = CheckpointManager(
             storage.filesystem, storage.root, num_to_keep=kept.num_to_keep,
-            score_attribute=kept.score_attribute, mode=kept.mode,
+            score_attribute=kept.score_attribute, mode=kept.mode, evaluator=self._has_evaluator(),
         )
         if checkpoints.entries and self.run.resume == "never":
             raise ConfigError(
@@ -326,6 +330,10 @@ class Trainer:
         try:
             finished = controller.run()
         finally:
+            try:
+                checkpoints.finish()
+            except OSError as error:
+                logger.warning("checkpoints that retention dropped were not all deleted: %s", error)
             display.close()
             try:
                 history.flush()

@@ -166,12 +166,39 @@ def exit_after_warm_up(config: dict) -> None:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
     if ctx.attempt == 0:
+        if config.get("kill_standby"):
+            raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now
         if ctx.world_rank == 1:
-            time.sleep(config["linger_s"])
+            if config.get("kill_standby"):
+                _kill_actor(f"raytf:{ctx.run_name}:standby:1")  # one standby dies before it is needed
+            else:
+                time.sleep(config["linger_s"])
             _write(config["out_dir"], "killed.json", {"time": time.time()})
             os._exit(1)
         time.sleep(600)  # rank 0 waits to be stopped with the group
     small_train(config)
+
+
+def _kill_actor(name: str, timeout_s: float = 60.0) -> None:
+    """Wait for the actor ``name`` to exist, kill it, and return once Ray knows it dead."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            actor = ray.get_actor(name)
+            break
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    ray.kill(actor, no_restart=True)
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=deadline - time.monotonic())
+        except ray.exceptions.RayActorError:
+            return
+    raise TimeoutError(f"{name} still answers after ray.kill")
 
 
 def shard_epochs(config: dict) -> None:

@@ -235,3 +235,41 @@ def test_upload_checks_links_again(tmp_path):
     with pytest.raises(CheckpointError, match="outside the checkpoint"):
         upload(checkpoint, FS, manager.dir, checkpoint_name(0))
     assert not [n for n in os.listdir(manager.dir) if n.startswith("checkpoint_")]
+
+
+def test_with_an_evaluator_retention_keeps_what_it_may_be_reading_until_it_reports_past_it(tmp_path):
+    from raytf._internal.driver.history import RunHistory, report_handler
+    from raytf._internal.driver.progress import ProgressDisplay
+    from raytf._internal.protocol import Report
+    from raytf._internal.storage import RunStorage
+
+    storage = RunStorage(str(tmp_path), "run")
+    manager = CheckpointManager(FS, storage.root, num_to_keep=1, evaluator=True)
+    on_report = report_handler(manager, RunHistory(storage, ProgressDisplay("run", 0), 0, []), 0)
+    save(manager, tmp_path, 0)
+    reading = CheckpointManager(FS, storage.root).latest()[1]  # the evaluator picks the newest: 0
+    save(manager, tmp_path, 1)
+    save(manager, tmp_path, 2)
+    assert [e.name for e in manager.entries] == ["checkpoint_000002"]  # the index forgot 0 and 1 at once
+    with reading.as_directory() as d:  # ... while the evaluator still reads 0
+        assert open(os.path.join(d, "sub", "meta.txt")).read() == "epoch 0"
+    on_report(Report(rank=-1, seq=0, metrics={"evaluated_checkpoint": "checkpoint_000000", "acc": 1.0}, time=0.0))
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000001", "checkpoint_000002", "index.json"]
+    on_report(Report(rank=-1, seq=1, metrics={"evaluated_checkpoint": "checkpoint_000002", "acc": 1.0}, time=0.0))
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000002", "index.json"]
+    save(manager, tmp_path, 3)  # the evaluator has not looked at 3 yet; 2 it evaluated: gone at once
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000003", "index.json"]
+    save(manager, tmp_path, 4)
+    manager.finish()  # the run ended: nothing reads 3 any more
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000004", "index.json"]
+
+
+def test_restoring_a_checkpoint_deleted_meanwhile_says_so(tmp_path):
+    manager = CheckpointManager(FS, str(tmp_path / "run"), num_to_keep=1)
+    save(manager, tmp_path, 0)
+    handed_out = manager.latest()[1]
+    save(manager, tmp_path, 1)  # no evaluator: retention deletes 0
+    with pytest.raises(CheckpointError) as info:
+        handed_out.restore_state(model=object())
+    assert "no longer exists" in str(info.value) and "num_to_keep" in str(info.value)
+    assert "from_directory" not in str(info.value)

@@ -145,3 +145,17 @@ def test_cached_shards_know_their_length(drop, batches):
         dataset = dataset_from_arrays(arrays, request(features="x", shuffle=shuffle, drop_remainder=drop), 10, seed=1)
         assert int(dataset.cardinality()) == batches
         assert len(list(dataset)) == batches
+
+
+def test_a_parameter_server_shard_of_an_empty_lazy_dataset_names_the_cause():
+    from raytf import DatasetShardError
+    from raytf._internal.data.shard import ShardRequest
+    from raytf._internal.data.tfdata_ps import make_shard
+    from raytf._internal.data.worker_files import ColumnFiles
+
+    request = ShardRequest("train", 4, "x", "y", False, None, False)
+    with pytest.raises(DatasetShardError, match=r"the dataset is empty \(0 rows\)"):
+        make_shard(request, [{}, {}], None, 0)
+    one = {"x": ColumnFiles("float32", (2,), 1, ("f",)), "y": ColumnFiles("int64", (), 1, ("g",))}
+    with pytest.raises(DatasetShardError, match="has 1 row.*fewer than the 2 workers.*ParameterServerScaling"):
+        make_shard(request, [one, {}], None, 0)

@@ -96,7 +96,7 @@ class CheckpointManager:
     """
 
     def __init__(self, fs: pafs.FileSystem, run_root: str, *, num_to_keep: Optional[int] = None,
-                 score_attribute: Optional[str] = None, mode: str = "max"):
+                 score_attribute: Optional[str] = None, mode: str = "max", evaluator: bool = False):
         self.fs = fs
         self.dir = checkpoints_dir(fs, run_root)
         self.num_to_keep = num_to_keep
@@ -105,6 +105,11 @@ class CheckpointManager:
         fs.create_dir(self.dir, recursive=True)
         self.damaged: list[Any] = []  # raw index entries that did not parse, kept as they were
         self.entries: list[CheckpointEntry] = self._read_index()
+        # With an evaluator, which reads the newest checkpoint it has not evaluated while training goes
+        # on: retention drops such a checkpoint from the index at once, but deletes its directory only
+        # once the evaluator has reported a checkpoint at least as new (see note_evaluated).
+        self._evaluated_seq: Optional[int] = -1 if evaluator else None
+        self._deferred: list[CheckpointEntry] = []
 
     @property
     def next_seq(self) -> int:
@@ -200,8 +205,29 @@ class CheckpointManager:
         dropped = [e for e in self.entries if e not in keep]
         self.entries = [e for e in self.entries if e in keep]
         self._write_index()  # forget first, then delete: the index never names a deleted directory
-        for entry in dropped:
+        self._deferred.extend(dropped)
+        self._delete_deferred()
+
+    def note_evaluated(self, name: str) -> None:
+        """The evaluator reported its metrics of checkpoint ``name``: it no longer reads it, nor
+        anything older, so what retention dropped up to there may go."""
+        seq = seq_of_name(name)
+        if self._evaluated_seq is not None and seq is not None:
+            self._evaluated_seq = max(self._evaluated_seq, seq)
+        self._delete_deferred()
+
+    def _delete_deferred(self, everything: bool = False) -> None:
+        kept = []
+        for entry in self._deferred:
+            if not everything and self._evaluated_seq is not None and entry.seq > self._evaluated_seq:
+                kept.append(entry)  # the evaluator may be reading it
+                continue
             self.fs.delete_dir(self.path_of(entry))
+        self._deferred = kept
+
+    def finish(self) -> None:
+        """The run's actors are gone (the evaluator with them): delete what retention held back."""
+        self._delete_deferred(everything=True)
 
     def clean_debris(self) -> None:
         """Delete staging directories and checkpoint directories the index does not name.

@@ -144,9 +144,19 @@ def make_shard(request: ShardRequest, manifests: Sequence[Mapping[str, ColumnFil
                first_epoch: int) -> PsShard:
     """The checked :class:`PsShard` of one ``get_dataset_shard`` call on the chief."""
     check_request(request)
+    pieces = [m[next(iter(m))].rows if m else 0 for m in manifests]  # each worker's rows
+    if not any(pieces):
+        raise DatasetShardError(f"raytf.get_dataset_shard({request.name!r}): the dataset is empty (0 rows); "
+                                "pass a dataset with rows")
+    if not all(pieces):
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({request.name!r}): the dataset has {sum(pieces)} row(s), fewer than the "
+            f"{len(pieces)} workers it is split across, so some worker got none. Pass more data, lower "
+            "ParameterServerScaling.num_workers, or leave it out of DataConfig(datasets_to_split=...)"
+        )
     shard = PsShard(request, tuple(manifests), seed, first_epoch)
     shard.columns()
-    smallest = min(m[next(iter(m))].rows if m else 0 for m in manifests)
+    smallest = min(pieces)
     if smallest < request.batch_size:
         raise DatasetShardError(
             f"raytf.get_dataset_shard({request.name!r}): batch_size={request.batch_size} is larger than a "

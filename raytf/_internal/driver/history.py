@@ -135,6 +135,7 @@ def report_handler(checkpoints: Any, history: RunHistory, driver_start: int,
     def on_report(report: Report) -> Optional[str]:
         if "evaluated_checkpoint" in report.metrics:  # a parameter-server group's evaluator
             history.record(report)
+            checkpoints.note_evaluated(report.metrics["evaluated_checkpoint"])
             return None
         if report.rank != 0:
             return None

@@ -146,17 +146,18 @@ def unseen_storage(root: str, seen: Mapping[str, Optional[bool]]) -> Optional[st
     )
 
 
-def too_few_rows(name: str, rows: int, workers: int, split: bool) -> Optional[str]:
+def too_few_rows(name: str, rows: int, workers: int, split: bool, trainer: str = "Trainer",
+                 scaling: str = "ScalingConfig") -> Optional[str]:
     """Why a materialized dataset cannot feed the group (empty, or fewer rows than workers), or None."""
     if split and rows < workers:
         return (
-            f"Trainer(datasets={{{name!r}: ...}}) has {rows} row(s), fewer than the {workers} workers it "
-            "is split across, so some worker would get none. Pass more data, lower "
-            "ScalingConfig.num_workers, or leave it out of DataConfig(datasets_to_split=...) so every "
+            f"{trainer}(datasets={{{name!r}: ...}}) has {rows} row(s), fewer than the {workers} workers it "
+            f"is split across, so some worker would get none. Pass more data, lower "
+            f"{scaling}.num_workers, or leave it out of DataConfig(datasets_to_split=...) so every "
             "worker gets all of it"
         )
     if rows == 0:
-        return f"Trainer(datasets={{{name!r}: ...}}) is empty (0 rows); pass a dataset with rows"
+        return f"{trainer}(datasets={{{name!r}: ...}}) is empty (0 rows); pass a dataset with rows"
     return None
 
 

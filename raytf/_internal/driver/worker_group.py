@@ -196,9 +196,9 @@ class RayWorkerGroup:
         actors, index = [], 0
         bundle_nodes = self._bundle_nodes() if self._standby else {}
         reserves = []  # by actor: its reserve() call's arguments
+        warm: set[int] = set()  # positions in actors that are warm standbys
         for role in self._roles:
             count = self.num_workers if role.name == TRAINING_ROLE else role.max_count
-            resources = {k: v for k, v in role.bundle.items() if k not in ("CPU", "GPU")}
             for task in range(count):
                 gpus = self._bundle_gpus.get(index) if role.bundle.get("GPU") else ()
                 standby = None
@@ -207,32 +207,17 @@ class RayWorkerGroup:
                 if standby is not None:
                     # Warm: TensorFlow and train_fn are loaded. It runs on this bundle's node, on the
                     # CPUs and GPUs the bundle holds for it (its GPUs' ids as the bundle's last actor had them).
+                    warm.add(len(actors))
                     actors.append((role, task, standby))
                     reserves.append({"gpu_ids": gpus} if gpus else {})
                     index += 1
                     continue
                 reserves.append({})
-                actors.append((role, task, new_worker(
-                    self._run.run_name, f"raytf:{self._run.run_name}:{attempt}:{index}",
-                    num_cpus=role.bundle.get("CPU", 0), num_gpus=role.bundle.get("GPU", 0), resources=resources,
-                    max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=self._pg, placement_group_bundle_index=index),
-                )))
+                actors.append((role, task, self._cold_actor(role, attempt, index)))
                 index += 1
         self._others = [actor for _, _, actor in actors]  # until ranks are known: all, for shutdown
         timeout = self._start_timeout_s
-        try:
-            addresses = ray.get([actor.reserve.remote(**kw) for (_, _, actor), kw in zip(actors, reserves)],
-                                timeout=timeout)
-        except GetTimeoutError:
-            raise WorkerStartError(
-                f"worker actors did not start within {timeout:g} s (FailureConfig.start_timeout_s); "
-                "check the actors' logs for import errors or a slow runtime environment"
-            ) from None
-        except RayActorError as error:
-            raise WorkerStartError(f"a worker actor died while starting: {error}") from None
-        except RayTaskError as error:  # a warm standby that could not take its bundle's GPUs
-            raise WorkerStartError(f"a worker actor could not start: {error.cause}") from None
+        addresses = self._reserve(actors, reserves, warm, attempt, timeout)
         self._actors_up = time.monotonic()
         # Bundle i is actors[i]'s; a warm standby handed bundle i later takes these GPUs.
         self._bundle_gpus = {i: address.gpu_ids for i, address in enumerate(addresses) if address.gpu_ids}
@@ -319,6 +304,49 @@ class RayWorkerGroup:
         nodes = set((table.get("bundles_to_node_id") or {}).values())
         return (table.get("state") == "CREATED" and self.num_workers == self._elastic.max_workers
                 and bool(nodes) and nodes <= cluster.live_node_ids() and not nodes & set(cluster.draining_nodes()))
+
+    def _cold_actor(self, role: RoleSpec, attempt: int, index: int) -> Any:
+        """A new actor for bundle ``index``, which loads TensorFlow and train_fn when it starts."""
+        return new_worker(
+            self._run.run_name, f"raytf:{self._run.run_name}:{attempt}:{index}",
+            num_cpus=role.bundle.get("CPU", 0), num_gpus=role.bundle.get("GPU", 0),
+            resources={k: v for k, v in role.bundle.items() if k not in ("CPU", "GPU")}, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._pg,
+                                                                 placement_group_bundle_index=index),
+        )
+
+    def _reserve(self, actors: list, reserves: list[dict], warm: set[int], attempt: int,
+                 timeout: float) -> list[WorkerAddress]:
+        """Each actor's address, once it reserved its port. A warm standby that turns out dead (a
+        node's OOM killer, a stray ``ray.kill``) is replaced by a cold actor for its bundle; it
+        costs a slower start, never the attempt. A started actor that dies is a WorkerStartError."""
+        deadline = time.monotonic() + timeout
+        pending = {actor.reserve.remote(**kw): i for i, ((_, _, actor), kw) in enumerate(zip(actors, reserves))}
+        addresses: list[Any] = [None] * len(actors)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise WorkerStartError(
+                    f"worker actors did not start within {timeout:g} s (FailureConfig.start_timeout_s); "
+                    "check the actors' logs for import errors or a slow runtime environment"
+                )
+            i = pending.pop(ready[0])
+            try:
+                addresses[i] = ray.get(ready[0])
+            except RayActorError as error:
+                if i not in warm:
+                    raise WorkerStartError(f"a worker actor died while starting: {error}") from None
+                warm.discard(i)
+                role, task, _ = actors[i]
+                logger.warning("attempt %d: the warm standby for bundle %d is dead; starting a new worker there "
+                               "instead", attempt, i)
+                replacement = self._cold_actor(role, attempt, i)
+                actors[i] = (role, task, replacement)
+                self._others = [actor for _, _, actor in actors]
+                pending[replacement.reserve.remote(**{k: v for k, v in reserves[i].items() if k != "gpu_ids"})] = i
+            except RayTaskError as error:  # a warm standby that could not take its bundle's GPUs
+                raise WorkerStartError(f"a worker actor could not start: {error.cause}") from None
+        return addresses
 
     def _bundle_nodes(self) -> dict[int, str]:
         """Bundle index -> the id of the node it was placed on."""
