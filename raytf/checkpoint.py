@@ -101,13 +101,29 @@ class Checkpoint:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def to_directory(self, path: str | os.PathLike) -> str:
-        """Copy the checkpoint's files into a local directory and return its path."""
-        local = os.fspath(path)
+    def to_directory(self, path: Optional[str | os.PathLike] = None) -> str:
+        """Copy the checkpoint's files into a local directory and return its path: ``path``, or a
+        new temporary directory (as Ray Train's ``to_directory()`` makes). Only the user's files:
+        raytf's manifest stays behind."""
+        from raytf._internal.checkpoint.files import MANIFEST
+
+        local = tempfile.mkdtemp(prefix="raytf-checkpoint-") if path is None else os.fspath(path)
         os.makedirs(local, exist_ok=True)
-        pafs.copy_files(self.path, local, source_filesystem=self.filesystem,
-                        destination_filesystem=pafs.LocalFileSystem())
+        root = self.path.rstrip("/")
+        for info in self.filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
+            relative = info.path[len(root):].lstrip("/").lstrip(os.sep)
+            if info.type != pafs.FileType.File or relative == MANIFEST:
+                continue
+            target = os.path.join(local, *relative.replace(os.sep, "/").split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            pafs.copy_files(info.path, target, source_filesystem=self.filesystem,
+                            destination_filesystem=pafs.LocalFileSystem())
         return local
+
+    def get_metadata(self) -> dict[str, Any]:
+        """What the run recorded of this checkpoint (Ray Train's spelling): its ``epoch``, ``step``,
+        the ``metrics`` of the report it came from, its ``name`` and when it was committed."""
+        return dict(self.metadata)
 
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.path!r}, epoch={self.epoch}, step={self.step})"

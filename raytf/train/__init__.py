@@ -17,6 +17,7 @@ tf-keras unless ``tensorflow_config`` says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -132,6 +133,33 @@ class DataConfig:
         return raytf.DataConfig(datasets_to_split=self.datasets_to_split)
 
 
+def _from_ray_train(value: Any, ours: type, setting: str) -> Any:
+    """``value`` as raytf.train's ``ours``: itself, or Ray Train's class of the same name (code half
+    moved to raytf still builds ``ray.train.ScalingConfig``), field by field. A Ray Train field
+    raytf.train lacks must be left at its default; one set otherwise is refused by name."""
+    if value is None or isinstance(value, ours):
+        return value
+    if type(value).__name__ != ours.__name__ or not type(value).__module__.startswith("ray."):
+        raise ConfigError(f"raytf.train: {setting} must be a raytf.train.{ours.__name__} (or Ray Train's), got "
+                          f"{type(value).__name__}")
+    if ours is DataConfig:  # not a dataclass in Ray Train
+        return DataConfig(datasets_to_split=getattr(value, "_datasets_to_split", "all"))
+    known = {f.name for f in dataclasses.fields(ours)}
+    reference = type(value)()  # its defaults, as its __post_init__ fills them in
+    for field in dataclasses.fields(type(value)):
+        default = getattr(reference, field.name)
+        if field.name not in known and getattr(value, field.name) != default:
+            raise _refuse(f"ray.train.{ours.__name__}({field.name}=...)",
+                          f"leave it at its default ({default!r}), or remove it")
+    fields = {name: getattr(value, name) for name in known if hasattr(value, name)}
+    if ours is RunConfig:
+        fields["failure_config"] = _from_ray_train(fields.get("failure_config"), FailureConfig,
+                                                   "RunConfig.failure_config")
+        fields["checkpoint_config"] = _from_ray_train(fields.get("checkpoint_config"), CheckpointConfig,
+                                                      "RunConfig.checkpoint_config")
+    return ours(**fields)
+
+
 def TensorflowConfig(**kwargs: Any) -> raytf.TensorflowConfig:  # noqa: N802 - Ray Train's name for a config
     """raytf.TensorflowConfig, with tf-keras as Ray Train's workers have it unless ``keras`` says otherwise."""
     kwargs.setdefault("keras", "tf_keras")
@@ -152,7 +180,15 @@ class TensorflowTrainer:
                           "from its latest committed checkpoint")
         if metadata:
             raise _refuse("TensorflowTrainer(metadata=...)", "pass what train_fn needs in train_loop_config")
-        run_config = run_config or RunConfig()
+        run_config = _from_ray_train(run_config, RunConfig, "TensorflowTrainer(run_config=...)") or RunConfig()
+        run_config = dataclasses.replace(
+            run_config,
+            failure_config=_from_ray_train(run_config.failure_config, FailureConfig, "RunConfig.failure_config"),
+            checkpoint_config=_from_ray_train(run_config.checkpoint_config, CheckpointConfig,
+                                              "RunConfig.checkpoint_config"),
+        )
+        scaling_config = _from_ray_train(scaling_config, ScalingConfig, "TensorflowTrainer(scaling_config=...)")
+        dataset_config = _from_ray_train(dataset_config, DataConfig, "TensorflowTrainer(dataset_config=...)")
         tensorflow = tensorflow_config or TensorflowConfig()
         env = run_config.worker_env()
         if env:

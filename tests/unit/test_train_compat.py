@@ -55,3 +55,62 @@ def test_report_checkpoint_callback_takes_only_epoch_ends():
 
     with pytest.raises(ConfigError, match="reports and checkpoints at epoch ends"):
         ReportCheckpointCallback(report_metrics_on="train_batch_end")
+
+
+def test_ray_trains_own_configs_are_taken_as_they_are():
+    import ray.train
+
+    trainer = train.TensorflowTrainer(
+        lambda: None,
+        scaling_config=ray.train.ScalingConfig(num_workers=3, resources_per_worker={"CPU": 2}),
+        run_config=ray.train.RunConfig(
+            name="half-moved", storage_path="/tmp/half-moved", failure_config=ray.train.FailureConfig(max_failures=2),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="acc")),
+        dataset_config=ray.train.DataConfig(datasets_to_split=[]),
+    )._trainer
+    assert (trainer.scaling.num_workers, trainer.scaling.cpus_per_worker) == (3, 2)
+    assert (trainer.run.name, trainer.run.storage_path, trainer.run.failure_config.max_failures) == (
+        "half-moved", "/tmp/half-moved", 2)
+    assert (trainer.run.checkpoint_config.num_to_keep, trainer.run.checkpoint_config.score_attribute) == (1, "acc")
+    assert list(trainer.data_config.datasets_to_split) == []
+    # raytf.train's RunConfig holding Ray Train's FailureConfig works too.
+    mixed = train.TensorflowTrainer(lambda: None, run_config=train.RunConfig(
+        failure_config=ray.train.FailureConfig(max_failures=-1)))._trainer
+    assert mixed.run.failure_config.max_failures == -1
+
+
+def test_a_ray_train_setting_raytf_has_no_counterpart_for_is_named():
+    import ray.train
+
+    with pytest.raises(ConfigError, match=r"ray.train.FailureConfig\(max_preemption_failures=...\) has no counterpart"):
+        train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
+            failure_config=ray.train.FailureConfig(max_preemption_failures=3)))
+    with pytest.raises(ConfigError, match=r"scaling_config=...\) must be a raytf.train.ScalingConfig"):
+        train.TensorflowTrainer(lambda: None, scaling_config=ray.train.RunConfig())
+
+
+def test_checkpoints_hand_over_the_users_files_and_metadata_as_ray_train_does(tmp_path):
+    import os
+
+    import pyarrow.fs as pafs
+
+    from raytf._internal.checkpoint.files import MANIFEST, upload
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "model.keras").write_text("weights")
+    (tmp_path / "mine" / "sub").mkdir()
+    (tmp_path / "mine" / "sub" / "notes.txt").write_text("epoch 3")
+    stored = upload(raytf.Checkpoint.from_directory(tmp_path / "mine"), pafs.LocalFileSystem(), str(tmp_path / "run"),
+                    "checkpoint_000000")
+    checkpoint = train.Checkpoint(stored, metadata={"epoch": 3, "step": 30, "metrics": {"loss": 0.5}})
+    assert os.path.exists(os.path.join(stored, MANIFEST))
+    local = checkpoint.to_directory()  # no path: a new temporary directory
+    try:
+        files = sorted(os.path.relpath(os.path.join(d, f), local) for d, _, fs in os.walk(local) for f in fs)
+        assert files == ["model.keras", os.path.join("sub", "notes.txt")]  # no raytf manifest
+        assert open(os.path.join(local, "sub", "notes.txt")).read() == "epoch 3"
+    finally:
+        import shutil
+
+        shutil.rmtree(local)
+    assert checkpoint.get_metadata() == {"epoch": 3, "step": 30, "metrics": {"loss": 0.5}}
