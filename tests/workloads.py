@@ -761,6 +761,37 @@ def shard_to_tf_keras_fit(config: dict) -> None:
     })
 
 
+def hidden_shards_to_tf_keras_fit(config: dict) -> None:
+    """A shard hidden inside ``Dataset.interleave`` and ``flat_map``, then read through a Python
+    generator, each handed to tf-keras's model.fit for one epoch: rows trained per wrapping, or
+    the error raytf raised."""
+    import tensorflow as tf
+
+    from raytf.errors import DatasetShardError
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    shard = raytf.get_dataset_shard("train", batch_size=64, features="x", label="y")
+
+    def generator():
+        yield from shard.as_numpy_iterator()
+
+    wrapped = {
+        "interleave": tf.data.Dataset.range(1).interleave(lambda _: shard.map(lambda x, y: (x, y))),
+        "flat_map": tf.data.Dataset.range(1).flat_map(lambda _: shard),
+        "generator": tf.data.Dataset.from_generator(generator, output_signature=shard.element_spec),
+    }
+    out = {}
+    for name, dataset in wrapped.items():
+        model = _row_counting_model(tf.keras, strategy, 32)
+        try:
+            model.fit(dataset, epochs=1, verbose=0)
+            out[name] = local_rows(strategy, model)
+        except DatasetShardError as error:
+            out[name] = str(error)
+    _write(config["out_dir"], f"rank{ctx.world_rank}.json", out)
+
+
 def ray_train_style(config: dict) -> None:
     """Written as Ray Train's examples are: its own MultiWorkerMirroredStrategy, the shard
     straight to model.fit, fit called once per epoch, a report callback."""

@@ -24,13 +24,27 @@ from typing import Any, Callable, Iterator, Optional
 logger = logging.getLogger(__name__)
 
 _SHARD_MARK = "_raytf_shard"
+# Also in the shard's tf.data options, which TensorFlow carries to every dataset made from it, so a
+# shard captured inside a function (``Dataset.interleave``, ``flat_map``) is recognised through
+# the function's captured inputs, where no Python attribute reaches.
+_SHARD_FRAMEWORK = "raytf_shard"
+# Ops through which a tf.data pipeline reads from Python, where raytf cannot see what it reads.
+_PYTHON_READS = frozenset({"GeneratorDataset", "EagerPyFunc", "PyFunc", "PyFuncStateless"})
 _installed: Any = None  # raytf's strategy while a session is installed in this process
 _strategy_class: Any = None
+_shards_made = False  # whether this process has handed out a raytf shard
 
 
 def mark_shard(dataset: Any) -> Any:
     """Mark a per-worker dataset as raytf's, so the strategy distributes it per worker."""
+    import tensorflow as tf
+
+    global _shards_made
+    options = tf.data.Options()
+    options.framework_type = [_SHARD_FRAMEWORK]
+    dataset = dataset.with_options(options)
     setattr(dataset, _SHARD_MARK, True)
+    _shards_made = True
     return dataset
 
 
@@ -51,9 +65,66 @@ def lineage(dataset: Any) -> Iterator[Any]:
                 pass
 
 
+def _functions(dataset: Any) -> list:
+    """The traced functions of one transformation (a map's, an interleave's), or []."""
+    functions = getattr(dataset, "_functions", None)
+    try:
+        return [f.function for f in functions()] if callable(functions) else []
+    except Exception:  # noqa: BLE001 - a dataset kind without functions
+        return []
+
+
+def _captured_is_shard(tensor: Any) -> bool:
+    """Whether a dataset captured by a function (a variant tensor) carries raytf's shard option."""
+    import tensorflow as tf
+    from tensorflow.core.framework import dataset_options_pb2
+
+    if tensor.dtype != tf.variant:
+        return False
+    try:
+        options = dataset_options_pb2.Options.FromString(tf.raw_ops.GetOptions(input_dataset=tensor).numpy())
+    except Exception:  # noqa: BLE001 - a variant that is not a dataset (a tensor list)
+        return False
+    return _SHARD_FRAMEWORK in options.framework_type
+
+
 def is_shard(dataset: Any) -> bool:
-    """Whether ``dataset`` is a raytf shard or built from one (``.repeat()``, ``.map()``, ...)."""
-    return any(getattr(d, _SHARD_MARK, False) for d in lineage(dataset))
+    """Whether ``dataset`` is a raytf shard or built from one: by ``.repeat()``, ``.map()``, ...,
+    or with the shard inside a function (``Dataset.range(1).interleave(lambda _: shard)``)."""
+    for current in lineage(dataset):
+        if getattr(current, _SHARD_MARK, False):
+            return True
+        if any(_captured_is_shard(t) for f in _functions(current) for t in f.captured_inputs):
+            return True
+    return False
+
+
+def reads_through_python(dataset: Any) -> bool:
+    """Whether ``dataset`` reads from Python (``from_generator``, ``py_function``) anywhere."""
+    for current in lineage(dataset):
+        for function in _functions(current):
+            ops = {op.type for op in function.graph.get_operations()}
+            ops.update(node.op for node in function.function_def.node_def)
+            if ops & _PYTHON_READS:
+                return True
+    return False
+
+
+def check_not_resplit(dataset: Any, num_workers: int) -> None:
+    """Refuse to split, as the global batch, a dataset that may yield a raytf shard's batches
+    through Python, where raytf cannot see them: every worker would train 1/num_workers of its rows."""
+    if num_workers > 1 and _shards_made and reads_through_python(dataset):
+        from raytf.errors import DatasetShardError
+
+        raise DatasetShardError(
+            "the dataset handed to model.fit (or experimental_distribute_dataset) reads through Python "
+            "(Dataset.from_generator or tf.py_function), and this worker reads a raytf shard: if it yields the "
+            f"shard's batches, MultiWorkerMirroredStrategy would split each across the {num_workers} workers "
+            f"and every worker would train 1/{num_workers} of its rows. Build it from the shard in tf.data "
+            "(shard.map, .interleave, .flat_map are recognised), or distribute it per worker as it is with "
+            "raytf.keras.distribute(dataset); a dataset that is one global dataset for all workers goes "
+            "through strategy.distribute_datasets_from_function, sharded by you"
+        )
 
 
 def _class() -> Any:
@@ -78,6 +149,7 @@ def _class() -> Any:
         def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
             if is_shard(dataset):
                 return self.distribute_datasets_from_function(lambda _: dataset, options)
+            check_not_resplit(dataset, self.num_replicas_in_sync)
             return super().experimental_distribute_dataset(dataset, options)
 
     _strategy_class = RaytfMultiWorkerMirroredStrategy
