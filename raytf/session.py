@@ -110,16 +110,29 @@ def get_dataset_shard(
     )
 
 
-def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
+def report(metrics: dict[str, Any], checkpoint: Any = None, *, ranks: str = "chief") -> None:
     """Send metrics to the driver, which logs them and keeps rank 0's as the run's history.
 
     With ``checkpoint=raytf.Checkpoint.from_directory(d)`` the chief's files are
     uploaded to the run's storage and committed, and this returns only after
-    the commit: a checkpoint whose report returned is never lost. Other ranks
-    may pass their (identical) checkpoints too; only the chief's is kept.
-    Include ``epoch`` and ``step`` in ``metrics`` to resume from them.
+    the commit: a checkpoint whose report returned is never lost. Include
+    ``epoch`` and ``step`` in ``metrics`` to resume from them.
+
+    What several ranks' checkpoints become depends on ``ranks``:
+
+    - ``"chief"`` (default): under MultiWorkerMirroredStrategy every rank holds
+      the same state, so only the chief's checkpoint is kept; other ranks may
+      pass theirs (identical) too, and theirs are not uploaded. A rank other
+      than the chief passing the only checkpoint saves nothing: use ``"all"``.
+    - ``"all"``: a collective report, as Ray Train's ``report`` is. Every rank
+      calls it at the same points (it returns on each once every rank has
+      reported); each rank's files are uploaded in parallel, and the driver
+      merges them into one checkpoint directory and commits it, if any rank
+      passed one. A file two ranks wrote with different contents is an error
+      naming it; the same file from several ranks is kept once. For state
+      that differs per rank (a rank's part of a table, its data position).
     """
-    _current("report").report(metrics, checkpoint)
+    _current("report").report(metrics, checkpoint, ranks)
 
 
 def all_reduce_gradients(gradients: Any, variables: Any = None) -> list:

@@ -316,7 +316,8 @@ class Trainer:
         policy = FailurePolicy(failures)
         startups: list[dict[str, float]] = []  # each attempt's start-up, phase by phase
         controller = Controller(
-            group, policy, report_handler(checkpoints, history, driver_start, guard=lease.check),
+            group, policy, report_handler(checkpoints, history, driver_start, guard=lease.check,
+                                          acknowledge=group.acknowledge),
             resume_point=resume_point,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),

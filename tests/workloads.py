@@ -792,6 +792,38 @@ def hidden_shards_to_tf_keras_fit(config: dict) -> None:
     _write(config["out_dir"], f"rank{ctx.world_rank}.json", out)
 
 
+def per_rank_checkpoints(config: dict) -> None:
+    """Ray Train's report, as code moved to raytf.train makes it: epoch 0, rank 1 alone passes a
+    checkpoint; epoch 1, every rank passes files of its own. Then, on the retry after a kill of
+    rank 1 in epoch 2, each rank reads back what the merged checkpoint holds."""
+    import tempfile
+
+    from raytf import train
+
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    restored = train.get_checkpoint()
+    if restored is not None:
+        with restored.as_directory() as d:
+            files = sorted(os.listdir(d))
+            contents = {f: open(os.path.join(d, f)).read() for f in files if not f.startswith(".")}
+        _write(config["out_dir"], f"restored{rank}.json", {"files": files, "contents": contents,
+                                                            "epoch": restored.epoch})
+        train.report({"epoch": 2, "resumed": 1})
+        return
+    for epoch in range(2):
+        checkpoint = None
+        if epoch == 1 or rank == 1:
+            directory = tempfile.mkdtemp()
+            with open(os.path.join(directory, f"rank{rank}.txt"), "w") as f:
+                f.write(f"rank {rank} epoch {epoch}")
+            checkpoint = train.Checkpoint.from_directory(directory)
+        train.report({"epoch": epoch, "rank": rank}, checkpoint=checkpoint)
+    if rank == 1:
+        os._exit(1)  # the retry resumes from the merged checkpoint
+    time.sleep(600)
+
+
 def ray_train_style(config: dict) -> None:
     """Written as Ray Train's examples are: its own MultiWorkerMirroredStrategy, the shard
     straight to model.fit, fit called once per epoch, a report callback."""

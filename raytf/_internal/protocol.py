@@ -13,7 +13,7 @@ from raytf.errors import FailureKind, WorkerFailure
 HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "evaluated_checkpoint")
 
 __all__ = [
-    "Activity", "ActivityKind", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
+    "Activity", "ActivityKind", "CheckpointPart", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
     "ResumePoint", "SaveEvery", "StorageRef", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
 ]
 
@@ -67,6 +67,24 @@ class UploadedCheckpoint:
 
 
 @dataclass(frozen=True)
+class CheckpointPart:
+    """One rank's share of a report made with ``raytf.report(..., ranks="all")``: a collective
+    report whose ranks' checkpoint files are merged into one checkpoint.
+
+    ``round`` counts such reports in the attempt, the same on every rank; ``parties`` is how many
+    ranks take part. ``staging`` holds the files this rank uploaded and ``files`` their manifest
+    (relative path -> size and CRC32), both None when the rank passed no checkpoint. ``seq`` is the
+    number the chief's counter gave the round: the merged checkpoint's name (rank 0's counts).
+    """
+
+    round: int
+    parties: int
+    seq: int = -1
+    staging: Optional[str] = None
+    files: Optional[dict[str, dict[str, int]]] = None
+
+
+@dataclass(frozen=True)
 class ResumePoint:
     """Where an attempt starts: the committed checkpoint (its path and index entry), or none,
     and the number the next checkpoint takes."""
@@ -103,6 +121,7 @@ class Report:
     time: float
     attempt: int = 0
     checkpoint: Optional[UploadedCheckpoint] = None
+    part: Optional[CheckpointPart] = None  # a collective report (ranks="all"): this rank's share
 
 
 @dataclass(frozen=True)

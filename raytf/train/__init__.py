@@ -204,8 +204,10 @@ class TensorflowTrainer:
 
 
 def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, checkpoint_dir_name: Optional[str] = None) -> None:
-    """``ray.train.report``: raytf.report (``checkpoint_dir_name`` aside: raytf names checkpoints)."""
-    raytf.report(metrics, checkpoint=checkpoint)
+    """``ray.train.report``: a collective report, as in Ray Train. Every rank calls it; a
+    checkpoint any rank passes is committed, with every rank's files merged into one directory
+    (``raytf.report(..., ranks="all")``). ``checkpoint_dir_name`` aside: raytf names checkpoints."""
+    raytf.report(metrics, checkpoint=checkpoint, ranks="all")
 
 
 class DatasetShard:

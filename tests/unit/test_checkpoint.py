@@ -273,3 +273,68 @@ def test_restoring_a_checkpoint_deleted_meanwhile_says_so(tmp_path):
         handed_out.restore_state(model=object())
     assert "no longer exists" in str(info.value) and "num_to_keep" in str(info.value)
     assert "from_directory" not in str(info.value)
+
+
+def _share(fs, manager, tmp_path, rank, files, round_=0, seq=0, parties=2):
+    from raytf._internal.checkpoint.files import parts_name, upload_part
+    from raytf._internal.protocol import CheckpointPart, Report
+
+    if files is None:
+        part = CheckpointPart(round_, parties, seq)
+    else:
+        d = tmp_path / f"rank{rank}-round{round_}"
+        d.mkdir()
+        for name, text in files.items():
+            (d / name).write_text(text)
+        staging, manifest = upload_part(Checkpoint.from_directory(d), fs, manager.dir, parts_name(0, round_), rank)
+        part = CheckpointPart(round_, parties, seq, staging, manifest)
+    return Report(rank=rank, seq=round_, metrics={"epoch": round_}, time=0.0, part=part)
+
+
+def merged_parts(fs, root, tmp_path):
+    """A collective report's shares through the driver's handler; what each rank is acknowledged."""
+    from raytf._internal.driver.history import RunHistory, report_handler
+    from raytf._internal.driver.progress import ProgressDisplay
+    from raytf._internal.storage import RunStorage
+
+    storage = RunStorage(root, "run", filesystem=fs)
+    manager = CheckpointManager(fs, storage.root)
+    acks = []
+    on_report = report_handler(manager, RunHistory(storage, ProgressDisplay("run", 0), 0, []), 0,
+                               acknowledge=lambda rank, seq, error: acks.append((rank, seq, error)))
+    return manager, on_report, acks, storage
+
+
+def test_a_collective_report_commits_what_any_rank_passes_with_every_ranks_files_merged(tmp_path):
+    manager, on_report, acks, storage = merged_parts(FS, str(tmp_path / "runs"), tmp_path)
+    on_report(_share(FS, manager, tmp_path, 1, {"rank1.txt": "one"}, round_=0, seq=0))
+    assert acks == [] and manager.entries == []  # rank 0 has not reported yet: the report waits
+    on_report(_share(FS, manager, tmp_path, 0, None, round_=0, seq=0))
+    assert sorted(acks) == [(0, 0, None), (1, 0, None)]
+    [entry] = manager.entries
+    assert sorted(os.listdir(manager.path_of(entry))) == [".raytf_manifest.json", "rank1.txt"]
+    assert verify(FS, manager.path_of(entry)) is None
+    # Both ranks: their own files, and one file alike on both (kept once).
+    on_report(_share(FS, manager, tmp_path, 0, {"rank0.txt": "zero", "vocab.txt": "a b"}, round_=1, seq=1))
+    on_report(_share(FS, manager, tmp_path, 1, {"rank1.txt": "uno", "vocab.txt": "a b"}, round_=1, seq=1))
+    assert [e.name for e in manager.entries] == ["checkpoint_000000", "checkpoint_000001"]
+    newest = manager.path_of(manager.entries[-1])
+    assert sorted(os.listdir(newest)) == [".raytf_manifest.json", "rank0.txt", "rank1.txt", "vocab.txt"]
+    assert verify(FS, newest) is None
+    assert [e["checkpoint"] for e in storage.read_json("history.json")] == ["checkpoint_000000", "checkpoint_000001"]
+    # No rank passed one: every rank is released, nothing is committed; no staging is left.
+    acks.clear()
+    on_report(_share(FS, manager, tmp_path, 0, None, round_=2, seq=2))
+    on_report(_share(FS, manager, tmp_path, 1, None, round_=2, seq=2))
+    assert sorted(acks) == [(0, 2, None), (1, 2, None)] and len(manager.entries) == 2
+    assert sorted(os.listdir(manager.dir)) == ["checkpoint_000000", "checkpoint_000001", "index.json"]
+
+
+def test_two_ranks_writing_one_file_differently_is_an_error_naming_it_and_nothing_is_committed(tmp_path):
+    manager, on_report, acks, _ = merged_parts(FS, str(tmp_path / "runs"), tmp_path)
+    on_report(_share(FS, manager, tmp_path, 0, {"model.h5": "weights of rank 0"}))
+    on_report(_share(FS, manager, tmp_path, 1, {"model.h5": "weights of rank 1!"}))
+    errors = {rank: error for rank, _, error in acks}
+    assert set(errors) == {0, 1} and errors[0] == errors[1]
+    assert "ranks 0 and 1 both wrote 'model.h5'" in errors[0] and "names of their own" in errors[0]
+    assert manager.entries == [] and sorted(os.listdir(manager.dir)) == []

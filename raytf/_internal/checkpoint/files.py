@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import uuid
 import zlib
@@ -120,6 +121,71 @@ def upload(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, name: str
     pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
     with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
         out.write(json.dumps(manifest, sort_keys=True).encode())
+    if local:
+        fs.move(target, final)
+    return final
+
+
+def parts_name(attempt: int, round_: int) -> str:
+    """The staging directory of the ranks' parts of one collective report (every rank agrees on it)."""
+    return f"{STAGING_PREFIX}parts-a{attempt}-r{round_}"
+
+
+def upload_part(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, parts: str,
+                rank: int) -> tuple[str, dict[str, dict[str, int]]]:
+    """Copy one rank's local checkpoint into ``<parts>/rank-<rank>/``; (that path, its manifest).
+
+    The manifest is computed from the source, as :func:`upload` does; the driver merges the ranks'
+    manifests when it assembles the checkpoint (:func:`merge_parts`).
+    """
+    target = _join(fs, checkpoints_dir, parts, f"rank-{rank}")
+    if fs.get_file_info(target).type != pafs.FileType.NotFound:
+        fs.delete_dir(target)  # what a dead predecessor of this rank left
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        check_links(checkpoint.path)
+    files = _manifest(checkpoint.filesystem, checkpoint.path)
+    fs.create_dir(target, recursive=True)
+    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    return target, files
+
+
+def merge_parts(fs: pafs.FileSystem, checkpoints_dir: str, name: str,
+                parts: list[tuple[int, str, dict[str, dict[str, int]]]]) -> str:
+    """Assemble one checkpoint ``name`` from the ranks' uploaded parts ((rank, path, manifest) each):
+    every rank's files in one directory, as Ray Train merges them, with the merged manifest
+    written last. A file that two ranks wrote with different contents is an error that names it
+    (which rank's to keep is not raytf's to guess); the same file from several ranks is kept once.
+
+    The files are moved, not copied: a rename on a local disk, a server-side copy on an object
+    store. On a local disk the checkpoint is assembled under a staging name and renamed into place.
+    Returns the final path.
+    """
+    merged: dict[str, dict[str, int]] = {}
+    source: dict[str, str] = {}
+    owner: dict[str, int] = {}
+    for rank, path, files in sorted(parts):
+        for relative, info in files.items():
+            if relative in merged and merged[relative] != info:
+                raise CheckpointError(
+                    f"ranks {owner[relative]} and {rank} both wrote {relative!r} into the checkpoint, with different "
+                    "contents; every rank's files are merged into one directory, so give each rank's files "
+                    "names of their own (e.g. with the rank in them), or pass the checkpoint from one rank"
+                )
+            if relative not in merged:
+                merged[relative], owner[relative] = info, rank
+                source[relative] = _join(fs, path, *relative.split("/"))
+    final = _join(fs, checkpoints_dir, name)
+    local = isinstance(fs, pafs.LocalFileSystem)
+    target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
+    if fs.get_file_info(final).type != pafs.FileType.NotFound:
+        fs.delete_dir(final)  # debris of an assembly whose commit never happened
+    fs.create_dir(target, recursive=True)
+    for relative, path in source.items():
+        destination = _join(fs, target, *relative.split("/"))
+        fs.create_dir(os.path.dirname(destination) if local else posixpath.dirname(destination), recursive=True)
+        fs.move(path, destination)
+    with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
+        out.write(json.dumps({"files": merged}, sort_keys=True).encode())
     if local:
         fs.move(target, final)
     return final

@@ -27,6 +27,8 @@ from raytf._internal.checkpoint.files import (
     STAGING_PREFIX,
     checkpoint_name,
     checkpoints_dir,
+    merge_parts,
+    parts_name,
     seq_of_name,
     verify,
 )
@@ -272,6 +274,31 @@ class CheckpointManager:
             error = f"{type(failure).__name__}: {failure}"
             logger.error("checkpoint %s was not committed: %s", entry.name, error)
             return None, error
+        return entry.name, None
+
+    def handle_parts(self, reports: list[Report], driver_start: int = 0,
+                     guard: Callable[[], None] = lambda: None) -> tuple[Optional[str], Optional[str]]:
+        """Merge and commit the checkpoint of one collective report (every rank's share of it in
+        ``reports``): (the committed name, or None when no rank passed files; why it failed, or None).
+        The ranks' uploads are assembled into one directory, then committed as any checkpoint is."""
+        reports = sorted(reports, key=lambda r: r.rank)
+        parts = [(r.rank, r.part.staging, r.part.files) for r in reports if r.part.files is not None]
+        first = reports[0]
+        staging = _join(self.fs, self.dir, parts_name(first.attempt, first.part.round))
+        if not parts:
+            return None, None
+        entry = new_entry(first.part.seq, first.attempt, first.metrics, driver_start)
+        guard()
+        try:
+            merge_parts(self.fs, self.dir, entry.name, parts)
+            self.commit(entry)
+        except Exception as failure:  # noqa: BLE001 - reported to every rank of the report
+            error = f"{type(failure).__name__}: {failure}"
+            logger.error("checkpoint %s was not committed: %s", entry.name, error)
+            return None, error
+        finally:
+            if _storage.exists(self.fs, staging):
+                self.fs.delete_dir(staging)  # what was not moved: files several ranks sent alike
         return entry.name, None
 
     def newest(self) -> Optional[Checkpoint]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 from raytf._internal import lease as _lease
-from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, upload
-from raytf._internal.protocol import ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
+from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, parts_name, upload, upload_part
+from raytf._internal.protocol import CheckpointPart, ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
 from raytf.checkpoint import Checkpoint, StateCheckpoint
 from raytf.errors import RaytfError
 
@@ -46,38 +47,76 @@ class CheckpointSaver:
             )
         return value - self.last_saved[unit] >= every
 
-    def save(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[UploadedCheckpoint]:
-        """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint."""
+    @staticmethod
+    def _check_type(checkpoint: Any) -> None:
         if not isinstance(checkpoint, (Checkpoint, StateCheckpoint)):
             raise TypeError(
                 "raytf.report(checkpoint=...) takes raytf.Checkpoint.from_directory(path) or "
                 f"raytf.Checkpoint.from_state(model=..., optimizer=...); got {type(checkpoint).__name__}"
             )
+
+    def _take(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool) -> bool:
+        """Whether to save ``checkpoint`` now; if so, remember where it was."""
+        self._check_type(checkpoint)
         if not self.due(metrics, preempted):
-            return None
+            return False
         for unit in ("epoch", "step"):
             if isinstance(metrics.get(unit), (int, float)):
                 self.last_saved[unit] = metrics[unit]
+        return True
+
+    def save_part(self, metrics: dict[str, Any], checkpoint: Any, round_: int, attempt: int, rank: int,
+                  parties: int, preempted: bool = False) -> CheckpointPart:
+        """This rank's share of a collective report (``ranks="all"``): its files uploaded beside the
+        other ranks', for the driver to merge. Every rank counts the round, so the chief's counter
+        (which names the merged checkpoint) never reuses a number its own uploads took."""
+        seq = self._next_seq
+        self._next_seq += 1
+        if checkpoint is None or not self._take(metrics, checkpoint, preempted):
+            return CheckpointPart(round_, parties, seq)
+        with self._local(checkpoint) as local:
+            if local is None:
+                return CheckpointPart(round_, parties, seq)
+            self._check_lease()
+            filesystem = self._storage.filesystem
+            staging, files = upload_part(local, filesystem, checkpoints_dir(filesystem, self._storage.root),
+                                         parts_name(attempt, round_), rank)
+        return CheckpointPart(round_, parties, seq, staging, files)
+
+    @contextmanager
+    def _local(self, checkpoint: Any) -> Iterator[Optional[Checkpoint]]:
+        """The files to upload: a directory checkpoint as it is; a state checkpoint written by every
+        rank (saving may run collectives) and yielded on the chief only (the state is replicated)."""
         if not isinstance(checkpoint, StateCheckpoint):
-            # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
-            # only the chief's checkpoint is kept; the others' are dropped here.
-            return self._upload(checkpoint) if self._is_chief else None
+            yield checkpoint
+            return
         directory = tempfile.mkdtemp(prefix="raytf-state-")
         try:
-            checkpoint.write(directory)  # every rank: saving may run collectives
-            if not self._is_chief:
-                return None
-            return self._upload(Checkpoint.from_directory(directory))
+            checkpoint.write(directory)
+            yield Checkpoint.from_directory(directory) if self._is_chief else None
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    def _upload(self, checkpoint: Checkpoint) -> UploadedCheckpoint:
+    def save(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[UploadedCheckpoint]:
+        """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint."""
+        if not self._take(metrics, checkpoint, preempted):
+            return None
+        with self._local(checkpoint) as local:
+            # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
+            # only the chief's checkpoint is kept; the others' are dropped here.
+            return self._upload(local) if local is not None and self._is_chief else None
+
+    def _check_lease(self) -> None:
         filesystem, root = self._storage.filesystem, self._storage.root
         if self._lease_token is not None and not _lease.holds(filesystem, root, self._lease_token):
             raise RaytfError(
                 "raytf.report: this run's driver no longer holds the run's lease (another driver took "
                 "the run over, or the driver stopped renewing it); not uploading the checkpoint"
             )
+
+    def _upload(self, checkpoint: Checkpoint) -> UploadedCheckpoint:
+        filesystem, root = self._storage.filesystem, self._storage.root
+        self._check_lease()
         seq = self._next_seq
         self._next_seq += 1
         name = checkpoint_name(seq)

@@ -105,7 +105,8 @@ class RunHistory:
                              report.metrics)
         # With every checkpoint, and every few seconds: a driver that dies without a
         # word loses no report whose checkpoint it committed.
-        if report.checkpoint is not None or time.monotonic() - self._last_write >= _WRITE_INTERVAL_S:
+        if checkpoint is not None or report.checkpoint is not None or \
+                time.monotonic() - self._last_write >= _WRITE_INTERVAL_S:
             self.flush()
 
     def flush(self) -> None:
@@ -127,15 +128,41 @@ class RunHistory:
 
 
 def report_handler(checkpoints: Any, history: RunHistory, driver_start: int,
-                   guard: Callable[[], None] = lambda: None) -> Callable[[Report], Optional[str]]:
+                   guard: Callable[[], None] = lambda: None,
+                   acknowledge: Callable[[int, int, Optional[str]], None] = lambda rank, seq, error: None,
+                   ) -> Callable[[Report], Optional[str]]:
     """What the controller does with each report: rank 0's checkpoint committed by the checkpoint
     manager (returns why not, for the worker's ``report`` to raise), then the report recorded; an
-    evaluator's metrics (which name the checkpoint they evaluated) recorded as they are."""
+    evaluator's metrics (which name the checkpoint they evaluated) recorded as they are.
+
+    A collective report (``ranks="all"``) waits for every rank's share; then the ranks' files are
+    merged and committed as one checkpoint, rank 0's report is recorded with it, and every rank is
+    acknowledged here (``acknowledge(rank, seq, error)``), which returns its ``report``.
+    """
+    rounds: dict[tuple[int, int], dict[int, Report]] = {}  # (attempt, round) -> rank -> its share
+
+    def on_part(report: Report) -> None:
+        for key in [k for k in rounds if k[0] < report.attempt]:
+            del rounds[key]  # an attempt that ended: its ranks are gone, its uploads are debris
+        key = (report.attempt, report.part.round)
+        shares = rounds.setdefault(key, {})
+        shares[report.rank] = report
+        if len(shares) < report.part.parties:
+            return
+        del rounds[key]
+        committed, error = checkpoints.handle_parts(list(shares.values()), driver_start, guard=guard)
+        if 0 in shares:
+            history.record(shares[0], committed)
+        for share in shares.values():
+            acknowledge(share.rank, share.seq, error)
 
     def on_report(report: Report) -> Optional[str]:
         if "evaluated_checkpoint" in report.metrics:  # a parameter-server group's evaluator
             history.record(report)
             checkpoints.note_evaluated(report.metrics["evaluated_checkpoint"])
+            return None
+        if report.part is not None:
+            on_part(report)
             return None
         if report.rank != 0:
             return None

@@ -67,6 +67,7 @@ class WorkerSession:
         self._preempt_check: Any = None
         self.preempted = False
         self.parameter_server = parameter_server  # payloads.PsData on a parameter-server chief
+        self._round = 0  # collective reports (ranks="all") made in this attempt
 
     def get_checkpoint(self) -> Any:
         from raytf.checkpoint import Checkpoint
@@ -173,7 +174,9 @@ class WorkerSession:
             self.preempted = True
         return self.preempted
 
-    def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None, ranks: str = "chief") -> None:
+        if ranks not in ("chief", "all"):
+            raise ValueError(f"raytf.report(ranks=...) must be 'chief' or 'all', got {ranks!r}")
         if not isinstance(metrics, dict):
             raise TypeError(f"raytf.report(metrics): metrics must be a dict, got {type(metrics).__name__}")
         clean = {}
@@ -191,16 +194,23 @@ class WorkerSession:
             self._progress.update(epoch=epoch + 1, step=0)
         if isinstance(step, int) and not isinstance(step, bool):
             self._progress["global_step"] = step
-        uploaded = self._saver.save(clean, checkpoint, self.preempted) if checkpoint is not None else None
+        uploaded, part = None, None
+        if ranks == "all":  # collective: every rank's share goes to the driver, which merges them
+            parties = 1 if self.parameter_server is not None else self.context.world_size
+            part = self._saver.save_part(clean, checkpoint, self._round, self.context.attempt,
+                                         self.context.world_rank, parties, self.preempted)
+            self._round += 1
+        elif checkpoint is not None:
+            uploaded = self._saver.save(clean, checkpoint, self.preempted)
         with self._lock:
             report = Report(rank=self.context.world_rank, seq=self._seq, metrics=clean, time=time.time(),
-                            attempt=self.context.attempt, checkpoint=uploaded)
+                            attempt=self.context.attempt, checkpoint=uploaded, part=part)
             self._seq += 1
-            if uploaded is not None:
+            if uploaded is not None or part is not None:
                 done = self._acks[report.seq] = threading.Event()
         self._sink(report)
-        if uploaded is not None:
-            done.wait()  # returns once the driver's index names the checkpoint
+        if uploaded is not None or part is not None:
+            done.wait()  # returns once the driver's index names the checkpoint (or every rank reported)
             error = self._ack_errors.pop(report.seq, None)
             if error is not None:
                 raise RaytfError(f"raytf.report: the checkpoint was not committed: {error}")
