@@ -76,6 +76,10 @@ def autoscaling_head(tmp_path):
     config_path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / "head.log", "w")
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
+    # With RAY_AUTH_MODE=token the head needs a token to exist (a bare `ray start` makes one, as
+    # the job-submit head does); on a fresh machine there is none yet.
+    generated = ray_cli("get-auth-token", "--generate", env=env)
+    assert generated.returncode == 0, generated.stderr[-2000:]
     head = subprocess.Popen(
         [*RAY, "start", "--head", "--block", f"--autoscaling-config={config_path}", "--num-cpus", "1",
          "--num-gpus", "0", "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
