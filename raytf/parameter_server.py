@@ -109,18 +109,10 @@ class ParameterServerScaling:
             bundle.update({k: float(v) for k, v in self.resources_per_worker.items()})
         return {k: v for k, v in bundle.items() if v > 0}
 
-    # What TensorflowConfig reads of a scaling config (threads per process, GPU or not).
-
     @property
     def use_gpu(self) -> bool:
+        """Whether any role trains or serves on GPUs (TensorflowConfig checks its options against it)."""
         return any(getattr(self, f"gpus_per_{role}") > 0 for role in ROLES)
-
-    @property
-    def max_workers(self) -> int:
-        return self.num_workers
-
-    min_workers = max_workers
-    elastic = False
 
 
 class ParameterServerTrainer(Trainer):
@@ -137,6 +129,7 @@ class ParameterServerTrainer(Trainer):
     """
 
     payload_kind = PayloadKind.CHIEF
+    scaling_type = ParameterServerScaling
     warm_standby_works = False
     role_payloads = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
                      "evaluator": PayloadKind.EVALUATOR}
@@ -155,12 +148,8 @@ class ParameterServerTrainer(Trainer):
         variable_partitioner: Any = None,
         evaluate_fn: Optional[Callable[[Any, dict], dict]] = None,
     ):
-        if scaling is not None and not isinstance(scaling, ParameterServerScaling):
-            raise ConfigError(f"ParameterServerTrainer(scaling=...) must be a raytf.ParameterServerScaling, got "
-                              f"{type(scaling).__name__}")
-        super().__init__(train_fn, config=config, run=run, tensorflow=tensorflow, datasets=datasets,
-                         data_config=data_config)
-        self.scaling = scaling or ParameterServerScaling()  # type: ignore[assignment]
+        super().__init__(train_fn, config=config, scaling=scaling, run=run, tensorflow=tensorflow,
+                         datasets=datasets, data_config=data_config)
         if self.tensorflow.gradient_compression is not None:
             raise ConfigError(
                 "TensorflowConfig.gradient_compression compresses MultiWorkerMirroredStrategy's all-reduce; "

@@ -139,18 +139,18 @@ class Trainer:
         if config is not None and not isinstance(config, dict):
             raise ConfigError(f"Trainer(config=...) must be a dict, got {type(config).__name__}")
         for name, value, kind in (
-            ("scaling", scaling, ScalingConfig),
+            ("scaling", scaling, self.scaling_type),
             ("run", run, RunConfig),
             ("tensorflow", tensorflow, TensorflowConfig),
             ("data_config", data_config, DataConfig),
         ):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(
-                    f"Trainer({name}=...) must be a raytf.{kind.__name__}, got {type(value).__name__}"
+                    f"{type(self).__name__}({name}=...) must be a raytf.{kind.__name__}, got {type(value).__name__}"
                 )
         self.train_fn = train_fn
         self.config = dict(config or {})
-        self.scaling = scaling or ScalingConfig()
+        self.scaling: Any = scaling or self.scaling_type()
         self.run = run or RunConfig()
         self.tensorflow = tensorflow or TensorflowConfig()
         self.datasets = _check_datasets(datasets)
@@ -192,6 +192,7 @@ class Trainer:
                 lease.release()
 
     payload_kind = PayloadKind.TRAIN_FN  # what the workers run
+    scaling_type: type = ScalingConfig  # the scaling config this trainer takes (ParameterServerScaling there)
 
     def _has_evaluator(self) -> bool:
         """Whether an evaluator reads committed checkpoints while the run trains."""

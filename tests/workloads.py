@@ -179,6 +179,21 @@ def exit_after_warm_up(config: dict) -> None:
     small_train(config)
 
 
+def _wait_for_commit(run_path: str, epoch: int, timeout_s: float = 60.0) -> None:
+    """Wait until the run's checkpoint index (on a local disk) names a checkpoint of ``epoch``."""
+    index = os.path.join(run_path, "checkpoints", "index.json")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(index) as f:
+                if any(c.get("epoch") == epoch for c in json.load(f)["checkpoints"]):
+                    return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"no checkpoint of epoch {epoch} was committed in {timeout_s:g} s")
+
+
 def _kill_actor(name: str, timeout_s: float = 60.0) -> None:
     """Wait for the actor ``name`` to exist, kill it, and return once Ray knows it dead."""
     import ray
@@ -537,7 +552,7 @@ def keras_train(config: dict) -> None:
 
         def on_epoch_end(self, epoch, logs=None):
             if ctx.attempt == 0 and ctx.world_rank == 1 and epoch == config.get("kill_after_epoch"):
-                time.sleep(1.0)  # rank 0's report (and its checkpoint's commit) comes first
+                _wait_for_commit(ctx.run_path, epoch)  # rank 0's report (and its checkpoint's commit) comes first
                 os._exit(1)
 
     report = raytf.keras.ReportCallback(preemption_check_every=config.get("check_every", 20))

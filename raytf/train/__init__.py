@@ -69,12 +69,14 @@ class ScalingConfig:
 
 @dataclass
 class FailureConfig:
-    """Ray Train's FailureConfig: ``max_failures`` (``-1``: always retry)."""
+    """Ray Train's FailureConfig: ``max_failures`` (``-1``: always retry) and
+    ``max_preemption_failures`` (``-1``, Ray Train's default: no limit; raytf's own default is 100)."""
 
     max_failures: int = 0
+    max_preemption_failures: int = -1
 
     def to_raytf(self) -> raytf.FailureConfig:
-        return raytf.FailureConfig(max_failures=self.max_failures)
+        return raytf.FailureConfig(max_failures=self.max_failures, max_preemptions=self.max_preemption_failures)
 
 
 @dataclass

@@ -199,3 +199,14 @@ def test_fit_refuses_a_nan_environment_setting_before_anything_starts(monkeypatc
     with pytest.raises(ConfigError, match="RAYTF_LEASE_TTL_S"):
         trainer.fit()
     assert list(tmp_path.iterdir()) == []  # nothing of a run was written
+
+
+def test_a_parameter_server_trainer_checks_tensorflow_options_against_its_own_scaling():
+    gpu_workers = raytf.ParameterServerScaling(num_workers=2, gpus_per_worker=1)
+    nccl = raytf.TensorflowConfig(communication="nccl")
+    trainer = raytf.ParameterServerTrainer(lambda: None, scaling=gpu_workers, tensorflow=nccl)
+    assert trainer.scaling is gpu_workers and trainer.tensorflow.resolve_communication(trainer.scaling) == "nccl"
+    with pytest.raises(ConfigError, match="needs GPUs, but ParameterServerScaling has no role"):
+        raytf.ParameterServerTrainer(lambda: None, scaling=raytf.ParameterServerScaling(), tensorflow=nccl)
+    with pytest.raises(ConfigError, match="must be a raytf.ParameterServerScaling, got ScalingConfig"):
+        raytf.ParameterServerTrainer(lambda: None, scaling=raytf.ScalingConfig())

@@ -351,3 +351,13 @@ def test_port_races_are_free_a_few_times_then_count_against_max_failures():
     retrying = FailurePolicy(FailureConfig(max_failures=2))
     decisions = [retrying.decide(failure(kind="port_taken")) for _ in range(FREE_PORT_RACES + 3)]
     assert decisions == [Decision.RETRY] * (FREE_PORT_RACES + 2) + [Decision.RAISE]
+
+
+def test_preemptions_have_a_bounded_budget_of_their_own():
+    policy = FailurePolicy(FailureConfig(max_failures=0, max_preemptions=2))
+    assert [policy.decide(failure(kind="preempted")) for _ in range(3)] == [Decision.RETRY, Decision.RETRY,
+                                                                            Decision.RAISE]
+    assert policy.counted == 0  # never counted against max_failures
+    unlimited = FailurePolicy(FailureConfig(max_preemptions=-1))
+    assert all(unlimited.decide(failure(kind="preempted")) is Decision.RETRY for _ in range(500))
+    assert FailureConfig().max_preemptions == 100

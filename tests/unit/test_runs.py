@@ -37,7 +37,7 @@ def test_a_run_with_damaged_files_is_listed_and_named_and_the_others_still_are(t
     truncated = RunStorage(str(tmp_path), "truncated")
     (tmp_path / "truncated" / "history.json").write_text('[{"epoch": 0, "lo')
     truncated.write_json("run.json", {"name": "truncated", "starts": [{"pid": 1}]})
-    wrong = RunStorage(str(tmp_path), "wrong-shape")
+    RunStorage(str(tmp_path), "wrong-shape")
     (tmp_path / "wrong-shape" / "run.json").write_text("[1, 2]")
     rows = {row["name"]: row for row in describe_runs(str(tmp_path))}
     assert set(rows) == {"good", "truncated", "wrong-shape"}

@@ -82,9 +82,12 @@ def test_ray_trains_own_configs_are_taken_as_they_are():
 def test_a_ray_train_setting_raytf_has_no_counterpart_for_is_named():
     import ray.train
 
-    with pytest.raises(ConfigError, match=r"ray.train.FailureConfig\(max_preemption_failures=...\) has no counterpart"):
+    with pytest.raises(ConfigError, match=r"ray.train.FailureConfig\(controller_failure_limit=...\) has no counterpart"):
         train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
-            failure_config=ray.train.FailureConfig(max_preemption_failures=3)))
+            failure_config=ray.train.FailureConfig(controller_failure_limit=3)))
+    bounded = train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
+        failure_config=ray.train.FailureConfig(max_preemption_failures=3)))._trainer
+    assert bounded.run.failure_config.max_preemptions == 3
     with pytest.raises(ConfigError, match=r"scaling_config=...\) must be a raytf.train.ScalingConfig"):
         train.TensorflowTrainer(lambda: None, scaling_config=ray.train.RunConfig())
 

@@ -67,7 +67,9 @@ class FailurePolicy:
     def decide(self, failure: WorkerFailure) -> Decision:
         self.failures.append(failure)
         if failure.kind == FailureKind.PREEMPTED:
-            return Decision.RETRY
+            limit = self._config.max_preemptions
+            preemptions = sum(1 for f in self.failures if f.kind == FailureKind.PREEMPTED)
+            return Decision.RAISE if limit != -1 and preemptions > limit else Decision.RETRY
         if failure.kind == FailureKind.PORT_TAKEN:
             return Decision.RAISE if self._exhausted() else Decision.RETRY
         # An exception, or a train_fn that returned before its peers, is the training

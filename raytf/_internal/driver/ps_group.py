@@ -29,11 +29,10 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
 from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.driver.worker_group import new_worker, poll_round
+from raytf._internal.driver.worker_group import kill_and_wait, new_worker, poll_round
 from raytf._internal.protocol import (
     GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
     WorkerStatus,
@@ -350,16 +349,6 @@ class ParameterServerGroup:
         closing = [m.actor.close.remote() for m in members if m.role.name == "worker" and m.actor is not None]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
-        actors = [m.actor for m in members if m.actor is not None]
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        deadline = time.monotonic() + _env.get_float(_env.SHUTDOWN_TIMEOUT_S)
-        for actor in actors:
-            try:
-                ray.get(actor.poll.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except RayActorError:
-                pass
-            except GetTimeoutError:
-                logger.warning("a killed parameter-server actor is still alive after the shutdown timeout")
+        kill_and_wait([m.actor for m in members if m.actor is not None], "parameter-server")
         placement.remove(self._pg)
         self._pg = None

@@ -58,6 +58,20 @@ def new_worker(run_name: str, name: str, **options: Any) -> Any:
         ) from None
 
 
+def kill_and_wait(actors: Sequence[Any], what: str) -> None:
+    """Kill ``actors`` and wait, up to RAYTF_SHUTDOWN_TIMEOUT_S in all, until Ray knows each gone."""
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + _env.get_float(_env.SHUTDOWN_TIMEOUT_S)
+    for actor in actors:
+        try:
+            ray.get(actor.poll.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except RayActorError:
+            pass  # gone, as asked
+        except GetTimeoutError:
+            logger.warning("a killed %s actor is still alive after the shutdown timeout", what)
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -407,16 +421,7 @@ class RayWorkerGroup:
         self._standby_made = False
         actors, self._actors, self._others = self._actors + self._others, [], []
         self._in_flight, self._watch = {}, None
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        deadline = time.monotonic() + _env.get_float(_env.SHUTDOWN_TIMEOUT_S)
-        for actor in actors:
-            try:
-                ray.get(actor.poll.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except RayActorError:
-                pass  # gone, as asked
-            except GetTimeoutError:
-                logger.warning("a killed worker actor is still alive after the shutdown timeout")
+        kill_and_wait(actors, "worker")
         if not self._warm_standby:
             placement.remove(self._pg)
             self._pg = None
