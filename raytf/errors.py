@@ -124,3 +124,8 @@ class TrainingFailedError(RaytfError):
             lines.append(f"Traceback from {self.failure.task or f'rank {self.failure.rank}'}:")
             lines.append(self.failure.traceback.rstrip())
         return "\n".join(lines)
+
+
+class HookError(RaytfError):
+    """A TensorFlow, Keras or tf-keras internal that a raytf feature stands on is not in the
+    installed version; the message names it, the versions, and the option that turns it off."""

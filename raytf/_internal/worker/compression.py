@@ -22,6 +22,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from raytf._internal import hooks as _hooks
+from raytf._internal.hooks import keras as keras_hooks
+from raytf._internal.hooks import tf_keras as tf_keras_hooks
+
 DTYPES = ("bfloat16", "float16")
 _COMPRESSIBLE = ("float32", "float64")
 
@@ -211,10 +215,10 @@ def _grads_and_vars(owner: Any, grads_and_vars: Any) -> list:
 
 
 def _patch_keras3() -> None:
-    try:
-        from keras.src.backend.tensorflow.optimizer import TFOptimizer
-    except ImportError:  # no Keras 3 here
+    if not keras_hooks.installed():
         return
+    _hooks.require("keras.optimizer_all_reduce")  # a Keras 3 whose optimizer moved fails here, naming it
+    TFOptimizer = keras_hooks.tf_optimizer_class()  # noqa: N806 - a class
     if getattr(TFOptimizer._all_reduce_sum_gradients, "_raytf", False):
         return
     original = TFOptimizer._all_reduce_sum_gradients
@@ -231,12 +235,10 @@ def _patch_keras3() -> None:
 
 
 def _patch_tf_keras() -> None:
-    try:
-        from tf_keras.src.optimizers import optimizer as v2
-        from tf_keras.src.optimizers import utils
-        from tf_keras.src.optimizers.legacy import optimizer_v2 as legacy
-    except ImportError:  # no tf-keras here
+    if not tf_keras_hooks.installed():
         return
+    _hooks.require("tf_keras.optimizer_aggregate")  # a tf-keras whose optimizers moved fails here, naming it
+    v2, legacy, utils = tf_keras_hooks.optimizer_modules()
     if not getattr(v2.Optimizer.aggregate_gradients, "_raytf", False):
         original_v2 = v2.Optimizer.aggregate_gradients
 

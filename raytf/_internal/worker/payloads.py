@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Protocol
 import pyarrow.fs as pafs
 from ray import cloudpickle
 
+from raytf._internal import hooks as _hooks
 from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, WorkerSpec
 from raytf._internal.worker import activity as _activity
 from raytf._internal.worker import compression as _compression
@@ -76,6 +77,9 @@ class TrainFnPayload:
         _activity.note_user_code(train_fn)
         _tensorflow.configure_tensorflow(run)
         keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
+        _hooks.require(*_hooks.needed(keras3=keras3, tf_keras="tf_keras" in sys.modules,
+                                      compression=run.gradient_compression is not None, gpu=run.use_gpu,
+                                      parameter_server=False))
         host.set_phase(Phase.READY)
         host.wait_for_go()
         host.set_phase(Phase.CONNECTING)
@@ -210,6 +214,8 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> tuple[Any, A
     _activity.note_user_code(train_fn)
     _tensorflow.configure_tensorflow(run)
     _tensorflow.configure_keras(run)
+    _hooks.require(*_hooks.needed(keras3=False, tf_keras="tf_keras" in sys.modules, compression=False,
+                                  gpu=run.use_gpu, parameter_server=True))
     return train_fn, config, options
 
 

@@ -94,11 +94,10 @@ def make_strategy(variable_partitioner: Any) -> tuple[Any, Any]:
 def install(strategy: Any) -> None:
     """From now on, constructing a ParameterServerStrategy in this process returns ``strategy``."""
     global _installed
-    from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
-
+    from raytf._internal.hooks import tensorflow as tf_hooks
     from raytf._internal.worker.strategy import return_installed
 
-    return_installed(pss.ParameterServerStrategyV2, lambda: _make_classes()[0], lambda: _installed)
+    return_installed(tf_hooks.parameter_server_strategy_class(), lambda: _make_classes()[0], lambda: _installed)
     _installed = strategy
 
 
@@ -109,7 +108,9 @@ def uninstall() -> None:
 
 def retarget(coordinator: Any, task_type: str, task_index: int, host_port: str) -> None:
     """Point ``coordinator`` at a replaced task's new address, before that task's server starts."""
-    server_def = coordinator._cluster.failure_handler._server_def  # noqa: SLF001 - see the module docstring
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
+    server_def = tf_hooks.coordinator_server_def(coordinator)
     for job in server_def.cluster.job:
         if job.name == task_type:
             job.tasks[task_index] = host_port

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator, Optional
 
+from raytf._internal.hooks import tensorflow as _tf_hooks
+
 logger = logging.getLogger(__name__)
 
 _SHARD_MARK = "_raytf_shard"
@@ -57,20 +59,17 @@ def lineage(dataset: Any) -> Iterator[Any]:
             continue
         seen.add(id(current))
         yield current
-        inputs = getattr(current, "_inputs", None)
-        if callable(inputs):
-            try:
-                stack.extend(inputs())
-            except Exception:  # noqa: BLE001 - a dataset kind without inputs
-                pass
+        try:
+            stack.extend(_tf_hooks.dataset_inputs(current))
+        except Exception:  # noqa: BLE001 - not a tf.data dataset (a distributed one, a template)
+            pass
 
 
 def _functions(dataset: Any) -> list:
     """The traced functions of one transformation (a map's, an interleave's), or []."""
-    functions = getattr(dataset, "_functions", None)
     try:
-        return [f.function for f in functions()] if callable(functions) else []
-    except Exception:  # noqa: BLE001 - a dataset kind without functions
+        return _tf_hooks.dataset_functions(dataset)
+    except Exception:  # noqa: BLE001 - not a tf.data dataset
         return []
 
 
@@ -232,9 +231,7 @@ def return_installed(base: type, own_class: Callable[[], type], installed: Calla
 def install(strategy: Any) -> None:
     """From now on, constructing any MultiWorkerMirroredStrategy in this process returns ``strategy``."""
     global _installed
-    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
-
-    return_installed(collective.CollectiveAllReduceStrategy, _class, lambda: _installed)
+    return_installed(_tf_hooks.collective_strategy_class(), _class, lambda: _installed)
     _installed = strategy
 
 

@@ -137,9 +137,9 @@ def adopt_gpus(gpu_ids: Sequence[str]) -> None:
     none sits idle while it waits, takes those of the bundle whose rank it is handed (the run's
     placement group holds them for it). CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow
     first lists its devices; a standby's warm-up imports TensorFlow without doing so."""
-    from tensorflow.python.eager import context
+    from raytf._internal.hooks import tensorflow as tf_hooks
 
-    if context.context()._physical_devices is not None:
+    if tf_hooks.devices_listed():
         raise RuntimeError(
             "this warm standby's TensorFlow found its devices before it was handed its GPUs "
             f"({', '.join(gpu_ids)}): train_fn's modules use TensorFlow's devices when imported. Move "

@@ -1,0 +1,83 @@
+"""Every place raytf reaches into TensorFlow's, Keras's or tf-keras's private code, one module per
+library, each hook with a probe.
+
+A private attribute can move in any release. Where raytf's features stand on one, a worker checks
+it when it starts (``require``), or when the feature is asked for, and a missing one fails the run
+with a :class:`~raytf.errors.HookError` that names what is missing, the versions installed, the
+versions raytf is tested with, and the option that turns the feature off; never a feature that
+quietly stops working after an upgrade.
+
+The hooks, by library: ``tensorflow.py`` (strategy construction, the parameter-server
+coordinator's cluster, the eager context's device list, tf.data's dataset graph), ``keras.py``
+(Keras 3's optimizer all-reduce, its ``Model.fit``), ``tf_keras.py`` (tf-keras's optimizer
+aggregation, its callbacks' batch hooks).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from raytf.errors import HookError
+
+# The versions raytf's tests run against (pyproject.toml allows this range).
+TESTED = "TensorFlow 2.21, Keras 3.15, tf-keras 2.21, Ray 2.60"
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One reach into a library's private code: where it reaches, what it serves, how to do without."""
+
+    name: str
+    library: str  # the distribution: "tensorflow", "keras", "tf_keras"
+    reaches: str  # the private name
+    serves: str  # the raytf feature that stands on it
+    turn_off: str  # what the user sets to do without that feature
+    probe: Callable[[], None]  # raises when the hook cannot work with the installed library
+
+    def check(self) -> None:
+        try:
+            self.probe()
+        except Exception as error:  # noqa: BLE001 - any way it fails is the same news to the user
+            raise HookError(
+                f"raytf's {self.serves} needs {self.reaches} from {self.library} {version(self.library)}, "
+                f"and it is not there ({type(error).__name__}: {error}). raytf is tested with {TESTED}: "
+                f"install those, or turn off {self.turn_off}"
+            ) from None
+
+
+def version(library: str) -> str:
+    try:
+        return importlib.import_module(library).__version__
+    except Exception:  # noqa: BLE001 - not installed, or no version attribute
+        return "(version unknown)"
+
+
+def all_hooks() -> list[Hook]:
+    from raytf._internal.hooks import keras, tensorflow, tf_keras
+
+    return [*tensorflow.HOOKS, *keras.HOOKS, *tf_keras.HOOKS]
+
+
+def needed(*, keras3: bool, tf_keras: bool, compression: bool, gpu: bool, parameter_server: bool) -> list[str]:
+    """The hooks a worker of a run with these settings stands on."""
+    names = ["tensorflow.collective_new", "tensorflow.dataset_graph"]
+    if keras3:
+        names.append("keras.model_fit")
+    if compression:
+        names += ["keras.optimizer_all_reduce"] if keras3 else []
+        names += ["tf_keras.optimizer_aggregate"] if tf_keras else []
+    if gpu:
+        names.append("tensorflow.physical_devices")
+    if parameter_server:
+        names += ["tensorflow.parameter_server_new", "tensorflow.coordinator_server_def"]
+        names += ["tf_keras.callback_batch_hooks"] if tf_keras else []
+    return names
+
+
+def require(*names: str) -> None:
+    """Check the hooks named; the first that cannot work raises HookError."""
+    found = {hook.name: hook for hook in all_hooks()}
+    for name in names:
+        found[name].check()

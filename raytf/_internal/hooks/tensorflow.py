@@ -1,0 +1,95 @@
+"""raytf's reaches into TensorFlow's private code (see the package docstring)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raytf._internal.hooks import Hook
+
+
+def collective_strategy_class() -> type:
+    """MultiWorkerMirroredStrategy's implementation, whose ``__new__`` raytf sets so that a
+    ``train_fn``'s own strategy is raytf's, connected one (worker/strategy.py)."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    return collective.CollectiveAllReduceStrategy
+
+
+def parameter_server_strategy_class() -> type:
+    """ParameterServerStrategy's implementation (``__new__`` set as above, worker/ps.py)."""
+    from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+
+    return pss.ParameterServerStrategyV2
+
+
+def coordinator_server_def(coordinator: Any) -> Any:
+    """The ServerDef a ClusterCoordinator reconnects with, where raytf writes a replaced task's
+    new address (worker/ps.py ``retarget``)."""
+    return coordinator._cluster.failure_handler._server_def  # noqa: SLF001
+
+
+def devices_listed() -> bool:
+    """Whether this process's TensorFlow has listed its physical devices (after which
+    CUDA_VISIBLE_DEVICES no longer applies: warm standbys of GPU workers)."""
+    from tensorflow.python.eager import context
+
+    return context.context()._physical_devices is not None  # noqa: SLF001
+
+
+def dataset_inputs(dataset: Any) -> list:
+    """The datasets a ``tf.data.Dataset`` was made from (``.map``'s input, ...)."""
+    return list(dataset._inputs())  # noqa: SLF001
+
+
+def dataset_functions(dataset: Any) -> list:
+    """The traced functions of a ``tf.data`` transformation (a map's, an interleave's)."""
+    return [f.function for f in dataset._functions()]  # noqa: SLF001
+
+
+def _probe_dataset_graph() -> None:
+    # Read off the classes, running nothing: a probe must not initialize TensorFlow's eager
+    # context before the strategy configures its collectives.
+    import tensorflow as tf
+    from tensorflow.python.data.ops import structured_function
+
+    for method in ("_inputs", "_functions"):
+        assert callable(getattr(tf.data.Dataset, method, None)), f"tf.data.Dataset.{method}"
+    assert isinstance(getattr(structured_function.StructuredFunctionWrapper, "function", None), property), \
+        "StructuredFunctionWrapper.function"
+
+
+def _probe_server_def() -> None:
+    # Without a cluster to connect to, the attributes are read off the code that sets them.
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    assert "failure_handler" in cc.Cluster.__init__.__code__.co_names, "Cluster sets no failure_handler"
+    assert "_server_def" in cc.WorkerPreemptionHandler.__init__.__code__.co_names, "no handler _server_def"
+
+
+def _probe_devices() -> None:
+    from tensorflow.python.eager import context
+
+    assert "_physical_devices" in vars(context.context())
+
+
+HOOKS = [
+    Hook("tensorflow.collective_new", "tensorflow",
+         "tensorflow.python.distribute.collective_all_reduce_strategy.CollectiveAllReduceStrategy",
+         "MultiWorkerMirroredStrategy() inside train_fn (it returns raytf's connected strategy)",
+         "nothing: build the strategy with raytf.strategy() instead; this one is required",
+         lambda: collective_strategy_class().__new__),
+    Hook("tensorflow.parameter_server_new", "tensorflow",
+         "tensorflow.python.distribute.parameter_server_strategy_v2.ParameterServerStrategyV2",
+         "ParameterServerStrategy() inside a ParameterServerTrainer's train_fn",
+         "ParameterServerTrainer (use raytf.Trainer)", lambda: parameter_server_strategy_class().__new__),
+    Hook("tensorflow.coordinator_server_def", "tensorflow",
+         "ClusterCoordinator._cluster.failure_handler._server_def",
+         "replacing a lost parameter-server worker in place", "ParameterServerTrainer (use raytf.Trainer)",
+         _probe_server_def),
+    Hook("tensorflow.physical_devices", "tensorflow", "tensorflow.python.eager.context.Context._physical_devices",
+         "warm standbys of GPU workers", "FailureConfig.warm_standby", _probe_devices),
+    Hook("tensorflow.dataset_graph", "tensorflow", "tf.data.Dataset._inputs() and ._functions()",
+         "recognising a raytf shard inside tf.data (per-worker distribution)",
+         "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
+         _probe_dataset_graph),
+]

@@ -1,0 +1,44 @@
+"""raytf's reaches into tf-keras's private code (see the package docstring)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from raytf._internal.hooks import Hook
+
+
+def installed() -> bool:
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def optimizer_modules() -> tuple[Any, Any, Any]:
+    """(optimizer, legacy optimizer_v2, optimizer utils) of tf-keras: raytf routes their gradient
+    aggregation (``Optimizer.aggregate_gradients``, ``OptimizerV2._aggregate_gradients``) through
+    its own all-reduce, and keeps a user's own ``gradient_aggregator`` (worker/compression.py)."""
+    from tf_keras.src.optimizers import optimizer as v2
+    from tf_keras.src.optimizers import utils
+    from tf_keras.src.optimizers.legacy import optimizer_v2 as legacy
+
+    for owner, name in ((v2.Optimizer, "aggregate_gradients"), (legacy.OptimizerV2, "_aggregate_gradients"),
+                        (utils, "all_reduce_sum_gradients")):
+        if not callable(getattr(owner, name, None)):
+            raise AttributeError(f"{getattr(owner, '__name__', owner)} has no {name}")
+    return v2, legacy, utils
+
+
+def _probe_batch_hooks() -> None:
+    import tf_keras
+
+    assert callable(getattr(tf_keras.callbacks.Callback, "_implements_train_batch_hooks", None))
+
+
+HOOKS = [
+    Hook("tf_keras.optimizer_aggregate", "tf_keras",
+         "tf_keras.src.optimizers: Optimizer.aggregate_gradients, OptimizerV2._aggregate_gradients",
+         "gradient compression and raytf.keras.local_sgd under tf-keras",
+         "TensorflowConfig.gradient_compression and raytf.keras.local_sgd", optimizer_modules),
+    Hook("tf_keras.callback_batch_hooks", "tf_keras", "tf_keras.callbacks.Callback._implements_train_batch_hooks",
+         "raytf.keras.ReportCallback under a ParameterServerTrainer (epoch-end preemption checks)",
+         "ParameterServerTrainer with tf-keras (use raytf.Trainer, or Keras 3)", _probe_batch_hooks),
+]
