@@ -6,6 +6,7 @@ TF_CONFIG built from its rank. Importing raytf imports neither TensorFlow nor
 Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 """
 
+from raytf._version import __version__  # noqa: F401 - raytf.__version__
 from raytf.checkpoint import Checkpoint
 from raytf.config import (
     CheckpointConfig,
@@ -43,8 +44,6 @@ from raytf.session import (
     strategy,
 )
 from raytf.trainer import Trainer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Checkpoint",

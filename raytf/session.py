@@ -8,40 +8,12 @@ silent no-op. Names follow Ray Train's (``report``, ``get_context``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
-from raytf._internal.protocol import RankInfo
+from raytf._internal.protocol import TrainContext
 
 __all__ = ["TrainContext", "all_reduce_gradients", "get_checkpoint", "get_context", "get_dataset_shard", "preemption_requested",
            "report", "strategy"]
-
-
-@dataclass(frozen=True)
-class TrainContext(RankInfo):
-    """Who this worker is: its ranks (world, local, node) and world sizes, the attempt, the run.
-
-    Attribute and ``get_*`` spellings both work (Ray Train uses the latter).
-    """
-
-    attempt: int = 0
-    run_name: str = ""
-    run_path: str = ""
-    tf_config: str = "{}"
-    task_type: str = "worker"  # TF_CONFIG's task: "chief" in ParameterServerTrainer's train_fn
-    task_index: int = 0
-
-    # Ray Train's spellings.
-    def get_world_rank(self) -> int: return self.world_rank  # noqa: E704
-    def get_world_size(self) -> int: return self.world_size  # noqa: E704
-    def get_local_rank(self) -> int: return self.local_rank  # noqa: E704
-    def get_local_world_size(self) -> int: return self.local_world_size  # noqa: E704
-    def get_node_rank(self) -> int: return self.node_rank  # noqa: E704
-    def get_experiment_name(self) -> str: return self.run_name  # noqa: E704
-
-    @property
-    def is_chief(self) -> bool:
-        return self.world_rank == 0
 
 
 def _current(function: str) -> Any:

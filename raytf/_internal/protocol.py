@@ -14,7 +14,7 @@ HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "evaluate
 
 __all__ = [
     "Activity", "ActivityKind", "CheckpointPart", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
-    "ResumePoint", "SaveEvery", "StorageRef", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
+    "ResumePoint", "SaveEvery", "StorageRef", "TrainContext", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
 ]
 
 
@@ -256,6 +256,33 @@ class RankInfo:
     local_world_size: int
     node_rank: int
     num_nodes: int
+
+
+@dataclass(frozen=True)
+class TrainContext(RankInfo):
+    """Who this worker is: its ranks (world, local, node) and world sizes, the attempt, the run.
+
+    Attribute and ``get_*`` spellings both work (Ray Train uses the latter).
+    """
+
+    attempt: int = 0
+    run_name: str = ""
+    run_path: str = ""
+    tf_config: str = "{}"
+    task_type: str = "worker"  # TF_CONFIG's task: "chief" in ParameterServerTrainer's train_fn
+    task_index: int = 0
+
+    # Ray Train's spellings.
+    def get_world_rank(self) -> int: return self.world_rank  # noqa: E704
+    def get_world_size(self) -> int: return self.world_size  # noqa: E704
+    def get_local_rank(self) -> int: return self.local_rank  # noqa: E704
+    def get_local_world_size(self) -> int: return self.local_world_size  # noqa: E704
+    def get_node_rank(self) -> int: return self.node_rank  # noqa: E704
+    def get_experiment_name(self) -> str: return self.run_name  # noqa: E704
+
+    @property
+    def is_chief(self) -> bool:
+        return self.world_rank == 0
 
 
 @dataclass(frozen=True)

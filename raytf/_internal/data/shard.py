@@ -14,46 +14,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional
 
+from raytf._internal.data.request import Features, ShardRequest, check_request  # noqa: F401 - named here too
 from raytf.errors import DatasetShardError
 
 logger = logging.getLogger(__name__)
-
-Features = Union[str, Sequence[str], None]
-
-
-@dataclass(frozen=True)
-class ShardRequest:
-    name: str
-    batch_size: int
-    features: Features
-    label: Optional[str]
-    shuffle: bool
-    seed: Optional[int]
-    drop_remainder: bool
-
-    def columns(self, available: Sequence[str]) -> tuple[list[str], Optional[str]]:
-        """(feature columns, label column), checked against the dataset's columns."""
-        if self.features is None:
-            features = [c for c in available if c != self.label]
-        elif isinstance(self.features, str):
-            features = [self.features]
-        else:
-            features = list(self.features)
-        wanted = features + ([self.label] if self.label is not None else [])
-        for column in wanted:
-            if column not in available:
-                raise DatasetShardError(
-                    f"raytf.get_dataset_shard({self.name!r}): column {column!r} is not in the "
-                    f"dataset; its columns are {', '.join(available)}"
-                )
-        if not features:
-            raise DatasetShardError(
-                f"raytf.get_dataset_shard({self.name!r}): no feature columns left; pass features="
-            )
-        return features, self.label
-
 
 class KeptShardLost(Exception):
     """The object holding a kept shard is gone (its node went away): a loss, retried with a new split."""
@@ -74,20 +40,6 @@ class KeptShard:
             return ray.get(self.ref)  # zero-copy on the node that holds it
         except ray.exceptions.ObjectLostError as error:
             raise KeptShardLost(f"the kept copy of this worker's shard was lost: {error}") from None
-
-
-def check_request(request: ShardRequest) -> None:
-    b = request.batch_size
-    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-        raise DatasetShardError(
-            f"raytf.get_dataset_shard({request.name!r}): batch_size must be an int >= 1, got {b!r}"
-        )
-    if request.features is not None and not isinstance(request.features, str):
-        if not request.features or not all(isinstance(c, str) for c in request.features):
-            raise DatasetShardError(
-                f"raytf.get_dataset_shard({request.name!r}): features must be a column name or a "
-                f"non-empty list of them, got {request.features!r}"
-            )
 
 
 def check_rows(dataset: str, rows: int, world_size: int) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from raytf._internal.data.shard import ShardRequest
+from raytf._internal.data.request import ShardRequest
 from raytf.errors import DatasetShardError
 
 _STACK_BATCHES = 32  # batches per Python crossing on the streaming path

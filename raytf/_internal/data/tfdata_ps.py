@@ -26,7 +26,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from raytf._internal.data.shard import ShardRequest, check_request
+from raytf._internal.data.request import ShardRequest, check_request
 from raytf._internal.data.worker_files import ColumnFiles
 from raytf.errors import DatasetShardError
 

@@ -49,7 +49,7 @@ def load_history(storage: RunStorage) -> list[dict[str, Any]]:
 
 def record_start(storage: RunStorage, name: str) -> int:
     """Append this driver start to run.json; returns its number (0 for the run's first)."""
-    from raytf import __version__
+    from raytf._version import __version__
 
     try:
         record = storage.read_json(RUN_FILE, default={})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from raytf._internal.hooks import Hook
+from raytf._internal.hooks._hook import Hook
 
 
 def installed() -> bool:

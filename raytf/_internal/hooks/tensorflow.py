@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytf._internal.hooks import Hook
+from raytf._internal.hooks._hook import Hook
 
 
 def collective_strategy_class() -> type:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from raytf._internal.hooks import Hook
+from raytf._internal.hooks._hook import Hook
 
 
 def installed() -> bool:

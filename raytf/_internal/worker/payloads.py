@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 from ray import cloudpickle
 
 from raytf._internal import hooks as _hooks
-from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, WorkerSpec
+from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, TrainContext, WorkerSpec
 from raytf._internal.worker import activity as _activity
 from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
@@ -33,7 +33,6 @@ from raytf._internal.worker import strategy as _strategy
 from raytf._internal.worker import tensorflow as _tensorflow
 from raytf._internal.worker.session import WorkerSession
 from raytf.errors import FailureKind
-from raytf.session import TrainContext
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.data.shard import ShardReader, ShardRequest
-from raytf._internal.protocol import HISTORY_KEYS, Progress, Report, ResumePoint, SaveEvery, StorageRef
+from raytf._internal.protocol import HISTORY_KEYS, Progress, Report, ResumePoint, SaveEvery, StorageRef, TrainContext
 from raytf.errors import RaytfError
-from raytf.session import TrainContext
 
 logger = logging.getLogger(__name__)
 
