@@ -256,7 +256,7 @@ class Trainer:
             lease_token=lease.token, save_every=_save_every(self.run.checkpoint_config),
             split=tuple(sorted(self.data_config.split(list(self.datasets)))),
             bytes_per_pack=tensorflow.bytes_per_pack, gradient_compression=tensorflow.gradient_compression,
-            error_feedback=tensorflow.error_feedback,
+            error_feedback=tensorflow.error_feedback, plugins=("raytf.keras._keras3",),
         )
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:

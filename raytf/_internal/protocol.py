@@ -309,6 +309,10 @@ class RunSpec:
     bytes_per_pack: int = 0  # TensorflowConfig.bytes_per_pack: all-reduce fusion
     gradient_compression: Optional[str] = None  # TensorflowConfig.gradient_compression: "bfloat16", "float16"
     error_feedback: bool = False
+    # Modules of raytf's public layer that plug into a worker's start, by name (so the worker imports
+    # nothing above it): imported while it loads, then ``on_strategy(strategy, keras3)`` once its
+    # strategy is up (raytf.keras._keras3 routes Keras 3's fit there).
+    plugins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,13 @@ _UNSUPPORTED_FIT = {"y": None, "batch_size": None, "validation_split": 0.0, "cla
                     "sample_weight": None, "validation_batch_size": None, "validation_freq": 1}
 
 
+def on_strategy(strategy: Any, keras3: bool) -> None:
+    """A raytf worker plugin (RunSpec.plugins): once the worker's strategy is up, route Keras 3's
+    fit through raytf where Keras 3 is the Keras in use."""
+    if keras3:
+        install(strategy)
+
+
 def install(strategy: Any) -> None:
     """Route Keras 3's fit and evaluate through raytf for models built under ``strategy``."""
     import keras

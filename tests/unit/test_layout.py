@@ -15,6 +15,7 @@ RAY_MODULES = {
     "parameter_server.py",  # pickles train_fn, evaluate_fn and the partitioner for the actors
     "_internal/driver/cluster.py",
     "_internal/driver/placement.py",
+    "_internal/driver/actors.py",
     "_internal/driver/worker_group.py",
     "_internal/driver/ps_group.py",
     "_internal/driver/kept_shards.py",
@@ -72,3 +73,57 @@ def test_the_readme_marks_every_module_that_imports_ray():
         if line.rstrip().endswith("[Ray]"):
             marked |= {word.rstrip(",") for word in line.split() if word.rstrip(",").endswith(".py")}
     assert marked == {name.split("/")[-1] for name in RAY_MODULES}
+
+
+def module_name(name):
+    dotted = "raytf." + name[:-3].replace("/", ".")
+    return dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted
+
+
+def raytf_imports():
+    """module -> the raytf modules it imports, anywhere in it."""
+    names = {module_name(n) for n in modules()}
+    graph = {}
+    for name in modules():
+        found = set()
+        for module, _ in imports(PACKAGE / name):
+            found |= {module} & names
+            tree_from = [n for n in ast.walk(ast.parse((PACKAGE / name).read_text()))
+                         if isinstance(n, ast.ImportFrom) and n.module == module]
+            found |= {f"{module}.{a.name}" for node in tree_from for a in node.names} & names
+        graph[module_name(name)] = found - {module_name(name)}
+    return graph
+
+
+def test_no_import_cycles():
+    graph, done, path = raytf_imports(), set(), []
+
+    def visit(module):
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
+        if module in done:
+            return
+        path.append(module)
+        for imported in sorted(graph[module]):
+            visit(imported)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+# What raytf's internals may import of its public layer: the plain types both sides share.
+SHARED = {"raytf.config", "raytf.tensorflow_config", "raytf.errors", "raytf.checkpoint", "raytf._version"}
+
+
+def test_internals_import_of_the_public_layer_only_the_plain_types_both_sides_share():
+    for module, imported in raytf_imports().items():
+        if module.startswith("raytf._internal"):
+            up = {m for m in imported if not m.startswith("raytf._internal") and m not in SHARED}
+            assert not up, f"{module} imports {sorted(up)}"
+
+
+@pytest.mark.parametrize("name", modules())
+def test_no_module_is_over_400_lines(name):
+    assert len((PACKAGE / name).read_text().splitlines()) <= 400

@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raytf._internal.driver import cluster, placement
 from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.driver.worker_group import kill_and_wait, new_worker, poll_round
+from raytf._internal.driver.actors import kill_and_wait, new_worker, poll_round
 from raytf._internal.protocol import (
     GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
     WorkerStatus,

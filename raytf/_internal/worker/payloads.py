@@ -87,10 +87,8 @@ class TrainFnPayload:
         strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s, run.bytes_per_pack)
         _strategy.install(strategy)
         _compression.install(run.gradient_compression, run.error_feedback)
-        if keras3:  # Keras 3's model.fit fails under the strategy alone
-            from raytf.keras._keras3 import install
-
-            install(strategy)
+        for plugin in _tensorflow.load_plugins(run):  # Keras 3's model.fit fails under the strategy alone
+            plugin.on_strategy(strategy, keras3)
         context = TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name,
                                run_path=run.run_path, tf_config=spec.tf_config, task_index=spec.rank.world_rank)
         self.session = WorkerSession(

@@ -9,6 +9,7 @@ module level.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import os
@@ -126,10 +127,14 @@ def load_keras(run: RunSpec) -> bool:
 
     keras3 = not tf.keras.Sequential.__module__.startswith("tf_keras") or "keras" in sys.modules
     if keras3 and run.keras != "tf_keras":
-        import raytf.keras._keras3  # noqa: F401 - imports Keras 3 and raytf's fit
-
+        load_plugins(run)  # raytf's Keras 3 support, before the start barrier
         return True
     return False
+
+
+def load_plugins(run: RunSpec) -> list[Any]:
+    """The run's worker plugins (RunSpec.plugins), imported by name."""
+    return [importlib.import_module(name) for name in run.plugins]
 
 
 def adopt_gpus(gpu_ids: Sequence[str]) -> None:
