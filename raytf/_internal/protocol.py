@@ -14,7 +14,7 @@ HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "evaluate
 
 __all__ = [
     "Activity", "ActivityKind", "CheckpointPart", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
-    "ResumePoint", "SaveEvery", "StorageRef", "TrainContext", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
+    "ResumePoint", "SaveEvery", "StorageRef", "TaskId", "TrainContext", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
 ]
 
 
@@ -316,6 +316,17 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class TaskId:
+    """A task of a parameter-server cluster as TF_CONFIG names it: its job and index."""
+
+    type: str  # "chief", "worker", "ps", "evaluator"
+    index: int
+
+    def __str__(self) -> str:  # "worker 1": how logs and errors name it
+        return f"{self.type} {self.index}"
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     """One actor's place in one attempt (with the :class:`RunSpec` every actor shares)."""
 
@@ -325,4 +336,4 @@ class WorkerSpec:
     attempt: int
     resume: ResumePoint = ResumePoint()
     datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator
-    task: str = ""  # "chief 0", "worker 1", "ps 0", "evaluator 0" in a parameter-server group
+    task: Optional["TaskId"] = None  # its TF_CONFIG task in a parameter-server group

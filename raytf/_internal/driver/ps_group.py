@@ -34,7 +34,7 @@ from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.driver.actors import kill_and_wait, new_worker, poll_round
 from raytf._internal.protocol import (
-    GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec,
+    GroupStatus, PayloadKind, Phase, RankInfo, ResumePoint, RoleSpec, RunSpec, TaskId, WorkerAddress, WorkerSpec,
     WorkerStatus,
 )
 from raytf.errors import FailureKind, PlacementTimeoutError, WorkerFailure, WorkerStartError
@@ -188,7 +188,8 @@ class ParameterServerGroup:
         datasets = self._split_datasets()[member.task] if member.role.name == "worker" else {}
         return WorkerSpec(role=member.role.name, rank=rank,
                           tf_config=build_tf_config(self._cluster, member.task, member.role.name),
-                          attempt=self._attempt, resume=self._resume, datasets=datasets, task=member.label)
+                          attempt=self._attempt, resume=self._resume, datasets=datasets,
+                          task=TaskId(member.role.name, member.task))
 
     def _call(self, actors: list, method: str, args_of: Callable[[int], tuple], what: str) -> list:
         """``actor.method(*args_of(i))`` on every actor, retried where Ray says an actor is only

@@ -131,9 +131,9 @@ class TrainWorker:
         if self._thread is not None:
             return  # the driver's call again, after Ray said this actor was briefly unavailable
         self._rank = spec.rank.world_rank
-        self._task = spec.task
+        self._task = str(spec.task) if spec.task is not None else ""
         self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
-        _logs.name_in_log_prefix(f"raytf {spec.task}" if spec.task else f"raytf rank {self._rank}")
+        _logs.name_in_log_prefix(f"raytf {self._task}" if self._task else f"raytf rank {self._rank}")
         self._payload = PAYLOADS[payload]()
         self._phase = Phase.STARTING
         self._thread = threading.Thread(target=self._run, args=(run, spec), name="raytf-train", daemon=True)

@@ -162,7 +162,7 @@ class SubprocessPayload:
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         command = cloudpickle.loads(run.payload)
         env = {**os.environ, **_tensorflow.worker_environment(run, spec), **script_environment(run, spec)}
-        if spec.task:  # a parameter-server task: a call to a lost peer fails at once, as TensorFlow's guide sets
+        if spec.task is not None:  # a parameter-server task: a call to a lost peer fails at once, as TensorFlow's guide sets
             env.setdefault("GRPC_FAIL_FAST", "use_caller")
         host.set_phase(Phase.READY)
         host.wait_for_go()  # every rank starts together: the last holds its port the shortest
@@ -217,9 +217,8 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> tuple[Any, A
 
 
 def _context(run: RunSpec, spec: WorkerSpec) -> TrainContext:
-    task_type, _, task_index = spec.task.partition(" ")
     return TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name, run_path=run.run_path,
-                        tf_config=spec.tf_config, task_type=task_type, task_index=int(task_index or 0))
+                        tf_config=spec.tf_config, task_type=spec.task.type, task_index=spec.task.index)
 
 
 class ChiefPayload:
@@ -290,12 +289,11 @@ class ServerPayload:
         from raytf._internal.worker import ps as _ps
 
         _load_ps_payload(run, spec, host)
-        task_type, _, task_index = spec.task.partition(" ")
-        if task_type == "worker":
-            self._writer = ShardFileWriter(shard_directory(run, int(task_index)))
+        if spec.task.type == "worker":
+            self._writer = ShardFileWriter(shard_directory(run, spec.task.index))
             self.shard_files = self._writer.write(spec.datasets)
         host.release_port()
-        self._server = _ps.start_server(task_type, int(task_index))
+        self._server = _ps.start_server(spec.task.type, spec.task.index)
         host.set_phase(Phase.TRAINING)
         self._stop.wait()
 
