@@ -41,6 +41,15 @@ class FakeGroup:
     def acknowledge(self, rank, seq, error):
         self.acks.append((rank, seq, error))
 
+    def close(self):
+        self.shutdown()
+
+    def can_replace(self, failure):
+        return False
+
+    def replace(self, failure):
+        raise AssertionError("this group replaces nothing in place")
+
     def connect(self):
         self.connected = True
 

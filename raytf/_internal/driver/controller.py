@@ -21,15 +21,23 @@ logger = logging.getLogger(__name__)
 
 
 class WorkerGroup(Protocol):
+    """What the controller calls on a worker group; every group has all of it."""
+
     def start(self, attempt: int, resume: ResumePoint) -> None: ...
 
     def poll(self) -> GroupStatus: ...
 
     def connect(self) -> None: ...  # release the start barrier
 
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> None: ...  # this attempt's actors: the attempt ended
+
+    def close(self) -> None: ...  # the run ended: shut down, and end what outlives attempts (standbys)
 
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None: ...
+
+    def can_replace(self, failure: WorkerFailure) -> bool: ...  # ride the failure out with a new actor
+
+    def replace(self, failure: WorkerFailure) -> None: ...  # in place; WorkerStartError if it does not come up
 
 
 @dataclass(frozen=True)
@@ -124,7 +132,7 @@ class Controller:
             while not isinstance(self.state, TERMINAL):
                 self.step()
         finally:
-            getattr(self._group, "close", self._group.shutdown)()  # a group with standbys ends them too
+            self._group.close()
         if isinstance(self.state, Errored):
             raise self.state.error
         return self.state
@@ -193,12 +201,9 @@ class Controller:
     def _replace_in_place(self, attempt: int, failures: tuple[WorkerFailure, ...]) -> "tuple[WorkerFailure, ...] | State":
         """Failures a group can ride out (a parameter-server worker's) are replaced in place, as the
         policy allows; the rest are returned. Errored when the policy allows no more."""
-        can_replace = getattr(self._group, "can_replace", None)
-        if can_replace is None:
-            return failures
         kept = []
         for failure in failures:
-            if not can_replace(failure):
+            if not self._group.can_replace(failure):
                 kept.append(failure)
                 continue
             if self._policy.decide(failure) is not Decision.RETRY:

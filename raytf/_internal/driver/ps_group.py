@@ -343,6 +343,10 @@ class ParameterServerGroup:
 
     # Ending it.
 
+    def close(self) -> None:
+        """The run is over: nothing of a parameter-server group outlives an attempt."""
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Let the workers remove their shard files, kill every actor, remove the placement group."""
         members, self._members = self._members, []

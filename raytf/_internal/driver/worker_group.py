@@ -331,6 +331,13 @@ class RayWorkerGroup:
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None:
         self._actors[rank].acknowledge.remote(seq, error)
 
+    def can_replace(self, failure: Any) -> bool:
+        """MultiWorkerMirroredStrategy cannot lose a member: a loss restarts the group."""
+        return False
+
+    def replace(self, failure: Any) -> None:
+        raise NotImplementedError("a synchronous group restarts; it replaces no worker in place")
+
     def close(self) -> None:
         """The run is over: shut the group down, kill the standbys and remove the placement group."""
         standby, self._standby = [actor for _, actor in self._standby], []
