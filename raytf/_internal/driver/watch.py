@@ -10,6 +10,7 @@ really points at), and whether the group is ready, finished or stopped.
 
 from __future__ import annotations
 
+import enum
 import time
 from typing import Callable, Collection, Mapping, Optional
 
@@ -23,6 +24,15 @@ _BEHIND = {
     Phase.READY: "(waiting for the others)",
     Phase.CONNECTING: "(connecting to its peers)",
 }
+
+
+class Milestone(str, enum.Enum):
+    """How far an attempt's start has got (``GroupWatch.reached``: when each was reached)."""
+
+    LOADED = "loaded"  # every worker loaded train_fn and imported TensorFlow
+    CONNECTED = "connected"  # every worker's strategy is connected
+    FIRST_STEP = "first_step"  # rank 0 trained a step, as its progress shows
+    FIRST_REPORT = "first_report"  # rank 0's first report, where its loop tells raytf of no step
 
 
 class GroupWatch:
@@ -49,7 +59,7 @@ class GroupWatch:
         self._failures: list[WorkerFailure] = []
         self.preempt_reasons: list[str] = []  # workers that asked for a preemption (SIGTERM), this round
         # When the whole group first got past each start-up phase (the clock's time), for the breakdown.
-        self.reached: dict[str, float] = {}
+        self.reached: dict[Milestone, float] = {}
 
     def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str) -> WorkerFailure:
         return WorkerFailure(rank=rank, kind=kind, error_type=error_type, message=message, traceback="",
@@ -116,28 +126,31 @@ class GroupWatch:
         ]
 
     def _note_reached(self, done: bool) -> None:
-        """"loaded": every worker loaded train_fn and imported TensorFlow; "connected": every
-        worker's strategy is connected; "first_step": rank 0 trained a step (as its progress shows),
-        or "first_report", rank 0's first report, where its loop tells raytf of no step."""
+        """When the attempt reached each :class:`Milestone`."""
         now, phases = self._clock(), self.phases.values()
-        if done and "loaded" not in self.reached and all(p not in (Phase.CREATED, Phase.STARTING) for p in phases):
-            self.reached["loaded"] = now
-        if done and "connected" not in self.reached and all(p not in STARTING_PHASES for p in phases):
-            self.reached["connected"] = now
-        if "first_step" in self.reached or "first_report" in self.reached or "connected" not in self.reached:
+        if done and Milestone.LOADED not in self.reached and all(
+                p not in (Phase.CREATED, Phase.STARTING) for p in phases):
+            self.reached[Milestone.LOADED] = now
+        if done and Milestone.CONNECTED not in self.reached and all(p not in STARTING_PHASES for p in phases):
+            self.reached[Milestone.CONNECTED] = now
+        if self.trained_since() is not None or Milestone.CONNECTED not in self.reached:
             return
         progress = self.progress
         if progress is not None and ((progress.global_step or 0) >= 1 or (progress.step or 0) >= 1):
-            self.reached["first_step"] = now
+            self.reached[Milestone.FIRST_STEP] = now
         elif any(r.rank == 0 for r in self._reports):  # a loop that tells raytf of no step: its first report
-            self.reached["first_report"] = now
+            self.reached[Milestone.FIRST_REPORT] = now
+
+    def trained_since(self) -> Optional[float]:
+        """When the attempt trained its first step (or made its first report), or None."""
+        return self.reached.get(Milestone.FIRST_STEP, self.reached.get(Milestone.FIRST_REPORT))
 
     def startup(self, began: float, placed: float, actors_up: float) -> dict[str, float]:
         """Seconds per start-up phase, from the attempt's start, as far as the group has got."""
-        marks = [("placement", placed), ("actors", actors_up), ("loading", self.reached.get("loaded")),
-                 ("connect", self.reached.get("connected"))]
-        first = "first_step" if "first_step" in self.reached else "first_report"
-        marks.append((first, self.reached.get(first)))
+        marks = [("placement", placed), ("actors", actors_up), ("loading", self.reached.get(Milestone.LOADED)),
+                 ("connect", self.reached.get(Milestone.CONNECTED))]
+        first = Milestone.FIRST_STEP if Milestone.FIRST_STEP in self.reached else Milestone.FIRST_REPORT
+        marks.append((first.value, self.reached.get(first)))
         phases, last = {}, began
         for name, at in marks:
             if at is None:

@@ -27,7 +27,7 @@ from raytf._internal.driver.kept_shards import ShardKeeper
 from raytf._internal.driver.preflight import placement_timeout_message
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.topology import assign_ranks, build_tf_config
-from raytf._internal.driver.watch import GroupWatch
+from raytf._internal.driver.watch import GroupWatch, Milestone
 from raytf._internal.protocol import GroupStatus, ResumePoint, RoleSpec, RunSpec, WorkerAddress, WorkerSpec
 from raytf.errors import PlacementTimeoutError, WorkerStartError
 
@@ -201,8 +201,8 @@ class RayWorkerGroup:
                 self._request_preemption(reason)
         self._watch_drains(now)
         status = watch.round(self._preempt_reason)
-        if not self._startup_sent and "connected" in watch.reached and (
-                "first_step" in watch.reached or "first_report" in watch.reached or status.finished):
+        if not self._startup_sent and Milestone.CONNECTED in watch.reached and (
+                watch.trained_since() is not None or status.finished):
             self._startup_sent = True
             status = dataclasses.replace(status, startup=watch.startup(self._began, self._placed, self._actors_up))
         if self._warm_standby and not self._standby_made and not status.finished and self._trains(watch):
@@ -212,7 +212,7 @@ class RayWorkerGroup:
     def _trains(self, watch: GroupWatch) -> bool:
         """The attempt is past its start: its first step or report, or (a loop that tells raytf of
         neither) connected for a while."""
-        connected = watch.reached.get("connected")
+        connected = watch.reached.get(Milestone.CONNECTED)
         return self._startup_sent or (connected is not None and time.monotonic() - connected > _WARM_AFTER_S)
 
     def _prepare_warm_restart(self) -> None:
