@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from raytf._internal.protocol import PayloadKind
+from raytf._internal.protocol import PayloadKind, UserCode
 from raytf.config import RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import ConfigError
 from raytf.parameter_server import ParameterServerScaling, ParameterServerTrainer
@@ -55,7 +55,7 @@ class Launcher(Trainer):
     def _payload(self) -> bytes:
         from ray import cloudpickle
 
-        return cloudpickle.dumps(self.command)
+        return cloudpickle.dumps(UserCode(command=tuple(self.command)))
 
 
 class ParameterServerLauncher(ParameterServerTrainer):
@@ -80,7 +80,7 @@ class ParameterServerLauncher(ParameterServerTrainer):
     def _payload(self) -> bytes:
         from ray import cloudpickle
 
-        return cloudpickle.dumps(self.command)
+        return cloudpickle.dumps(UserCode(command=tuple(self.command)))
 
 
 def launch(command: Sequence[str], *, scaling: Optional[ScalingConfig | ParameterServerScaling] = None,

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 from raytf._internal.driver import cluster
 from raytf._internal.driver.preflight import fits, too_few_rows
 from raytf._internal.driver.progress import ProgressDisplay
-from raytf._internal.protocol import PayloadKind, RoleSpec, RunSpec
+from raytf._internal.protocol import PayloadKind, RoleSpec, RunSpec, UserCode
 from raytf._internal.storage import RunStorage
 from raytf._internal.validate import check_bool, check_choice, check_int, check_number, check_resources, check_timeout
 from raytf.config import PLACEMENT_STRATEGIES, DataConfig, RunConfig, TensorflowConfig
@@ -176,9 +176,9 @@ class ParameterServerTrainer(Trainer):
     def _payload(self) -> bytes:
         from ray import cloudpickle
 
-        options = {"variable_partitioner": self.variable_partitioner, "evaluate_fn": self.evaluate_fn}
         try:
-            return cloudpickle.dumps((self.train_fn, self.config, options))
+            return cloudpickle.dumps(UserCode(train_fn=self.train_fn, config=self.config, evaluate_fn=self.evaluate_fn,
+                                              variable_partitioner=self.variable_partitioner))
         except Exception as error:
             raise ConfigError(
                 f"ParameterServerTrainer: train_fn, config, variable_partitioner and evaluate_fn must be picklable "

@@ -26,7 +26,7 @@ from raytf._internal.driver.progress import ProgressDisplay, format_metrics
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.lease import RunLease
-from raytf._internal.protocol import PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef
+from raytf._internal.protocol import PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef, UserCode
 from raytf._internal.storage import RunStorage
 from raytf.config import CheckpointConfig, DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import ConfigError, RunInUseError
@@ -204,7 +204,7 @@ class Trainer:
         from ray import cloudpickle
 
         try:
-            return cloudpickle.dumps((self.train_fn, self.config))
+            return cloudpickle.dumps(UserCode(train_fn=self.train_fn, config=self.config))
         except Exception as error:
             raise ConfigError(
                 f"Trainer: train_fn and config must be picklable to reach the workers: {error}"

@@ -14,7 +14,7 @@ HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "evaluate
 
 __all__ = [
     "Activity", "ActivityKind", "CheckpointPart", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
-    "ResumePoint", "SaveEvery", "StorageRef", "TaskId", "TrainContext", "UploadedCheckpoint", "WorkerFailure", "WorkerStatus",
+    "ResumePoint", "SaveEvery", "StorageRef", "TaskId", "TrainContext", "UploadedCheckpoint", "UserCode", "WorkerFailure", "WorkerStatus",
 ]
 
 
@@ -286,12 +286,25 @@ class TrainContext(RankInfo):
 
 
 @dataclass(frozen=True)
+class UserCode:
+    """What a run's actors execute, as ``RunSpec.payload`` carries it (cloudpickled): ``train_fn``
+    and its config; for a parameter-server run also ``evaluate_fn`` and the variable partitioner;
+    for a launched script (``raytf launch``) its command line instead."""
+
+    train_fn: Any = None
+    config: dict = field(default_factory=dict)
+    evaluate_fn: Any = None
+    variable_partitioner: Any = None
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What every worker of a run shares, built once by the driver."""
 
     run_name: str
     run_path: str
-    payload: bytes  # cloudpickled (train_fn, config)
+    payload: bytes  # a cloudpickled UserCode
     communication: str
     collective_timeout_s: Optional[float]
     intra_op_threads: int

@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 from ray import cloudpickle
 
 from raytf._internal import hooks as _hooks
-from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, TrainContext, WorkerSpec
+from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, TrainContext, UserCode, WorkerSpec
 from raytf._internal.worker import activity as _activity
 from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
@@ -72,7 +72,8 @@ class TrainFnPayload:
         os.environ.update(_tensorflow.worker_environment(run, spec))
         _tensorflow.check_storage_visible(run, host.node_ip)
         # Loading the payload may import the user's modules, and with them TensorFlow.
-        train_fn, config = cloudpickle.loads(run.payload)
+        code = user_code(run)
+        train_fn, config = code.train_fn, code.config
         _activity.note_user_code(train_fn)
         _tensorflow.configure_tensorflow(run)
         keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
@@ -160,7 +161,7 @@ class SubprocessPayload:
         self.process: Optional[subprocess.Popen] = None
 
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
-        command = cloudpickle.loads(run.payload)
+        command = list(user_code(run).command)
         env = {**os.environ, **_tensorflow.worker_environment(run, spec), **script_environment(run, spec)}
         if spec.task is not None:  # a parameter-server task: a call to a lost peer fails at once, as TensorFlow's guide sets
             env.setdefault("GRPC_FAIL_FAST", "use_caller")
@@ -201,19 +202,27 @@ def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
     }
 
 
-def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> tuple[Any, Any, dict[str, Any]]:
-    """Set a parameter-server actor's environment, load (train_fn, config, options), set TensorFlow up."""
+def user_code(run: RunSpec) -> UserCode:
+    """What the run's actors execute (RunSpec.payload)."""
+    code = cloudpickle.loads(run.payload)
+    if not isinstance(code, UserCode):
+        raise TypeError(f"RunSpec.payload holds a {type(code).__name__}, not raytf's UserCode")
+    return code
+
+
+def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> UserCode:
+    """Set a parameter-server actor's environment, load its user code, set TensorFlow up."""
     os.environ.update(_tensorflow.worker_environment(run, spec))
     # A call to a worker or ps that is down fails at once, so the coordinator can reschedule it.
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
     _tensorflow.check_storage_visible(run, host.node_ip)
-    train_fn, config, options = cloudpickle.loads(run.payload)
-    _activity.note_user_code(train_fn)
+    code = user_code(run)
+    _activity.note_user_code(code.train_fn)
     _tensorflow.configure_tensorflow(run)
     _tensorflow.configure_keras(run)
     _hooks.require(*_hooks.needed(keras3=False, tf_keras="tf_keras" in sys.modules, compression=False,
                                   gpu=run.use_gpu, parameter_server=True))
-    return train_fn, config, options
+    return code
 
 
 def _context(run: RunSpec, spec: WorkerSpec) -> TrainContext:
@@ -236,12 +245,12 @@ class ChiefPayload:
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         from raytf._internal.worker import ps as _ps
 
-        train_fn, config, options = _load_ps_payload(run, spec, host)
+        code = _load_ps_payload(run, spec, host)
         host.set_phase(Phase.READY)
         shard_files = host.wait_for_go()  # every worker's manifest, by task index
         host.set_phase(Phase.CONNECTING)
         host.release_port()
-        strategy, self._coordinator = _ps.make_strategy(options.get("variable_partitioner"))
+        strategy, self._coordinator = _ps.make_strategy(code.variable_partitioner)
         _ps.install(strategy)
         self.session = WorkerSession(
             _context(run, spec), strategy, host.sink, {}, spec.resume, run.storage,
@@ -250,7 +259,7 @@ class ChiefPayload:
         )
         _session.install(self.session)
         host.set_phase(Phase.TRAINING)
-        _tensorflow.call_train_fn(train_fn, config)
+        _tensorflow.call_train_fn(code.train_fn, code.config)
 
     def retarget(self, task_type: str, task_index: int, host_port: str) -> None:
         """A replaced task listens at ``host_port``: tell the coordinator, or, before the strategy
@@ -316,8 +325,8 @@ class EvaluatorPayload:
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         from raytf._internal.checkpoint.manager import CheckpointManager
 
-        _, config, options = _load_ps_payload(run, spec, host)
-        evaluate_fn = options["evaluate_fn"]
+        code = _load_ps_payload(run, spec, host)
+        evaluate_fn, config = code.evaluate_fn, code.config
         context = _context(run, spec)
         host.set_phase(Phase.TRAINING)
         done: Optional[str] = None
