@@ -316,14 +316,20 @@ class Trainer:
 
         policy = FailurePolicy(failures)
         startups: list[dict[str, float]] = []  # each attempt's start-up, phase by phase
+        on_report = report_handler(checkpoints, history, driver_start, guard=lease.check,
+                                   acknowledge=group.acknowledge)
+
+        def on_status(attempt: int, status: Any) -> None:
+            self._on_status(display, startups, attempt, status)
+            on_report.phases(attempt, status.phases)
+
         controller = Controller(
-            group, policy, report_handler(checkpoints, history, driver_start, guard=lease.check,
-                                          acknowledge=group.acknowledge),
+            group, policy, on_report,
             resume_point=resume_point,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
             guard=lambda: (stop_signals.raise_pending(), lease.ensure_held()),
-            on_status=lambda attempt, status: self._on_status(display, startups, attempt, status),
+            on_status=on_status,
         )
         display.message(
             f"starting {self._group_text()}; results in {storage.uri}"

@@ -338,3 +338,14 @@ def test_two_ranks_writing_one_file_differently_is_an_error_naming_it_and_nothin
     assert set(errors) == {0, 1} and errors[0] == errors[1]
     assert "ranks 0 and 1 both wrote 'model.h5'" in errors[0] and "names of their own" in errors[0]
     assert manager.entries == [] and sorted(os.listdir(manager.dir)) == []
+
+
+def test_a_rank_that_returns_without_its_share_fails_the_collective_report_instead_of_a_hang(tmp_path):
+    manager, on_report, acks, _ = merged_parts(FS, str(tmp_path / "runs"), tmp_path)
+    on_report(_share(FS, manager, tmp_path, 0, {"rank0.txt": "zero"}))
+    on_report.phases(0, {0: "training", 1: "training"})
+    assert acks == []  # rank 1 may still report
+    on_report.phases(0, {0: "training", 1: "finished"})
+    [(rank, seq, error)] = acks
+    assert (rank, seq) == (0, 0) and "rank 1 returned from train_fn without making this report" in error
+    assert manager.entries == []

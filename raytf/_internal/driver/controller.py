@@ -158,7 +158,6 @@ class Controller:
     def _watch(self, state: Running) -> State:
         self._guard()
         status = self._group.poll()
-        self._on_status(state.attempt, status)
         if status.ready:
             self._group.connect()
         for report in status.reports:
@@ -166,6 +165,7 @@ class Controller:
             error = self._on_report(report)
             if report.checkpoint is not None:
                 self._group.acknowledge(report.rank, report.seq, error)
+        self._on_status(state.attempt, status)  # after its reports: a rank's last reports precede its end
         failures = state.failures + status.failures
         preempting = state.preempting or (
             (status.preempt_reason or "preemption requested") if status.preempting else None

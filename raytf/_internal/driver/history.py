@@ -130,44 +130,69 @@ class RunHistory:
 def report_handler(checkpoints: Any, history: RunHistory, driver_start: int,
                    guard: Callable[[], None] = lambda: None,
                    acknowledge: Callable[[int, int, Optional[str]], None] = lambda rank, seq, error: None,
-                   ) -> Callable[[Report], Optional[str]]:
+                   ) -> "ReportHandler":
+    """What the controller does with each report (see :class:`ReportHandler`)."""
+    return ReportHandler(checkpoints, history, driver_start, guard, acknowledge)
+
+
+class ReportHandler:
     """What the controller does with each report: rank 0's checkpoint committed by the checkpoint
     manager (returns why not, for the worker's ``report`` to raise), then the report recorded; an
     evaluator's metrics (which name the checkpoint they evaluated) recorded as they are.
 
     A collective report (``ranks="all"``) waits for every rank's share; then the ranks' files are
     merged and committed as one checkpoint, rank 0's report is recorded with it, and every rank is
-    acknowledged here (``acknowledge(rank, seq, error)``), which returns its ``report``.
+    acknowledged here (``acknowledge(rank, seq, error)``), which returns its ``report``. A rank
+    whose ``train_fn`` returns while the others wait for its share fails the round (``phases``),
+    so they raise instead of waiting forever.
     """
-    rounds: dict[tuple[int, int], dict[int, Report]] = {}  # (attempt, round) -> rank -> its share
 
-    def on_part(report: Report) -> None:
-        for key in [k for k in rounds if k[0] < report.attempt]:
-            del rounds[key]  # an attempt that ended: its ranks are gone, its uploads are debris
-        key = (report.attempt, report.part.round)
-        shares = rounds.setdefault(key, {})
-        shares[report.rank] = report
-        if len(shares) < report.part.parties:
-            return
-        del rounds[key]
-        committed, error = checkpoints.handle_parts(list(shares.values()), driver_start, guard=guard)
-        if 0 in shares:
-            history.record(shares[0], committed)
-        for share in shares.values():
-            acknowledge(share.rank, share.seq, error)
+    def __init__(self, checkpoints: Any, history: RunHistory, driver_start: int, guard: Callable[[], None],
+                 acknowledge: Callable[[int, int, Optional[str]], None]):
+        self._checkpoints, self._history, self._driver_start = checkpoints, history, driver_start
+        self._guard, self._acknowledge = guard, acknowledge
+        self._rounds: dict[tuple[int, int], dict[int, Report]] = {}  # (attempt, round) -> rank -> its share
 
-    def on_report(report: Report) -> Optional[str]:
+    def __call__(self, report: Report) -> Optional[str]:
         if "evaluated_checkpoint" in report.metrics:  # a parameter-server group's evaluator
-            history.record(report)
-            checkpoints.note_evaluated(report.metrics["evaluated_checkpoint"])
+            self._history.record(report)
+            self._checkpoints.note_evaluated(report.metrics["evaluated_checkpoint"])
             return None
         if report.part is not None:
-            on_part(report)
+            self._on_part(report)
             return None
         if report.rank != 0:
             return None
-        committed, error = checkpoints.handle_report(report, driver_start, guard=guard)
-        history.record(report, committed)
+        committed, error = self._checkpoints.handle_report(report, self._driver_start, guard=self._guard)
+        self._history.record(report, committed)
         return error
 
-    return on_report
+    def _on_part(self, report: Report) -> None:
+        for key in [k for k in self._rounds if k[0] < report.attempt]:
+            del self._rounds[key]  # an attempt that ended: its ranks are gone, its uploads are debris
+        key = (report.attempt, report.part.round)
+        shares = self._rounds.setdefault(key, {})
+        shares[report.rank] = report
+        if len(shares) < report.part.parties:
+            return
+        del self._rounds[key]
+        committed, error = self._checkpoints.handle_parts(list(shares.values()), self._driver_start,
+                                                          guard=self._guard)
+        if 0 in shares:
+            self._history.record(shares[0], committed)
+        for share in shares.values():
+            self._acknowledge(share.rank, share.seq, error)
+
+    def phases(self, attempt: int, phases: dict[int, Any]) -> None:
+        """The ranks' phases, as the last poll saw them: a rank that is done while a collective
+        report waits for its share fails that report on every rank that made it."""
+        done = {rank for rank, phase in phases.items() if str(phase) in ("finished", "failed", "preempted")}
+        for key, shares in list(self._rounds.items()):
+            missing = done - set(shares)
+            if key[0] != attempt or not missing:
+                continue
+            del self._rounds[key]
+            error = (f"rank {min(missing)} returned from train_fn without making this report: a report with "
+                     "ranks='all' (and raytf.train.report) is collective, so every rank makes it at the same points")
+            for share in shares.values():
+                self._acknowledge(share.rank, share.seq, error)
