@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import HISTORY_KEYS, Progress, Report, ResumePoint, SaveEvery, StorageRef, TrainContext
-from raytf.errors import RaytfError
+from raytf.errors import CheckpointError, RaytfError
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class WorkerSession:
             done.wait()  # returns once the driver's index names the checkpoint (or every rank reported)
             error = self._ack_errors.pop(report.seq, None)
             if error is not None:
-                raise RaytfError(f"raytf.report: the checkpoint was not committed: {error}")
+                raise CheckpointError(f"raytf.report: the checkpoint was not committed: {error}")
 
 
 def to_plain(value: Any, name: str) -> Any:
