@@ -17,7 +17,7 @@ import posixpath
 import re
 import uuid
 import zlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow.fs as pafs
 
@@ -99,31 +99,44 @@ def _manifest(fs: pafs.FileSystem, root: str, *, checksums: bool = True) -> dict
     return files
 
 
-def upload(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, name: str) -> str:
-    """Copy a local checkpoint into storage under ``name``, by way of a staging directory.
+def _source_files(checkpoint: Any) -> dict[str, dict[str, int]]:
+    """The manifest of a checkpoint about to be uploaded, computed from its source (so nothing is
+    read back from storage); its links checked again, as the directory may have changed since
+    ``from_directory``."""
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        check_links(checkpoint.path)
+    return _manifest(checkpoint.filesystem, checkpoint.path)
 
-    Returns the final path. The manifest is computed from the source files
-    (so nothing is read back from storage) and written last, so a torn upload
-    can never look complete.
-    """
+
+def _copy(checkpoint: Any, fs: pafs.FileSystem, target: str) -> None:
+    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+
+
+def _publish(fs: pafs.FileSystem, checkpoints_dir: str, name: str, files: dict[str, dict[str, int]],
+             fill: Callable[[str], None]) -> str:
+    """Put a checkpoint in storage under ``name``: ``fill(target)`` puts its files in, and the
+    manifest of ``files`` is written last, so a torn upload can never look complete. A local disk
+    renames directories atomically, so there it is filled under a staging name and renamed into
+    place; object stores cannot, so there it goes straight to its final name, and the index write
+    (done by the driver afterwards) is the only commit point. Returns the final path."""
     final = _join(fs, checkpoints_dir, name)
-    # A local disk renames directories atomically; object stores cannot, so
-    # there the upload goes straight to its final name, and the index write
-    # (done by the driver afterwards) is the only commit point.
     local = isinstance(fs, pafs.LocalFileSystem)
     target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
     if fs.get_file_info(final).type != pafs.FileType.NotFound:
         fs.delete_dir(final)  # debris of an upload whose commit never happened
-    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-        check_links(checkpoint.path)  # again: the directory may have changed since from_directory
-    manifest = {"files": _manifest(checkpoint.filesystem, checkpoint.path)}
     fs.create_dir(target, recursive=True)
-    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    fill(target)
     with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
-        out.write(json.dumps(manifest, sort_keys=True).encode())
+        out.write(json.dumps({"files": files}, sort_keys=True).encode())
     if local:
         fs.move(target, final)
     return final
+
+
+def upload(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, name: str) -> str:
+    """Copy a local checkpoint into storage under ``name`` (see :func:`_publish`); the final path."""
+    files = _source_files(checkpoint)
+    return _publish(fs, checkpoints_dir, name, files, lambda target: _copy(checkpoint, fs, target))
 
 
 def parts_name(attempt: int, round_: int) -> str:
@@ -133,32 +146,24 @@ def parts_name(attempt: int, round_: int) -> str:
 
 def upload_part(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, parts: str,
                 rank: int) -> tuple[str, dict[str, dict[str, int]]]:
-    """Copy one rank's local checkpoint into ``<parts>/rank-<rank>/``; (that path, its manifest).
-
-    The manifest is computed from the source, as :func:`upload` does; the driver merges the ranks'
-    manifests when it assembles the checkpoint (:func:`merge_parts`).
-    """
+    """Copy one rank's local checkpoint into ``<parts>/rank-<rank>/``; (that path, its manifest),
+    which the driver merges with the other ranks' when it assembles the checkpoint (:func:`merge_parts`)."""
     target = _join(fs, checkpoints_dir, parts, f"rank-{rank}")
     if fs.get_file_info(target).type != pafs.FileType.NotFound:
         fs.delete_dir(target)  # what a dead predecessor of this rank left
-    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-        check_links(checkpoint.path)
-    files = _manifest(checkpoint.filesystem, checkpoint.path)
+    files = _source_files(checkpoint)
     fs.create_dir(target, recursive=True)
-    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    _copy(checkpoint, fs, target)
     return target, files
 
 
 def merge_parts(fs: pafs.FileSystem, checkpoints_dir: str, name: str,
                 parts: list[tuple[int, str, dict[str, dict[str, int]]]]) -> str:
     """Assemble one checkpoint ``name`` from the ranks' uploaded parts ((rank, path, manifest) each):
-    every rank's files in one directory, as Ray Train merges them, with the merged manifest
-    written last. A file that two ranks wrote with different contents is an error that names it
-    (which rank's to keep is not raytf's to guess); the same file from several ranks is kept once.
-
-    The files are moved, not copied: a rename on a local disk, a server-side copy on an object
-    store. On a local disk the checkpoint is assembled under a staging name and renamed into place.
-    Returns the final path.
+    every rank's files in one directory, as Ray Train merges them (see :func:`_publish`). A file
+    that two ranks wrote with different contents is an error that names it (which rank's to keep
+    is not raytf's to guess); the same file from several ranks is kept once. The files are moved,
+    not copied: a rename on a local disk, a server-side copy on an object store. Returns the final path.
     """
     merged: dict[str, dict[str, int]] = {}
     source: dict[str, str] = {}
@@ -174,21 +179,15 @@ def merge_parts(fs: pafs.FileSystem, checkpoints_dir: str, name: str,
             if relative not in merged:
                 merged[relative], owner[relative] = info, rank
                 source[relative] = _join(fs, path, *relative.split("/"))
-    final = _join(fs, checkpoints_dir, name)
-    local = isinstance(fs, pafs.LocalFileSystem)
-    target = _join(fs, checkpoints_dir, f"{STAGING_PREFIX}{uuid.uuid4().hex}") if local else final
-    if fs.get_file_info(final).type != pafs.FileType.NotFound:
-        fs.delete_dir(final)  # debris of an assembly whose commit never happened
-    fs.create_dir(target, recursive=True)
-    for relative, path in source.items():
-        destination = _join(fs, target, *relative.split("/"))
-        fs.create_dir(os.path.dirname(destination) if local else posixpath.dirname(destination), recursive=True)
-        fs.move(path, destination)
-    with fs.open_output_stream(_join(fs, target, MANIFEST)) as out:
-        out.write(json.dumps({"files": merged}, sort_keys=True).encode())
-    if local:
-        fs.move(target, final)
-    return final
+
+    def move_in(target: str) -> None:
+        for relative, path in source.items():
+            destination = _join(fs, target, *relative.split("/"))
+            parent = os.path.dirname(destination) if isinstance(fs, pafs.LocalFileSystem) else posixpath.dirname(destination)
+            fs.create_dir(parent, recursive=True)
+            fs.move(path, destination)
+
+    return _publish(fs, checkpoints_dir, name, merged, move_in)
 
 
 def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True) -> Optional[str]:

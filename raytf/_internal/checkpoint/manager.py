@@ -267,10 +267,17 @@ class CheckpointManager:
         if report.checkpoint is None:
             return None, None
         entry = new_entry(report.checkpoint.seq, report.attempt, report.metrics, driver_start)
+        return self._commit_reported(entry, guard)
+
+    def _commit_reported(self, entry: CheckpointEntry, guard: Callable[[], None],
+                         assemble: Callable[[], Any] = lambda: None) -> tuple[Optional[str], Optional[str]]:
+        """``guard()`` (which may raise), then ``assemble()`` and commit ``entry``: (its name, None), or
+        (None, why not) for the reporting workers' ``report`` to raise while the run goes on."""
         guard()
         try:
+            assemble()
             self.commit(entry)
-        except Exception as failure:  # noqa: BLE001 - reported to the worker whose report it was
+        except Exception as failure:  # noqa: BLE001 - reported to the workers whose report it was
             error = f"{type(failure).__name__}: {failure}"
             logger.error("checkpoint %s was not committed: %s", entry.name, error)
             return None, error
@@ -288,18 +295,11 @@ class CheckpointManager:
         if not parts:
             return None, None
         entry = new_entry(first.part.seq, first.attempt, first.metrics, driver_start)
-        guard()
         try:
-            merge_parts(self.fs, self.dir, entry.name, parts)
-            self.commit(entry)
-        except Exception as failure:  # noqa: BLE001 - reported to every rank of the report
-            error = f"{type(failure).__name__}: {failure}"
-            logger.error("checkpoint %s was not committed: %s", entry.name, error)
-            return None, error
+            return self._commit_reported(entry, guard, lambda: merge_parts(self.fs, self.dir, entry.name, parts))
         finally:
             if _storage.exists(self.fs, staging):
                 self.fs.delete_dir(staging)  # what was not moved: files several ranks sent alike
-        return entry.name, None
 
     def newest(self) -> Optional[Checkpoint]:
         """The last committed checkpoint, as recorded (not re-read)."""

@@ -51,13 +51,14 @@ def record_start(storage: RunStorage, name: str) -> int:
     """Append this driver start to run.json; returns its number (0 for the run's first)."""
     from raytf._version import __version__
 
+    problem = None
     try:
         record = storage.read_json(RUN_FILE, default={})
-        problem = None if isinstance(record, dict) and isinstance(record.get("starts", []), list) else (
-            f"it holds {type(record).__name__ if not isinstance(record, dict) else 'starts that are not a list'}, "
-            "not the object raytf writes")
     except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
         problem = f"{type(error).__name__}: {error}"
+    else:
+        if not isinstance(record, dict) or not isinstance(record.get("starts", []), list):
+            problem = "it is not the object with a list of starts that raytf writes"
     if problem is not None:
         raise RaytfError(
             f"{storage.path(RUN_FILE)} is damaged ({problem}). It lists run {name!r}'s driver starts, which "
