@@ -123,11 +123,11 @@ def count_round_trips(workdir: str, workers: int) -> dict:
     import ray
     from ray.actor import ActorMethod
 
-    from raytf._internal.driver.worker_group import RayWorkerGroup
+    from raytf._internal.driver.group import WorkerGroup
 
     counts = {"blocking_round_trips": 0, "actor_calls": 0}
     starting = [False]
-    original = (ray.get, ray.wait, ActorMethod.remote, RayWorkerGroup._start_actors)
+    original = (ray.get, ray.wait, ActorMethod.remote, WorkerGroup._start_members)
 
     def counted(function, key):
         def wrapper(*args, **kwargs):
@@ -145,11 +145,11 @@ def count_round_trips(workdir: str, workers: int) -> dict:
 
     ray.get, ray.wait = counted(original[0], "blocking_round_trips"), counted(original[1], "blocking_round_trips")
     ActorMethod.remote = counted(original[2], "actor_calls")
-    RayWorkerGroup._start_actors = start_actors
+    WorkerGroup._start_members = start_actors
     try:
         run_raytf(workdir, workers)
     finally:
-        ray.get, ray.wait, ActorMethod.remote, RayWorkerGroup._start_actors = original
+        ray.get, ray.wait, ActorMethod.remote, WorkerGroup._start_members = original
     return counts
 
 

@@ -251,14 +251,20 @@ class ParameterServerTrainer(Trainer):
         return dataclasses.replace(super()._run_spec(*args), inter_op_threads=self.tensorflow.inter_op_threads or 0)
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
-        from raytf._internal.driver.ps_group import ParameterServerGroup
+        from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, StartupTiming
+        from raytf._internal.driver.group import WorkerGroup
+        from raytf._internal.driver.scaling import ElasticPolicy
+        from raytf._internal.driver.shapes import ParameterServerShape
 
         failures = self.run.failure_config
-        return ParameterServerGroup(
-            run, self._roles(), placement_strategy=self.scaling.placement,
-            placement_timeout_s=self.scaling.placement_timeout_s, datasets=self.datasets,
-            split=run.split, worker_timeout_s=failures.worker_timeout_s,
-            start_timeout_s=failures.start_timeout_s, notify=display.message, finishers=self.finishing_roles,
+        workers = self.scaling.count("worker")
+        return WorkerGroup(
+            run, self._roles(), ParameterServerShape(finishers=tuple(self.finishing_roles)),
+            placement_strategy=self.scaling.placement,
+            elastic=ElasticPolicy(workers, workers, self.scaling.placement_timeout_s, 0.0),
+            datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
+            start_timeout_s=failures.start_timeout_s, notify=display.message,
+            callbacks=[StartupTiming(), DrainWatch(), FinishEvaluator()],
         )
 
     def _group_text(self) -> str:

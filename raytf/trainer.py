@@ -3,7 +3,7 @@
 The trainer puts the parts together and runs them: the preflight checks
 (driver/preflight.py, with facts from driver/cluster.py), the run's lease
 (lease.py), its checkpoints (checkpoint/manager.py) and history
-(driver/history.py), a worker group (driver/worker_group.py) and the
+(driver/history.py), a worker group (driver/group.py) and the
 controller that watches it and restarts it (driver/controller.py).
 """
 
@@ -261,19 +261,25 @@ class Trainer:
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
         """This trainer's worker group: one role, "worker", running ``train_fn`` under MWMS."""
-        from raytf._internal.driver.worker_group import RayWorkerGroup
+        from raytf._internal.driver.callbacks import DrainWatch, StartupTiming
+        from raytf._internal.driver.group import WorkerGroup
+        from raytf._internal.driver.shapes import MirroredShape
+        from raytf._internal.driver.warm import WarmStandbys
 
         failures = self.run.failure_config
-        return RayWorkerGroup(
+        callbacks: list[Any] = [StartupTiming(), DrainWatch()]
+        if failures.warm_standby:
+            callbacks.append(WarmStandbys(self.datasets, run.split))
+        return WorkerGroup(
             run,
             [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),
                       self.payload_kind)],
+            MirroredShape(hang_timeout_s=failures.hang_timeout_s),
             placement_strategy=self.scaling.placement,
             elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
                                   self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),
             datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
-            start_timeout_s=failures.start_timeout_s, hang_timeout_s=failures.hang_timeout_s,
-            notify=display.message, warm_standby=failures.warm_standby,
+            start_timeout_s=failures.start_timeout_s, notify=display.message, callbacks=callbacks,
         )
 
     @staticmethod

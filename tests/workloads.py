@@ -999,7 +999,6 @@ def ps_custom_loop(config: dict) -> None:
 
 def ps_evaluate(checkpoint, config: dict) -> dict:
     """The evaluator's evaluate_fn: loads the checkpoint into the same model and scores fixed data."""
-    import numpy as np
     import tensorflow as tf
 
     model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),

@@ -16,8 +16,9 @@ RAY_MODULES = {
     "_internal/driver/cluster.py",
     "_internal/driver/placement.py",
     "_internal/driver/actors.py",
-    "_internal/driver/worker_group.py",
-    "_internal/driver/ps_group.py",
+    "_internal/driver/group.py",
+    "_internal/driver/shapes.py",  # a parameter-server chief's shard manifests, a placement error's figures
+    "_internal/driver/warm.py",
     "_internal/driver/kept_shards.py",
     "_internal/data/shard.py",  # a kept shard is read with ray.get
     "_internal/worker/actor.py",

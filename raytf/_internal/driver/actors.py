@@ -14,12 +14,13 @@ from raytf._internal import env as _env
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.protocol import WorkerStatus
 from raytf._internal.worker.actor import TrainWorker
-from raytf.errors import ConfigError
+from raytf.errors import ConfigError, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
 _RemoteWorker = ray.remote(TrainWorker)
 _POLL_WAIT_S = 0.05  # how long one poll waits for answers before returning what it has
+UNAVAILABLE_RETRY_S = 0.5  # between calls to an actor Ray calls briefly unavailable
 
 
 def new_worker(run_name: str, name: str, **options: Any) -> Any:
@@ -49,6 +50,34 @@ def kill_and_wait(actors: Sequence[Any], what: str) -> None:
             pass  # gone, as asked
         except GetTimeoutError:
             logger.warning("a killed %s actor is still alive after the shutdown timeout", what)
+
+
+def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple], what: str,
+              timeout_s: float) -> list:
+    """``actors[i].method(*args_of(i))`` on every actor, retried where Ray says an actor is only
+    briefly unavailable (a fresh process whose RPC server is not up yet): the methods called this
+    way (start, retarget) may safely run twice. Anything else that stops one is a WorkerStartError."""
+    deadline = time.monotonic() + timeout_s
+    results: list = [None] * len(actors)
+    pending = list(range(len(actors)))
+    while pending:
+        refs = {i: getattr(actors[i], method).remote(*args_of(i)) for i in pending}
+        pending = []
+        for i, ref in refs.items():
+            try:
+                results[i] = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise WorkerStartError(f"a worker actor stayed unavailable: cannot {what}") from None
+                pending.append(i)
+            except GetTimeoutError:
+                raise WorkerStartError(f"worker actors did not {what} within {timeout_s:g} s "
+                                       "(FailureConfig.start_timeout_s); check the actors' logs") from None
+            except RayActorError as error:
+                raise WorkerStartError(f"a worker actor died: cannot {what}: {error}") from None
+        if pending:
+            time.sleep(UNAVAILABLE_RETRY_S)
+    return results
 
 
 def _first_line(error: BaseException) -> str:

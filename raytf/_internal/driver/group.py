@@ -1,0 +1,372 @@
+"""The Ray side of a worker group, for every TensorFlow cluster shape: one placement group, one
+actor per bundle, polls, preemption, replacement in place, teardown.
+
+A group is made of roles (:class:`~raytf._internal.protocol.RoleSpec`: a name
+in TF_CONFIG, a count, a bundle, a payload) and a shape (shapes.py: what
+differs between MultiWorkerMirroredStrategy and ParameterServerStrategy, as
+data and a few rules). Its lifecycle is written once, here: place, start,
+poll, connect, preempt, replace a member in place, shut down, close. The
+features that act at points of that lifecycle (start-up timing, drains,
+warm standbys and kept shards, the evaluator's last evaluation) are
+callbacks (callbacks.py, warm.py). What the answers to a poll mean is decided
+in watch.py, how many workers an elastic group asks for in scaling.py, and
+how a dataset is cut per rank in data/split.py; this module does what needs Ray.
+
+The controller (controller.py) sees a group through its ``WorkerGroup`` protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from raytf._internal.driver import cluster, placement
+from raytf._internal.driver.actors import UNAVAILABLE_RETRY_S, call_each, kill_and_wait, new_worker, poll_round
+from raytf._internal.driver.callbacks import GroupCallback
+from raytf._internal.driver.members import Member
+from raytf._internal.driver.scaling import ElasticPolicy
+from raytf._internal.driver.shapes import GroupShape, addresses_by_role, task_id
+from raytf._internal.driver.topology import build_tf_config
+from raytf._internal.driver.watch import GroupWatch
+from raytf._internal.protocol import GroupStatus, Phase, ResumePoint, RoleSpec, RunSpec, WorkerSpec, WorkerStatus
+from raytf.errors import FailureKind, WorkerFailure, WorkerStartError
+
+logger = logging.getLogger(__name__)
+
+_CLOSE_TIMEOUT_S = 5.0  # how long members asked to close() get before the kill
+
+
+class WorkerGroup:
+    """The actors of one attempt of a run, in one placement group (kept across attempts where a
+    callback asks and its nodes stay)."""
+
+    def __init__(
+        self,
+        run: RunSpec,
+        roles: Sequence[RoleSpec],
+        shape: GroupShape,
+        *,
+        placement_strategy: str,
+        elastic: ElasticPolicy,
+        datasets: Optional[Mapping[str, Any]] = None,
+        worker_timeout_s: float = 30.0,
+        start_timeout_s: float = 120.0,
+        notify: Callable[[str], None] = lambda message: None,
+        callbacks: Sequence[GroupCallback] = (),
+    ):
+        if [r.name for r in roles].count(shape.train_role) != 1:
+            raise ValueError(f"a worker group needs exactly one {shape.train_role!r} role, "
+                             f"got {[r.name for r in roles]}")
+        self.run = run
+        self.roles = list(roles)
+        self.shape = shape
+        self.placement_strategy = placement_strategy
+        self.elastic = elastic
+        self.datasets = dict(datasets or {})
+        self.notify = notify  # the driver's progress display
+        self.num_workers = elastic.max_workers  # this attempt's elastic size, once placed
+        self.members: list[Member] = []  # by index: the watch's, the acks', the training ranks'
+        self.watch: Optional[GroupWatch] = None
+        self.times: dict[str, float] = {}  # this attempt's start-up: began, placed, actors_up
+        self.run_shards: Optional[list[dict[str, Any]]] = None  # split once per run (shapes.py)
+        self.attempt_shards: Optional[list[dict[str, Any]]] = None  # split for this attempt, by world rank
+        self.shard_manifests: Any = None  # parameter-server workers' shard files, for the chief
+        self.preempt_reason: Optional[str] = None  # the group's preemption, once requested
+        self.run_ref: Optional[ray.ObjectRef] = None  # the RunSpec, put once: train_fn travels once
+        self._callbacks = list(callbacks)
+        self._worker_timeout_s = worker_timeout_s
+        self._start_timeout_s = start_timeout_s
+        self._attempt = 0
+        self._resume = ResumePoint()
+        self._pg: Any = None
+        self._cluster: dict[str, list[str]] = {}
+        self._in_flight: dict[int, tuple[Any, float]] = {}  # member index -> (poll ref, sent at)
+        self._preempted: dict[int, str] = {}  # member index -> why, for replaceable members on their way out
+
+    @property
+    def trainer_index(self) -> int:
+        """The index of the first member that runs train_fn (the chief, or rank 0)."""
+        return next(i for i, m in enumerate(self.members) if m.role.name == self.shape.train_role)
+
+    # Starting an attempt.
+
+    def start(self, attempt: int, resume: ResumePoint) -> None:
+        self._attempt, self._resume = attempt, resume
+        self.preempt_reason, self._preempted = None, {}
+        self.times = {"began": time.monotonic()}
+        for callback in self._callbacks:
+            callback.before_start(self, attempt)
+        try:
+            self.shape.prepare(self)
+            self._place()
+            self.times["placed"] = time.monotonic()
+            self._start_members()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _bundles(self, workers: int) -> list[dict[str, float]]:
+        return [dict(role.bundle) for role in self.roles for _ in range(self.shape.count(role, workers))]
+
+    def _place(self) -> None:
+        """Place the group; an elastic one takes the largest size the cluster fits, down to its minimum."""
+        if self._pg is not None:
+            if self._keeps_placement() and self._reusable():
+                return
+            placement.remove(self._pg)
+            self._pg = None
+        for workers, timeout in self.elastic.tries():
+            self._pg = placement.place(self._bundles(workers), self.placement_strategy, timeout, self.notify)
+            if self._pg is not None:
+                self.num_workers = workers
+                shrunk = self.elastic.shrunk(workers)
+                if shrunk:
+                    logger.warning("%s", shrunk)
+                for callback in self._callbacks:
+                    callback.after_placement(self)
+                return
+        raise self.shape.placement_error(self)
+
+    def _keeps_placement(self) -> bool:
+        return any(callback.keeps_placement for callback in self._callbacks)
+
+    def _reusable(self) -> bool:
+        """The last attempt's placement group can hold this one: it is placed, on live nodes none of
+        which is draining, and it is as large as the group may be (an elastic group that shrank
+        tries to grow back with a new one)."""
+        table = ray.util.placement_group_table(self._pg)
+        nodes = set((table.get("bundles_to_node_id") or {}).values())
+        return (table.get("state") == "CREATED" and self.num_workers == self.elastic.max_workers
+                and bool(nodes) and nodes <= cluster.live_node_ids() and not nodes & set(cluster.draining_nodes()))
+
+    def bundle_nodes(self) -> dict[int, str]:
+        """Bundle index -> the id of the node it was placed on."""
+        table = ray.util.placement_group_table(self._pg)
+        return {int(i): node for i, node in (table.get("bundles_to_node_id") or {}).items()}
+
+    def _new_actor(self, member: Member) -> Any:
+        """A new actor for ``member``'s bundle, which loads TensorFlow and train_fn when it starts."""
+        bundle = member.role.bundle
+        name = f"{member.label.replace(' ', '-')}{f':{member.generation}' if member.generation else ''}" \
+            if self.shape.named_tasks else str(member.bundle)
+        return new_worker(
+            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}",
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._pg,
+                                                                 placement_group_bundle_index=member.bundle),
+        )
+
+    def _start_members(self) -> None:
+        members, bundle = [], 0
+        for role in self.roles:
+            for task in range(self.shape.count(role, self.num_workers)):
+                members.append(Member(role, task, bundle))
+                bundle += 1
+        for member in members:
+            taken = next((t for t in (c.actor_for(self, member) for c in self._callbacks) if t is not None), None)
+            if taken is not None:
+                member.actor, member.reserve_args, member.warm = taken[0], taken[1], True
+            else:
+                member.actor = self._new_actor(member)
+        self.members = members  # until they are ordered: all of them, for shutdown
+        self._reserve(members)
+        self.times["actors_up"] = time.monotonic()
+        self.members = members = self.shape.order(members)
+        self._cluster = addresses_by_role(members)
+        kept: dict[str, Any] = {}
+        for callback in self._callbacks:
+            kept.update(callback.kept_shards(self))
+        self.attempt_shards = self.shape.split_attempt(self, members, kept)
+        if self.run_ref is None:
+            self.run_ref = ray.put(self.run)  # train_fn and its config travel once, not once per actor
+        call_each([m.actor for m in members], "start",
+                  lambda i: (self.run_ref, self._spec(members[i]), members[i].role.payload), "start",
+                  self._start_timeout_s)
+        logger.info("attempt %d: %s", self._attempt, ", ".join(
+            f"{self.shape.describe(m, i)} {m.address.host_port}" for i, m in enumerate(members)))
+        self._in_flight = {}
+        finishers = self.shape.finishers
+        self.watch = GroupWatch(
+            {i: m.address.node_ip for i, m in enumerate(members)}, start_timeout_s=self._start_timeout_s,
+            worker_timeout_s=self._worker_timeout_s, hang_timeout_s=self.shape.hang_timeout_s,
+            finishers=None if finishers is None else [i for i, m in enumerate(members) if m.role.name in finishers],
+            labels={i: m.label for i, m in enumerate(members)} if self.shape.named_tasks else None,
+        )
+        for callback in self._callbacks:
+            callback.after_start(self)
+
+    def _spec(self, member: Member) -> WorkerSpec:
+        return WorkerSpec(role=member.role.name, rank=member.rank,
+                          tf_config=build_tf_config(self._cluster, member.task, member.role.name),
+                          attempt=self._attempt, resume=self._resume, datasets=self.shape.datasets(self, member),
+                          task=task_id(member, self.shape))
+
+    def _reserve(self, members: Sequence[Member]) -> None:
+        """Each member's address, once its actor reserved its port. A warm standby that turns out
+        dead (a node's OOM killer, a stray ``ray.kill``) is replaced by a cold actor for its bundle:
+        a slower start, never a lost attempt. Any other actor that dies is a WorkerStartError."""
+        timeout = self._start_timeout_s
+        deadline = time.monotonic() + timeout
+        pending = {m.actor.reserve.remote(**m.reserve_args): m for m in members}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise WorkerStartError(
+                    f"worker actors did not start within {timeout:g} s (FailureConfig.start_timeout_s); "
+                    "check the actors' logs for import errors or a slow runtime environment"
+                )
+            member = pending.pop(ready[0])
+            try:
+                member.address = ray.get(ready[0])
+            except ActorUnavailableError:  # a fresh process whose RPC server is not up yet: ask again
+                time.sleep(UNAVAILABLE_RETRY_S)
+                pending[member.actor.reserve.remote(**member.reserve_args)] = member
+            except RayActorError as error:
+                if not member.warm:
+                    raise WorkerStartError(f"a worker actor died while starting: {error}") from None
+                logger.warning("attempt %d: the warm standby for bundle %d is dead; starting a new worker there "
+                               "instead", self._attempt, member.bundle)
+                member.warm, member.reserve_args = False, {}
+                member.actor = self._new_actor(member)
+                pending[member.actor.reserve.remote()] = member
+            except RayTaskError as error:  # a warm standby that could not take its bundle's GPUs
+                raise WorkerStartError(f"a worker actor could not start: {error.cause}") from None
+
+    def connect(self) -> None:
+        """Release the start barrier: every member is ready, so all build the strategy together
+        (unless the shape finds a member lost just now: the next polls name it)."""
+        if not self.shape.before_connect(self, self._start_timeout_s):
+            return
+        self.watch.released = True
+        for member in self.members:
+            member.actor.connect.remote(self.shape.connect_message(self, member))
+
+    # Watching it.
+
+    def poll(self) -> GroupStatus:
+        """Collect what every member has to say, without waiting on any one of them (poll_round):
+        a member that does not answer for ``worker_timeout_s`` is lost; the others' reports keep
+        flowing meanwhile."""
+        watch = self.watch
+        now = poll_round([m.actor for m in self.members], self._in_flight, watch, self._answer)
+        for reason in watch.preempt_reasons:
+            if self.preempt_reason is None:
+                self._request_preemption(reason)
+        for callback in self._callbacks:
+            callback.on_answers(self, now)
+        status = watch.round(self.preempt_reason)
+        if self._preempted and status.failures:
+            # A preempted member's end is the preemption, whatever it looked like from here.
+            preempted = self._preempted
+            status = dataclasses.replace(status, failures=tuple(
+                dataclasses.replace(f, kind=FailureKind.PREEMPTED, message=f"{preempted[f.rank]}; then {f.message}")
+                if f.rank in preempted else f for f in status.failures))
+        for callback in self._callbacks:
+            status = callback.after_poll(self, status)
+        return status
+
+    def _answer(self, index: int, status: WorkerStatus) -> WorkerStatus:
+        """A replaceable member that got SIGTERM is replaced; any other's asks the group to stop."""
+        if status.preempt_reason and self.members[index].role.name in self.shape.replaceable:
+            self._preempt_member(index, status.preempt_reason)
+            return dataclasses.replace(status, preempt_reason=None)
+        return status
+
+    def preempt(self, index: int, reason: str) -> None:
+        """Member ``index`` is going away: replace it, where its role is replaceable; else ask the
+        group to checkpoint and stop (once)."""
+        if self.members[index].role.name in self.shape.replaceable:
+            self._preempt_member(index, reason)
+        elif self.preempt_reason is None:
+            self._request_preemption(reason)
+
+    def _preempt_member(self, index: int, reason: str) -> None:
+        """End the member now, so that it is replaced as a preemption."""
+        if index in self._preempted:
+            return
+        member = self.members[index]
+        self._preempted[index] = reason
+        logger.warning("%s is being preempted (%s); replacing it", member.label, reason)
+        ray.kill(member.actor, no_restart=True)
+
+    def _request_preemption(self, reason: str) -> None:
+        """Tell every member that runs train_fn, so ``raytf.preemption_requested()`` agrees at once everywhere."""
+        logger.warning("preemption: %s; asking the %s actors to checkpoint and stop", reason, self.shape.train_role)
+        self.preempt_reason = reason
+        for member in self.members:
+            if member.role.name == self.shape.train_role:
+                member.actor.preempt.remote(reason)
+
+    def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None:
+        if 0 <= rank < len(self.members):
+            self.members[rank].actor.acknowledge.remote(seq, error)
+
+    # Replacing a member in place.
+
+    def can_replace(self, failure: WorkerFailure) -> bool:
+        """Whether ``failure`` is a member's the group rides out (a parameter-server worker's or
+        evaluator's, while the chief trains); a mirrored group restarts for any loss."""
+        if self.watch is None or not 0 <= failure.rank < len(self.members):
+            return False
+        return (self.members[failure.rank].role.name in self.shape.replaceable
+                and self.watch.phases.get(self.trainer_index) not in (Phase.FAILED, Phase.LOST))
+
+    def replace(self, failure: WorkerFailure) -> None:
+        """A new actor for the lost member: same bundle, same task index, its old port if free."""
+        index = failure.rank
+        member = self.members[index]
+        ray.kill(member.actor, no_restart=True)
+        self._in_flight.pop(index, None)
+        self._preempted.pop(index, None)
+        old = member.address
+        member.generation += 1
+        member.actor = self._new_actor(member)
+        member.warm, member.reserve_args = False, {"port": old.port if old else 0}
+        self._reserve([member])
+        address = member.address
+        if old is None or address.host_port != old.host_port:
+            # The coordinator must dial the new address before the new server answers there.
+            call_each([self.members[self.trainer_index].actor], "retarget", lambda i: (member.role.name, member.task,
+                      address.host_port), "retarget the chief", self._start_timeout_s)
+        self._cluster[member.role.name][member.task] = address.host_port
+        call_each([member.actor], "start", lambda i: (self.run_ref, self._spec(member), member.role.payload),
+                  "start a replacement", self._start_timeout_s)
+        self.watch.replaced(index, address.node_ip)
+        member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
+        for callback in self._callbacks:
+            callback.after_replace(self, member)
+        self.notify(f"{member.label} lost ({failure.kind.value}); replaced at {address.host_port}, training goes on")
+
+    # Ending it.
+
+    def shutdown(self) -> None:
+        """The attempt ended: let members that keep files on their node remove them, kill every
+        actor and wait until they are gone; remove the placement group unless a callback keeps it
+        for the next attempt."""
+        for callback in self._callbacks:
+            callback.before_shutdown(self)
+        members, self.members = self.members, []
+        self._in_flight, self.watch = {}, None
+        closing = [m.actor.close.remote() for m in members if m.role.name in self.shape.closes and m.actor is not None]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
+        kill_and_wait([m.actor for m in members if m.actor is not None], "worker")
+        if not self._keeps_placement():
+            placement.remove(self._pg)
+            self._pg = None
+
+    def close(self) -> None:
+        """The run is over: end what outlives attempts (callbacks' standbys), shut down, remove the
+        placement group."""
+        for callback in self._callbacks:
+            callback.on_close(self)
+        self.shutdown()
+        placement.remove(self._pg)
+        self._pg = None

@@ -1,0 +1,116 @@
+"""Warm standbys: processes with TensorFlow and ``train_fn`` loaded, waiting on each training
+node to take a rank when the group restarts (``FailureConfig(warm_standby=True)``).
+
+Once an attempt trains (its first step or report, so none of this slows its
+start), each training worker's node gets a standby actor that loads TensorFlow
+and ``train_fn`` and waits, with no CPU or GPU of its own; the next attempt
+hands a bundle on that node to it instead of starting a cold actor, on the
+CPUs and GPUs the bundle holds (its GPUs' ids as the bundle's last actor had
+them). The shards the ranks read are kept too (kept_shards.py), and a restart
+of the same size reads them. The placement group is kept across such restarts
+while its nodes stay: a new one could land on other nodes than the standbys
+and the kept shards.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Collection, Mapping, Optional
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raytf._internal.driver.actors import new_worker
+from raytf._internal.driver.callbacks import GroupCallback
+from raytf._internal.driver.kept_shards import ShardKeeper
+from raytf._internal.driver.members import GroupView, Member
+from raytf._internal.driver.watch import GroupWatch, Milestone
+from raytf._internal.protocol import GroupStatus
+
+# Warm standbys wait for an attempt's first step or report, so that their imports do not slow its
+# start; a loop that tells raytf of neither gets them this long after its strategy connected.
+_WARM_AFTER_S = 10.0
+
+
+class WarmStandbys(GroupCallback):
+    """One standby per training worker, on its node, made once each attempt trains."""
+
+    keeps_placement = True
+
+    def __init__(self, datasets: Collection[str], split: Collection[str]):
+        self._standby: list[tuple[str, Any]] = []  # (node id, actor): warm, waiting for a rank
+        self._made = False  # for this attempt
+        self._count = 0  # names them apart
+        self._bundle_gpus: dict[int, tuple[str, ...]] = {}  # bundle index -> its GPUs' ids (standbys take them)
+        self._bundle_nodes: Optional[dict[int, str]] = None  # bundle index -> node id, this attempt
+        self._keeper = ShardKeeper(datasets, split)
+
+    def before_start(self, group: GroupView, attempt: int) -> None:
+        self._made = False
+        self._bundle_nodes = None
+
+    def after_placement(self, group: GroupView) -> None:
+        self._bundle_gpus = {}  # a new group's bundles may hold other GPUs
+
+    def actor_for(self, group: GroupView, member: Member) -> Optional[tuple[Any, dict]]:
+        if member.role.name != group.shape.train_role or not self._standby:
+            return None
+        gpus = self._bundle_gpus.get(member.bundle) if member.role.bundle.get("GPU") else ()
+        if gpus is None:
+            return None  # a GPU bundle whose GPUs no actor of this placement group has named yet
+        if self._bundle_nodes is None:
+            self._bundle_nodes = group.bundle_nodes()
+        node = self._bundle_nodes.get(member.bundle)
+        for i, (standby_node, actor) in enumerate(self._standby):
+            if standby_node == node:
+                del self._standby[i]
+                return actor, ({"gpu_ids": gpus} if gpus else {})
+        return None
+
+    def kept_shards(self, group: GroupView) -> Mapping[str, Any]:
+        return self._keeper.take(group.num_workers)
+
+    def after_start(self, group: GroupView) -> None:
+        # Bundle i's GPUs, as its actor named them: a standby handed bundle i later takes these.
+        self._bundle_gpus = {m.bundle: m.address.gpu_ids for m in group.members if m.address.gpu_ids}
+
+    def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
+        if not self._made and not status.finished and _trains(group.watch):
+            self._prepare(group)
+        return status
+
+    def _prepare(self, group: GroupView) -> None:
+        """Keep the shards the ranks read, and start one standby per training worker on its node,
+        less those still waiting from before."""
+        self._made = True
+        trained = [m for m in group.members if m.role.name == group.shape.train_role]
+        self._keeper.ask([m.actor for m in trained], [m.address.node_id for m in trained])
+        waiting: dict[str, int] = {}
+        for node, _ in self._standby:
+            waiting[node] = waiting.get(node, 0) + 1
+        run_name = group.run.run_name
+        for member in trained:
+            node = member.address.node_id
+            if waiting.get(node, 0) > 0:
+                waiting[node] -= 1
+                continue
+            self._count += 1
+            actor = new_worker(
+                run_name, f"raytf:{run_name}:standby:{self._count}", num_cpus=0, num_gpus=0, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            )
+            actor.warm.remote(group.run_ref)  # not waited on: a restart's reserve() queues behind it
+            self._standby.append((node, actor))
+
+    def on_close(self, group: GroupView) -> None:
+        standby, self._standby = [actor for _, actor in self._standby], []
+        for actor in standby:
+            ray.kill(actor, no_restart=True)
+        self._keeper.clear()
+
+
+def _trains(watch: GroupWatch) -> bool:
+    """The attempt is past its start: its first step or report, or (a loop that tells raytf of
+    neither) connected for a while."""
+    connected = watch.reached.get(Milestone.CONNECTED)
+    return watch.trained_since() is not None or (connected is not None and time.monotonic() - connected > _WARM_AFTER_S)
