@@ -8,11 +8,11 @@ Two parts, JSON lines, then a summary line:
   (training, each with an activity and rank 0 with progress) heard by the group's watch, then the
   round summed up (failures, hangs, readiness, start-up milestones). Milliseconds per round.
 - ``actors``: real worker actors (raytf's TrainWorker, no TensorFlow loaded: they answer polls
-  before any start) polled the way the group polls them (``poll_round``): milliseconds per round
-  and the actor calls the driver sends per second at RAYTF_POLL_INTERVAL_S (0.1 s).
-
-Each round sends one poll per worker: the calls per second grow as N does. That is the figure to
-bring down (polls batched per node), and this script is its yardstick.
+  before any start), polled two ways: ``direct``, a poll per worker from the driver each round
+  (how raytf polled before the relay), and ``relay``, the way the group polls now (driver/relay.py:
+  one actor on the driver's node polls them, the driver takes all answers in one call a round).
+  The driver's milliseconds per round and actor calls per second at RAYTF_POLL_INTERVAL_S (0.1 s):
+  direct, 10 x N; through the relay, 10 whatever N is.
 """
 
 from __future__ import annotations
@@ -42,27 +42,67 @@ def fake_round_ms(n: int, rounds: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def actor_round_ms(n: int, rounds: int) -> tuple[float, float]:
+def direct_round(actors, in_flight: dict, watch) -> None:
+    """One round the way raytf's driver polled before the relay: a poll per worker from the driver."""
     import ray
 
-    from raytf._internal.driver.actors import kill_and_wait, new_worker, poll_round
+    now = time.monotonic()
+    for index, actor in enumerate(actors):
+        if index not in in_flight:
+            in_flight[index] = (actor.poll.remote(), now)
+    refs = [ref for ref, _ in in_flight.values()]
+    ready = set(ray.wait(refs, num_returns=len(refs), timeout=0.05)[0])
+    for index, (ref, sent) in list(in_flight.items()):
+        if ref in ready:
+            del in_flight[index]
+            watch.heard(index, ray.get(ref))
+        else:
+            watch.silent(index, sent)
+
+
+def actor_round_ms(n: int, rounds: int) -> dict:
+    """Real worker actors, polled directly from the driver and through the relay: the driver's
+    milliseconds per round and actor calls per second, each way."""
+    import ray
+
+    from raytf._internal.driver.actors import kill_and_wait, new_relay, new_worker
+    from raytf._internal.driver.relay import feed
     from raytf._internal.driver.watch import GroupWatch
 
     actors = [new_worker("bench-poll", f"raytf:bench-poll:{n}:{i}", num_cpus=0, max_restarts=0) for i in range(n)]
     ray.get([a.__ray_ready__.remote() for a in actors])
-    watch = GroupWatch({rank: "127.0.0.1" for rank in range(n)}, start_timeout_s=120, worker_timeout_s=30,
-                       hang_timeout_s=300)
-    in_flight: dict = {}
-    times = []
+
+    def new_watch() -> GroupWatch:
+        return GroupWatch({rank: "127.0.0.1" for rank in range(n)}, start_timeout_s=120, worker_timeout_s=30,
+                          hang_timeout_s=300)
+
+    relay = new_relay(0.1)
+    direct, relayed, heard = [], [], 0
     try:
+        watch, in_flight = new_watch(), {}
         for _ in range(rounds):
             started = time.perf_counter()
-            poll_round(actors, in_flight, watch)
+            direct_round(actors, in_flight, watch)
             watch.round(None)
-            times.append(time.perf_counter() - started)
+            direct.append(time.perf_counter() - started)
+            time.sleep(0.1)
+        watch = new_watch()
+        ray.get(relay.watch.remote(dict(enumerate(actors))))
+        for _ in range(rounds):
+            time.sleep(0.1)
+            started = time.perf_counter()
+            events, unanswered = ray.get(relay.take.remote())
+            feed(watch, events, unanswered, time.monotonic())
+            status = watch.round(None)
+            relayed.append(time.perf_counter() - started)
+            heard += len(events)
+        assert not status.failures, status.failures
     finally:
+        ray.kill(relay)
         kill_and_wait(actors, "bench")
-    return 1000 * statistics.median(times), n / 0.1  # one poll per worker per round, a round each 0.1 s
+    return {"direct_ms": round(1000 * statistics.median(direct), 2), "direct_calls_per_s": n / 0.1,
+            "relay_ms": round(1000 * statistics.median(relayed), 2), "relay_calls_per_s": 1 / 0.1,
+            "relay_answers_per_round": round(heard / rounds, 1)}
 
 
 def main() -> None:
@@ -71,7 +111,7 @@ def main() -> None:
     parser.add_argument("--actors", default="2,4,8,16")
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
-    summary: dict = {"fake_ms": {}, "actor_ms": {}, "calls_per_s": {}}
+    summary: dict = {"fake_ms": {}, "actors": {}}
     for n in [int(v) for v in args.fake.split(",") if v]:
         ms = fake_round_ms(n, args.rounds)
         summary["fake_ms"][n] = round(ms, 3)
@@ -82,10 +122,9 @@ def main() -> None:
 
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
         for n in counts:
-            ms, calls = actor_round_ms(n, args.rounds)
-            summary["actor_ms"][n], summary["calls_per_s"][n] = round(ms, 2), calls
-            print(json.dumps({"part": "actors", "workers": n, "ms_per_round": round(ms, 2),
-                              "calls_per_s": calls}), flush=True)
+            figures = actor_round_ms(n, args.rounds)
+            summary["actors"][n] = figures
+            print(json.dumps({"part": "actors", "workers": n, **figures}), flush=True)
         ray.shutdown()
     print(json.dumps({"summary": summary}))
 

@@ -19,6 +19,7 @@ RAY_MODULES = {
     "_internal/driver/group.py",
     "_internal/driver/shapes.py",  # a parameter-server chief's shard manifests, a placement error's figures
     "_internal/driver/warm.py",
+    "_internal/driver/relay.py",  # an answer's Ray errors, read where the relay polls
     "_internal/driver/kept_shards.py",
     "_internal/data/shard.py",  # a kept shard is read with ray.get
     "_internal/worker/actor.py",

@@ -1,5 +1,5 @@
-"""What every worker group does with its actors through Ray: create one by name, poll a round of
-them without waiting on any one, kill them and wait until they are gone."""
+"""What a worker group does with actors through Ray: create a worker by name or a poll relay, call
+a method on several, kill them and wait until they are gone."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ import time
 from typing import Any, Callable, Sequence
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from raytf._internal import env as _env
-from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.protocol import WorkerStatus
+from raytf._internal.driver.relay import PollRelay
 from raytf._internal.worker.actor import TrainWorker
 from raytf.errors import ConfigError, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
 _RemoteWorker = ray.remote(TrainWorker)
-_POLL_WAIT_S = 0.05  # how long one poll waits for answers before returning what it has
 UNAVAILABLE_RETRY_S = 0.5  # between calls to an actor Ray calls briefly unavailable
 
 
@@ -36,6 +35,14 @@ def new_worker(run_name: str, name: str, **options: Any) -> Any:
             f"another run named {run_name!r} is training in this driver (its worker actor {name!r} exists "
             "in this Ray namespace): give each run that trains at the same time its own RunConfig.name"
         ) from None
+
+
+def new_relay(interval_s: float) -> Any:
+    """A poll relay (relay.py) on the driver's node, holding no resources."""
+    node = ray.get_runtime_context().get_node_id()
+    return ray.remote(PollRelay).options(
+        num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
+    ).remote(interval_s)
 
 
 def kill_and_wait(actors: Sequence[Any], what: str) -> None:
@@ -78,43 +85,3 @@ def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple
         if pending:
             time.sleep(UNAVAILABLE_RETRY_S)
     return results
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def poll_round(actors: Sequence[Any], in_flight: dict[int, tuple[Any, float]], watch: GroupWatch,
-               answer: Callable[[int, WorkerStatus], WorkerStatus] = lambda index, status: status) -> float:
-    """One round of polls over ``actors`` (by index), without waiting on any one of them; returns
-    when the round began.
-
-    Each actor has at most one poll in flight (``in_flight``: index -> (ref, sent at)). A poll
-    that has not come back is silence, which after ``worker_timeout_s`` makes that worker lost;
-    so is one Ray answers with "actor unavailable" (a transient error: the connection to it
-    broke, and Ray does not know it dead), which is sent again. A dead actor is a death.
-    ``answer`` sees each worker's status before the watch does.
-    """
-    now = time.monotonic()
-    for index, actor in enumerate(actors):
-        if index not in in_flight:
-            in_flight[index] = (actor.poll.remote(), now)
-    refs = [ref for ref, _ in in_flight.values()]
-    ready = set(ray.wait(refs, num_returns=len(refs), timeout=_POLL_WAIT_S)[0])
-    for index, (ref, sent) in list(in_flight.items()):
-        if ref not in ready:
-            watch.silent(index, sent)
-            continue
-        del in_flight[index]
-        try:
-            status = ray.get(ref)
-        except ActorUnavailableError:  # not an answer yet: FailureConfig.worker_timeout_s decides
-            in_flight[index] = (actors[index].poll.remote(), sent)
-            watch.silent(index, sent)
-            continue
-        except RayActorError as error:
-            watch.died(index, type(error).__name__, _first_line(error))
-            continue
-        watch.heard(index, answer(index, status))
-    return now

@@ -23,13 +23,15 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import UNAVAILABLE_RETRY_S, call_each, kill_and_wait, new_worker, poll_round
+from raytf._internal.driver.actors import UNAVAILABLE_RETRY_S, call_each, kill_and_wait, new_relay, new_worker
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
+from raytf._internal.driver.relay import feed
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.shapes import GroupShape, addresses_by_role, task_id
 from raytf._internal.driver.topology import build_tf_config
@@ -86,7 +88,7 @@ class WorkerGroup:
         self._resume = ResumePoint()
         self._pg: Any = None
         self._cluster: dict[str, list[str]] = {}
-        self._in_flight: dict[int, tuple[Any, float]] = {}  # member index -> (poll ref, sent at)
+        self._relay: Any = None  # polls the members for the driver (relay.py)
         self._preempted: dict[int, str] = {}  # member index -> why, for replaceable members on their way out
 
     @property
@@ -191,7 +193,6 @@ class WorkerGroup:
                   self._start_timeout_s)
         logger.info("attempt %d: %s", self._attempt, ", ".join(
             f"{self.shape.describe(m, i)} {m.address.host_port}" for i, m in enumerate(members)))
-        self._in_flight = {}
         finishers = self.shape.finishers
         self.watch = GroupWatch(
             {i: m.address.node_ip for i, m in enumerate(members)}, start_timeout_s=self._start_timeout_s,
@@ -199,6 +200,7 @@ class WorkerGroup:
             finishers=None if finishers is None else [i for i, m in enumerate(members) if m.role.name in finishers],
             labels={i: m.label for i, m in enumerate(members)} if self.shape.named_tasks else None,
         )
+        self._relayed({i: m.actor for i, m in enumerate(members)})
         for callback in self._callbacks:
             callback.after_start(self)
 
@@ -251,11 +253,20 @@ class WorkerGroup:
     # Watching it.
 
     def poll(self) -> GroupStatus:
-        """Collect what every member has to say, without waiting on any one of them (poll_round):
-        a member that does not answer for ``worker_timeout_s`` is lost; the others' reports keep
-        flowing meanwhile."""
+        """What every member said since the last poll, in one call to the relay (relay.py), which
+        polls them without waiting on any one: a member that does not answer for
+        ``worker_timeout_s`` is lost; the others' reports keep flowing meanwhile."""
         watch = self.watch
-        now = poll_round([m.actor for m in self.members], self._in_flight, watch, self._answer)
+        now = time.monotonic()
+        try:
+            events, unanswered = ray.get(self._relay.take.remote(), timeout=self._worker_timeout_s)
+        except (RayActorError, GetTimeoutError) as error:  # the relay itself is gone: a new one
+            logger.warning("the poll relay stopped answering (%s); starting a new one", type(error).__name__)
+            ray.kill(self._relay, no_restart=True)
+            self._relay = None
+            self._relayed({i: m.actor for i, m in enumerate(self.members)})
+            events, unanswered = [], {}
+        feed(watch, events, unanswered, now, self._answer)
         for reason in watch.preempt_reasons:
             if self.preempt_reason is None:
                 self._request_preemption(reason)
@@ -271,6 +282,12 @@ class WorkerGroup:
         for callback in self._callbacks:
             status = callback.after_poll(self, status)
         return status
+
+    def _relayed(self, actors: dict[int, Any]) -> None:
+        """Have the relay poll ``actors`` (index -> actor), and no others."""
+        if self._relay is None:
+            self._relay = new_relay(_env.get_float(_env.POLL_INTERVAL_S))
+        self._relay.watch.remote(actors)
 
     def _answer(self, index: int, status: WorkerStatus) -> WorkerStatus:
         """A replaceable member that got SIGTERM is replaced; any other's asks the group to stop."""
@@ -323,7 +340,6 @@ class WorkerGroup:
         index = failure.rank
         member = self.members[index]
         ray.kill(member.actor, no_restart=True)
-        self._in_flight.pop(index, None)
         self._preempted.pop(index, None)
         old = member.address
         member.generation += 1
@@ -339,6 +355,7 @@ class WorkerGroup:
         call_each([member.actor], "start", lambda i: (self.run_ref, self._spec(member), member.role.payload),
                   "start a replacement", self._start_timeout_s)
         self.watch.replaced(index, address.node_ip)
+        self._relay.replace.remote(index, member.actor)
         member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
         for callback in self._callbacks:
             callback.after_replace(self, member)
@@ -353,7 +370,9 @@ class WorkerGroup:
         for callback in self._callbacks:
             callback.before_shutdown(self)
         members, self.members = self.members, []
-        self._in_flight, self.watch = {}, None
+        self.watch = None
+        if self._relay is not None:
+            self._relay.watch.remote({})  # the killed actors' deaths are no news
         closing = [m.actor.close.remote() for m in members if m.role.name in self.shape.closes and m.actor is not None]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
@@ -370,3 +389,6 @@ class WorkerGroup:
         self.shutdown()
         placement.remove(self._pg)
         self._pg = None
+        if self._relay is not None:
+            ray.kill(self._relay, no_restart=True)
+            self._relay = None

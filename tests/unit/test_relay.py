@@ -1,0 +1,109 @@
+"""The poll relay (driver/relay.py): it polls a group's actors, and the driver takes everything they
+said in one call a round. Run here on asyncio with fake actors (no Ray processes)."""
+
+import asyncio
+import time
+
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from raytf._internal.driver.relay import DIED, HEARD, PollRelay, feed
+from raytf._internal.driver.watch import GroupWatch
+from raytf._internal.protocol import Phase, WorkerStatus
+from raytf.errors import FailureKind
+
+
+class _Method:
+    def __init__(self, answer):
+        self._answer = answer
+        self.calls = 0
+
+    def remote(self):
+        self.calls += 1
+        return asyncio.ensure_future(self._answer())
+
+
+class _Actor:
+    """``poll.remote()`` awaits ``answer()``: a status, an exception, or never."""
+
+    def __init__(self, answer):
+        self.poll = _Method(answer)
+
+
+def _status(rank, phase=Phase.TRAINING):
+    async def answer():
+        return WorkerStatus(rank=rank, phase=phase)
+    return answer
+
+
+async def _never():
+    await asyncio.sleep(3600)
+
+
+async def _dead():
+    raise RayActorError()
+
+
+def _run(relay, actors, seconds):
+    async def go():
+        relay.watch(actors)
+        await asyncio.sleep(seconds)
+        return relay.take()
+    return asyncio.run(go())
+
+
+def test_one_take_returns_every_actors_answers_and_the_age_of_unanswered_polls():
+    relay = PollRelay(interval_s=0.01)
+    a, b, silent = _Actor(_status(0)), _Actor(_status(1)), _Actor(_never)
+    events, unanswered = _run(relay, {0: a, 1: b, 2: silent}, 0.1)
+    heard = {index for index, kind, _ in events if kind == HEARD}
+    assert heard == {0, 1}
+    assert a.poll.calls >= 3  # polled again each interval once answered
+    assert silent.poll.calls == 1  # at most one poll in flight per actor
+    assert set(unanswered) == {2} and unanswered[2] >= 0.05
+
+
+def test_a_dead_actor_is_a_death_and_a_briefly_unavailable_one_is_asked_again():
+    tries = []
+
+    async def unavailable_once():
+        tries.append(1)
+        if len(tries) == 1:
+            raise ActorUnavailableError("connection reset", None)
+        return WorkerStatus(rank=1, phase=Phase.TRAINING)
+
+    relay = PollRelay(interval_s=0.01)
+    events, _ = _run(relay, {0: _Actor(_dead), 1: _Actor(unavailable_once)}, 0.1)
+    assert [kind for index, kind, _ in events if index == 0] == [DIED]  # said once, not polled again
+    assert next(payload for index, kind, payload in events if kind == DIED)[0] == "RayActorError"
+    assert (1, HEARD) in {(index, kind) for index, kind, _ in events}
+    assert not any(index == 1 and kind == DIED for index, kind, _ in events)
+
+
+def test_answers_from_an_actor_that_was_replaced_are_dropped():
+    async def late():  # the old actor answers after it was replaced
+        await asyncio.sleep(0.05)
+        return WorkerStatus(rank=0, phase=Phase.FAILED)
+
+    async def go():
+        relay = PollRelay(interval_s=0.01)
+        relay.watch({0: _Actor(late)})
+        await asyncio.sleep(0.02)  # the old actor's poll is out
+        relay.replace(0, _Actor(_status(0, Phase.STARTING)))
+        await asyncio.sleep(0.1)
+        return relay.take()
+
+    events, _ = asyncio.run(go())
+    phases = {payload.phase for index, kind, payload in events if kind == HEARD}
+    assert phases == {Phase.STARTING}
+
+
+def test_fed_to_the_watch_a_death_and_a_long_silence_are_failures():
+    watch = GroupWatch({0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}, start_timeout_s=120, worker_timeout_s=5,
+                       hang_timeout_s=None)
+    now = time.monotonic()
+    feed(watch, [(0, HEARD, WorkerStatus(rank=0, phase=Phase.TRAINING)), (1, DIED, ("RayActorError", "gone"))],
+         {2: 6.0}, now)
+    status = watch.round(None)
+    kinds = {f.rank: f.kind for f in status.failures}
+    assert kinds == {1: FailureKind.DIED, 2: FailureKind.UNRESPONSIVE}
+    assert status.phases[0] == Phase.TRAINING
