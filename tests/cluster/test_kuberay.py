@@ -89,12 +89,12 @@ def test_the_raycluster_autoscales_gpu_groups_from_zero_and_keeps_training_off_t
 
 
 def test_the_raycluster_runs_the_ray_raytf_is_tested_with_and_stores_checkpoints_in_s3():
-    import ray
+    from raytf._version import NEWEST
 
     spec = manifest("raycluster.yaml")["spec"]
-    assert spec["rayVersion"] == ray.__version__
+    assert spec["rayVersion"] == NEWEST["ray"]
     dockerfile = open(os.path.join(CLUSTER, "docker", "Dockerfile")).read()
-    assert f"FROM rayproject/ray:{ray.__version__}-py311-gpu" in dockerfile
+    assert f"FROM rayproject/ray:{NEWEST['ray']}-py311-gpu" in dockerfile
     for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
         for container in containers(group):
             env = {e["name"]: e["value"] for e in container.get("env", [])}

@@ -38,7 +38,9 @@ def test_a_keras_optimizer_without_the_hook_fails_the_feature_naming_versions_an
         compression.patch_optimizers()
     message = str(info.value)
     assert "TFOptimizer._all_reduce_sum_gradients" in message and f"keras {keras.__version__}" in message
-    assert "raytf is tested with TensorFlow 2.21" in message
+    from raytf._version import NEWEST, OLDEST
+
+    assert f"raytf is tested with TensorFlow {OLDEST['tensorflow']} to {NEWEST['tensorflow']}" in message
     assert "turn off TensorflowConfig.gradient_compression and raytf.keras.local_sgd" in message
 
 

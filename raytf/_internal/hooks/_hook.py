@@ -8,8 +8,11 @@ from typing import Callable
 
 from raytf.errors import HookError
 
+from raytf._version import NEWEST, OLDEST
+
 # The versions raytf's tests run against (pyproject.toml allows this range).
-TESTED = "TensorFlow 2.21, Keras 3.15, tf-keras 2.21, Ray 2.60"
+TESTED = ", ".join(f"{name} {OLDEST[key]} to {NEWEST[key]}" for key, name in (
+    ("tensorflow", "TensorFlow"), ("keras", "Keras"), ("tf_keras", "tf-keras"), ("ray", "Ray")))
 
 
 @dataclass(frozen=True)
