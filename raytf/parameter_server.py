@@ -244,11 +244,11 @@ class ParameterServerTrainer(Trainer):
                     if problem:
                         raise ConfigError(problem)
 
-    def _run_spec(self, *args: Any) -> RunSpec:
+    def _tensorflow_settings(self) -> Any:
         # A server runs the chief's functions and their input pipelines on its inter-op threads, and one
         # function waits on another's result: with a single inter-op thread (raytf's default for one CPU)
         # the first step deadlocks. TensorFlow's own default sizes the pool unless the user set it.
-        return dataclasses.replace(super()._run_spec(*args), inter_op_threads=self.tensorflow.inter_op_threads or 0)
+        return dataclasses.replace(super()._tensorflow_settings(), inter_op_threads=self.tensorflow.inter_op_threads or 0)
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
         from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, StartupTiming

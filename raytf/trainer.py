@@ -26,7 +26,9 @@ from raytf._internal.driver.progress import ProgressDisplay, format_metrics
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.lease import RunLease
-from raytf._internal.protocol import PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef, UserCode
+from raytf._internal.protocol import (
+    PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef, TensorflowSettings, UserCode,
+)
 from raytf._internal.storage import RunStorage
 from raytf.config import CheckpointConfig, DataConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import ConfigError, RunInUseError
@@ -244,19 +246,24 @@ class Trainer:
                 raise ConfigError(problem)
 
     def _run_spec(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes) -> RunSpec:
+        return RunSpec(
+            run_name=name, run_path=storage.uri, payload=payload, tensorflow=self._tensorflow_settings(),
+            storage=StorageRef(storage.filesystem, storage.root), lease_token=lease.token,
+            save_every=_save_every(self.run.checkpoint_config),
+            split=tuple(sorted(self.data_config.split(list(self.datasets)))), plugins=("raytf.keras._keras3",),
+        )
+
+    def _tensorflow_settings(self) -> TensorflowSettings:
+        """The TensorflowConfig as this run's workers apply it."""
         intra, inter = self.tensorflow.threads(self.scaling)
         tensorflow = self.tensorflow
-        return RunSpec(
-            run_name=name, run_path=storage.uri, payload=payload,
+        return TensorflowSettings(
             communication=tensorflow.resolve_communication(self.scaling),
             collective_timeout_s=tensorflow.collective_timeout_s, intra_op_threads=intra, inter_op_threads=inter,
             use_gpu=self.scaling.use_gpu, gpu_memory_growth=tensorflow.gpu_memory_growth,
             env=dict(tensorflow.worker_env), keras=tensorflow.keras, mixed_precision=tensorflow.mixed_precision,
-            log_level=tensorflow.log_level, storage=StorageRef(storage.filesystem, storage.root),
-            lease_token=lease.token, save_every=_save_every(self.run.checkpoint_config),
-            split=tuple(sorted(self.data_config.split(list(self.datasets)))),
-            bytes_per_pack=tensorflow.bytes_per_pack, gradient_compression=tensorflow.gradient_compression,
-            error_feedback=tensorflow.error_feedback, plugins=("raytf.keras._keras3",),
+            log_level=tensorflow.log_level, bytes_per_pack=tensorflow.bytes_per_pack,
+            gradient_compression=tensorflow.gradient_compression, error_feedback=tensorflow.error_feedback,
         )
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:

@@ -299,29 +299,37 @@ class UserCode:
 
 
 @dataclass(frozen=True)
+class TensorflowSettings:
+    """TensorflowConfig as resolved for one run's workers: communication decided from the
+    bundles, thread pools sized from the CPUs each worker holds."""
+
+    communication: str
+    collective_timeout_s: Optional[float]
+    intra_op_threads: int
+    inter_op_threads: int  # 0: TensorFlow sizes the pool (a parameter-server task's default)
+    use_gpu: bool
+    gpu_memory_growth: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # TensorflowConfig.worker_env
+    keras: str = "auto"
+    mixed_precision: Optional[str] = None
+    log_level: str = "error"  # TensorFlow's C++ lines shown
+    bytes_per_pack: int = 0  # all-reduce fusion
+    gradient_compression: Optional[str] = None  # "bfloat16", "float16"
+    error_feedback: bool = False
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What every worker of a run shares, built once by the driver."""
 
     run_name: str
     run_path: str
     payload: bytes  # a cloudpickled UserCode
-    communication: str
-    collective_timeout_s: Optional[float]
-    intra_op_threads: int
-    inter_op_threads: int
-    use_gpu: bool
-    gpu_memory_growth: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    keras: str = "auto"
-    mixed_precision: Optional[str] = None
-    log_level: str = "error"  # TensorflowConfig.log_level: TensorFlow's C++ lines shown
+    tensorflow: TensorflowSettings
     storage: Optional[StorageRef] = None
     lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
-    save_every: Optional[SaveEvery] = None
-    split: tuple[str, ...] = ()  # the datasets split across the workers
-    bytes_per_pack: int = 0  # TensorflowConfig.bytes_per_pack: all-reduce fusion
-    gradient_compression: Optional[str] = None  # TensorflowConfig.gradient_compression: "bfloat16", "float16"
-    error_feedback: bool = False
+    save_every: Optional[SaveEvery] = None  # CheckpointConfig's schedule, for ReportCallback
+    split: tuple[str, ...] = ()  # DataConfig: the datasets split across the workers
     # Modules of raytf's public layer that plug into a worker's start, by name (so the worker imports
     # nothing above it): imported while it loads, then ``on_strategy(strategy, keras3)`` once its
     # strategy is up (raytf.keras._keras3 routes Keras 3's fit there).

@@ -6,7 +6,7 @@ import sys
 import pytest
 from ray import cloudpickle
 
-from raytf._internal.protocol import Phase, RankInfo, RunSpec, UserCode, WorkerSpec
+from raytf._internal.protocol import Phase, RankInfo, RunSpec, TensorflowSettings, UserCode, WorkerSpec
 from raytf._internal.worker.payloads import ScriptFailed, SubprocessPayload
 from raytf.errors import FailureKind
 
@@ -35,8 +35,8 @@ class Host:
 
 def run(code):
     spec = RunSpec(run_name="r", run_path="/tmp/r", payload=cloudpickle.dumps(UserCode(command=(sys.executable, "-c", code))),
-                   communication="ring", collective_timeout_s=None, intra_op_threads=1, inter_op_threads=1,
-                   use_gpu=False)
+                   tensorflow=TensorflowSettings(communication="ring", collective_timeout_s=None, intra_op_threads=1,
+                                                 inter_op_threads=1, use_gpu=False))
     worker = WorkerSpec(role="worker", rank=RankInfo(0, 2, 0, 2, 0, 1),
                         tf_config=json.dumps({"cluster": {"worker": ["a:1", "a:2"]}, "task": {"type": "worker", "index": 0}}),
                         attempt=0)

@@ -8,13 +8,13 @@ import tempfile
 import pytest
 
 from raytf._internal.data.worker_files import ShardFileWriter, shard_directory
-from raytf._internal.protocol import RunSpec
+from raytf._internal.protocol import RunSpec, TensorflowSettings
 from raytf.errors import DatasetShardError
 
 
 def run(path="/results/a/ps", name="ps", token="lease-1"):
-    return RunSpec(run_name=name, run_path=path, payload=b"", communication="ring", collective_timeout_s=None,
-                   intra_op_threads=1, inter_op_threads=1, use_gpu=False, lease_token=token)
+    return RunSpec(run_name=name, run_path=path, payload=b"", lease_token=token, tensorflow=TensorflowSettings(
+        communication="ring", collective_timeout_s=None, intra_op_threads=1, inter_op_threads=1, use_gpu=False))
 
 
 @pytest.fixture

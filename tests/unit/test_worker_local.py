@@ -1,5 +1,6 @@
 """Worker-side pieces that need no Ray."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -13,7 +14,9 @@ import pytest
 import raytf
 from raytf import RaytfError
 from raytf._internal.checkpoint.manager import CheckpointEntry
-from raytf._internal.protocol import RankInfo, ResumePoint, RunSpec, SaveEvery, StorageRef, WorkerSpec
+from raytf._internal.protocol import (
+    RankInfo, ResumePoint, RunSpec, SaveEvery, StorageRef, TensorflowSettings, WorkerSpec,
+)
 from raytf._internal.worker.session import WorkerSession, to_plain
 from raytf._internal.worker.tensorflow import reserve_port
 from raytf._internal.worker.tensorflow import worker_environment as _worker_environment
@@ -43,11 +46,12 @@ def test_reserved_port_cannot_be_taken_until_released():
 
 def spec(**overrides):
     """(the run's spec, one worker's), with ``overrides`` applied to the run's."""
-    values = dict(
-        run_name="r", run_path="/tmp/r", payload=b"", communication="ring", collective_timeout_s=None,
-        intra_op_threads=3, inter_op_threads=2, use_gpu=False,
-    )
-    values.update(overrides)
+    settings = dict(communication="ring", collective_timeout_s=None, intra_op_threads=3, inter_op_threads=2,
+                    use_gpu=False)
+    names = {f.name for f in dataclasses.fields(TensorflowSettings)}
+    settings.update({k: v for k, v in overrides.items() if k in names})
+    values = dict(run_name="r", run_path="/tmp/r", payload=b"", tensorflow=TensorflowSettings(**settings))
+    values.update({k: v for k, v in overrides.items() if k not in names})
     worker = WorkerSpec(role="worker", rank=RankInfo(1, 2, 0, 1, 1, 2),
                         tf_config=json.dumps({"task": {"index": 1}}), attempt=0)
     return RunSpec(**values), worker

@@ -121,7 +121,7 @@ class TrainWorker:
         from raytf._internal.worker.tensorflow import load_keras, run_environment
 
         os.environ.update(run_environment(run))
-        self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
+        self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
         cloudpickle.loads(run.payload)
         load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
         self.warmed = True
@@ -132,7 +132,7 @@ class TrainWorker:
             return  # the driver's call again, after Ray said this actor was briefly unavailable
         self._rank = spec.rank.world_rank
         self._task = str(spec.task) if spec.task is not None else ""
-        self._output.level, self._output.use_gpu = run.log_level, run.use_gpu
+        self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
         _logs.name_in_log_prefix(f"raytf {self._task}" if self._task else f"raytf rank {self._rank}")
         self._payload = PAYLOADS[payload]()
         self._phase = Phase.STARTING

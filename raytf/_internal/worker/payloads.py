@@ -78,16 +78,16 @@ class TrainFnPayload:
         _tensorflow.configure_tensorflow(run)
         keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
         _hooks.require(*_hooks.needed(keras3=keras3, tf_keras="tf_keras" in sys.modules,
-                                      compression=run.gradient_compression is not None, gpu=run.use_gpu,
+                                      compression=run.tensorflow.gradient_compression is not None, gpu=run.tensorflow.use_gpu,
                                       parameter_server=False))
         host.set_phase(Phase.READY)
         host.wait_for_go()
         host.set_phase(Phase.CONNECTING)
         host.release_port()
         _strategy.wait_for_leader(spec.tf_config)
-        strategy = _strategy.make_strategy(run.communication, run.collective_timeout_s, run.bytes_per_pack)
+        strategy = _strategy.make_strategy(run.tensorflow.communication, run.tensorflow.collective_timeout_s, run.tensorflow.bytes_per_pack)
         _strategy.install(strategy)
-        _compression.install(run.gradient_compression, run.error_feedback)
+        _compression.install(run.tensorflow.gradient_compression, run.tensorflow.error_feedback)
         for plugin in _tensorflow.load_plugins(run):  # Keras 3's model.fit fails under the strategy alone
             plugin.on_strategy(strategy, keras3)
         context = TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name,
@@ -221,7 +221,7 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> UserCode:
     _tensorflow.configure_tensorflow(run)
     _tensorflow.configure_keras(run)
     _hooks.require(*_hooks.needed(keras3=False, tf_keras="tf_keras" in sys.modules, compression=False,
-                                  gpu=run.use_gpu, parameter_server=True))
+                                  gpu=run.tensorflow.use_gpu, parameter_server=True))
     return code
 
 

@@ -57,18 +57,18 @@ def run_environment(run: RunSpec) -> dict[str, str]:
     """The part of the worker's environment that is the run's, not its rank's (all but TF_CONFIG):
     what a warm standby sets before it imports TensorFlow."""
     env = {
-        _env.TF_NUM_INTRAOP_THREADS: str(run.intra_op_threads),
-        _env.TF_NUM_INTEROP_THREADS: str(run.inter_op_threads),
-        _env.OMP_NUM_THREADS: str(run.intra_op_threads),
+        _env.TF_NUM_INTRAOP_THREADS: str(run.tensorflow.intra_op_threads),
+        _env.TF_NUM_INTEROP_THREADS: str(run.tensorflow.inter_op_threads),
+        _env.OMP_NUM_THREADS: str(run.tensorflow.intra_op_threads),
     }
-    if not run.use_gpu:
+    if not run.tensorflow.use_gpu:
         # A CPU worker on a GPU node must not grab the GPUs other workers own.
         env[_env.CUDA_VISIBLE_DEVICES] = ""
-    env[_env.TF_CPP_MIN_LOG_LEVEL] = _logs.tf_cpp_min_log_level(run.log_level)
-    if run.keras != "auto":
+    env[_env.TF_CPP_MIN_LOG_LEVEL] = _logs.tf_cpp_min_log_level(run.tensorflow.log_level)
+    if run.tensorflow.keras != "auto":
         # TensorFlow reads it once, on import: tf.keras is then tf-keras 2 or Keras 3.
-        env[_env.TF_USE_LEGACY_KERAS] = "1" if run.keras == "tf_keras" else "0"
-    env.update(run.env)
+        env[_env.TF_USE_LEGACY_KERAS] = "1" if run.tensorflow.keras == "tf_keras" else "0"
+    env.update(run.tensorflow.env)
     return env
 
 
@@ -103,19 +103,19 @@ def configure_keras(run: RunSpec) -> None:
     import tensorflow as tf
 
     legacy = tf.keras.Sequential.__module__.startswith("tf_keras")
-    if run.keras == "tf_keras" and not legacy:
+    if run.tensorflow.keras == "tf_keras" and not legacy:
         raise RuntimeError(
             "TensorflowConfig(keras='tf_keras'), but tf.keras on this worker is Keras 3: install "
             "tf-keras (pip install tf-keras) in the workers' environment, and do not import "
             "TensorFlow before raytf sets TF_USE_LEGACY_KERAS"
         )
-    if run.keras == "keras3" and legacy:
+    if run.tensorflow.keras == "keras3" and legacy:
         raise RuntimeError(
             "TensorflowConfig(keras='keras3'), but tf.keras on this worker is tf-keras: TensorFlow "
             "was imported before raytf could set TF_USE_LEGACY_KERAS=0"
         )
-    if run.mixed_precision is not None:
-        tf.keras.mixed_precision.set_global_policy(run.mixed_precision)
+    if run.tensorflow.mixed_precision is not None:
+        tf.keras.mixed_precision.set_global_policy(run.tensorflow.mixed_precision)
 
 
 def load_keras(run: RunSpec) -> bool:
@@ -126,7 +126,7 @@ def load_keras(run: RunSpec) -> bool:
     import tensorflow as tf
 
     keras3 = not tf.keras.Sequential.__module__.startswith("tf_keras") or "keras" in sys.modules
-    if keras3 and run.keras != "tf_keras":
+    if keras3 and run.tensorflow.keras != "tf_keras":
         load_plugins(run)  # raytf's Keras 3 support, before the start barrier
         return True
     return False
@@ -158,9 +158,9 @@ def configure_tensorflow(run: RunSpec) -> None:
 
     _logs.quiet_tensorflow_python()
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(run.intra_op_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(run.inter_op_threads)
-        if run.gpu_memory_growth:
+        tf.config.threading.set_intra_op_parallelism_threads(run.tensorflow.intra_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(run.tensorflow.inter_op_threads)
+        if run.tensorflow.gpu_memory_growth:
             for gpu in tf.config.list_physical_devices("GPU"):
                 tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError as error:  # the context was initialized before raytf got here
