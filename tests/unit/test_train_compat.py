@@ -80,14 +80,21 @@ def test_ray_trains_own_configs_are_taken_as_they_are():
 
 
 def test_a_ray_train_setting_raytf_has_no_counterpart_for_is_named():
+    import inspect
+
     import ray.train
 
-    with pytest.raises(ConfigError, match=r"ray.train.FailureConfig\(controller_failure_limit=...\) has no counterpart"):
+    # Ray Train V2 (Ray 2.51 on) has controller_failure_limit and max_preemption_failures; V1 (the
+    # oldest Ray raytf supports) has fail_fast instead, and no preemption budget to carry over.
+    ray_only = "controller_failure_limit" if "controller_failure_limit" in inspect.signature(
+        ray.train.FailureConfig).parameters else "fail_fast"
+    with pytest.raises(ConfigError, match=rf"ray.train.FailureConfig\({ray_only}=...\) has no counterpart"):
         train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
-            failure_config=ray.train.FailureConfig(controller_failure_limit=3)))
-    bounded = train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
-        failure_config=ray.train.FailureConfig(max_preemption_failures=3)))._trainer
-    assert bounded.run.failure_config.max_preemptions == 3
+            failure_config=ray.train.FailureConfig(**{ray_only: 3 if ray_only == "controller_failure_limit" else True})))
+    if ray_only == "controller_failure_limit":
+        bounded = train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
+            failure_config=ray.train.FailureConfig(max_preemption_failures=3)))._trainer
+        assert bounded.run.failure_config.max_preemptions == 3
     with pytest.raises(ConfigError, match=r"scaling_config=...\) must be a raytf.train.ScalingConfig"):
         train.TensorflowTrainer(lambda: None, scaling_config=ray.train.RunConfig())
 
