@@ -25,12 +25,12 @@ UNAVAILABLE_RETRY_S = 0.5  # between calls to an actor Ray calls briefly unavail
 def new_worker(run_name: str, name: str, **options: Any) -> Any:
     """A worker actor named ``name`` (for the dashboard and ``ray.get_actor``). Names hold the run's
     name, so two runs of one name at once in one driver (one Ray namespace) would clash: that is
-    an error naming the fix, not Ray's ActorAlreadyExistsError."""
-    from ray.exceptions import ActorAlreadyExistsError
-
+    an error naming the fix, not Ray's ActorAlreadyExistsError (a ValueError before Ray 2.51)."""
     try:
         return _RemoteWorker.options(name=name, **options).remote()
-    except ActorAlreadyExistsError:
+    except ValueError as error:  # ActorAlreadyExistsError subclasses it
+        if "already" not in str(error):
+            raise
         raise ConfigError(
             f"another run named {run_name!r} is training in this driver (its worker actor {name!r} exists "
             "in this Ray namespace): give each run that trains at the same time its own RunConfig.name"
