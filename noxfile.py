@@ -16,13 +16,13 @@ import nox
 nox.options.sessions = ["oldest", "newest"]
 nox.options.reuse_existing_virtualenvs = True
 
-# The lower bounds of pyproject.toml's dependencies, pinned. numpy 2 needs TensorFlow 2.18.
+# The lower bounds of pyproject.toml's dependencies, pinned (raytf/_version.py names them too).
 OLDEST = [
     "tensorflow==2.16.2",
     "tf-keras==2.16.0",
     "keras==3.3.3",
     "ray[default,data]==2.50.1",
-    "numpy<2",
+    "numpy==1.26.4",  # numpy 2 needs TensorFlow 2.18
     "pyarrow==14.0.2",
 ]
 

@@ -1,0 +1,127 @@
+"""The worker group's pure parts: the two cluster shapes (shapes.py) and the callbacks
+(callbacks.py), run against a plain stand-in for the group (members.py's GroupView), no Ray."""
+
+import json
+import types
+
+from raytf._internal.driver import callbacks as group_callbacks
+from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, StartupTiming
+from raytf._internal.driver.members import Member
+from raytf._internal.driver.shapes import MirroredShape, ParameterServerShape, addresses_by_role
+from raytf._internal.driver.topology import build_tf_config
+from raytf._internal.driver.watch import GroupWatch
+from raytf._internal.protocol import GroupStatus, PayloadKind, Phase, Progress, RoleSpec, WorkerAddress, WorkerStatus
+
+
+def _members(roles_and_nodes):
+    """Members in bundle order: (role, node) each, with an address on that node."""
+    members, tasks = [], {}
+    for bundle, (role, node) in enumerate(roles_and_nodes):
+        task = tasks.get(role.name, 0)
+        tasks[role.name] = task + 1
+        members.append(Member(role, task, bundle, actor=_Actor(),
+                              address=WorkerAddress(node, f"10.0.0.{node[-1]}", 5000 + bundle)))
+    return members
+
+
+class _Method:
+    def __init__(self, calls, name):
+        self._calls, self._name = calls, name
+
+    def remote(self, *args):
+        self._calls.append((self._name, args))
+
+
+class _Actor:
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return _Method(self.calls, name)
+
+
+def _group(shape, members, **more):
+    fields = dict(shape=shape, members=members, preempt_reason=None, watch=None, times={}, trainer_index=0)
+    return types.SimpleNamespace(**{**fields, **more})
+
+
+WORKER = RoleSpec("worker", 1, 4, {"CPU": 1})
+
+
+def test_mirrored_workers_take_world_ranks_by_node_and_tf_config_lists_them_in_rank_order():
+    # Bundles landed on nodes a, b, a, b: node a's workers take ranks 0 and 1.
+    members = MirroredShape().order(_members([(WORKER, "node-a"), (WORKER, "node-b"), (WORKER, "node-a"),
+                                              (WORKER, "node-b")]))
+    assert [m.bundle for m in members] == [0, 2, 1, 3]
+    assert [(m.task, m.rank.local_rank, m.rank.node_rank) for m in members] == [(0, 0, 0), (1, 1, 0), (2, 0, 1),
+                                                                                 (3, 1, 1)]
+    cluster = addresses_by_role(members)
+    assert cluster["worker"] == [m.address.host_port for m in members]
+    assert json.loads(build_tf_config(cluster, members[2].task, "worker"))["task"] == {"type": "worker", "index": 2}
+    assert MirroredShape().count(WORKER, 3) == 3  # the elastic size
+
+
+def test_parameter_server_tasks_keep_role_order_and_only_the_chief_is_a_group_of_one():
+    chief, ps = RoleSpec("chief", 1, 1, {"CPU": 1}), RoleSpec("ps", 2, 2, {"CPU": 1})
+    shape = ParameterServerShape()
+    members = shape.order(_members([(chief, "node-a"), (WORKER, "node-a"), (WORKER, "node-b"), (ps, "node-b"),
+                                    (ps, "node-a")]))
+    assert [m.label for m in members] == ["chief 0", "worker 0", "worker 1", "ps 0", "ps 1"]
+    assert (members[0].rank.world_rank, members[0].rank.world_size) == (0, 1)
+    assert [m.rank.world_rank for m in members[1:]] == [1, 2, 3, 4]
+    assert shape.count(WORKER, 1) == WORKER.max_count  # not elastic
+    assert shape.describe(members[3], 3) == "ps 0" and MirroredShape().describe(members[3], 3) == "rank 3"
+
+
+def test_startup_timing_reports_the_phases_once_the_attempt_trains():
+    watch = GroupWatch({0: "10.0.0.1"}, start_timeout_s=60, worker_timeout_s=30, hang_timeout_s=None,
+                       clock=lambda: 10.0)
+    group = _group(MirroredShape(), [], times={"began": 1.0, "placed": 2.0, "actors_up": 4.0})
+    group.watch = watch
+    timing = StartupTiming()
+    timing.before_start(group, 0)
+    watch.heard(0, WorkerStatus(rank=0, phase=Phase.TRAINING))
+    status = timing.after_poll(group, watch.round(None))
+    assert status.startup is None  # connected, but no step yet
+    watch.heard(0, WorkerStatus(rank=0, phase=Phase.TRAINING, progress=Progress(epoch=0, step=1, global_step=1)))
+    status = timing.after_poll(group, watch.round(None))
+    assert status.startup == {"placement": 1.0, "actors": 2.0, "loading": 6.0, "connect": 0.0, "first_step": 0.0,
+                              "total": 9.0}
+    assert timing.after_poll(group, watch.round(None)).startup is None  # once per attempt
+
+
+def test_a_draining_node_preempts_the_members_on_it(monkeypatch):
+    chief = RoleSpec("chief", 1, 1, {"CPU": 1})
+    members = _members([(chief, "node-1"), (WORKER, "node-2")])
+    preempted = []
+    group = _group(ParameterServerShape(), members, preempt=lambda index, why: preempted.append((index, why)))
+    monkeypatch.setattr(group_callbacks.cluster, "draining_nodes", lambda: {"node-2": 0})
+    drains = DrainWatch(interval_s=1.0)
+    drains.on_answers(group, now=5.0)
+    assert preempted == [(1, "node 10.0.0.2 of worker 0 is draining")]
+    drains.on_answers(group, now=5.5)  # asks Ray once a second, not every poll
+    assert len(preempted) == 1
+
+
+def test_the_evaluator_is_told_to_finish_once_the_chief_returned_and_so_is_its_replacement():
+    chief = RoleSpec("chief", 1, 1, {"CPU": 1}, PayloadKind.CHIEF)
+    evaluator = RoleSpec("evaluator", 1, 1, {"CPU": 1}, PayloadKind.EVALUATOR)
+    members = _members([(chief, "node-1"), (evaluator, "node-1")])
+    group = _group(ParameterServerShape(), members)
+    group.watch = types.SimpleNamespace(phases={0: Phase.TRAINING})
+    finish = FinishEvaluator()
+    finish.before_start(group, 0)
+    finish.on_answers(group, 1.0)
+    assert members[1].actor.calls == []
+    group.watch.phases[0] = Phase.FINISHED
+    finish.on_answers(group, 2.0)
+    finish.on_answers(group, 3.0)
+    assert members[1].actor.calls == [("finish", ())]
+    replacement = Member(evaluator, 0, 1, actor=_Actor())
+    finish.after_replace(group, replacement)
+    assert replacement.actor.calls == [("finish", ())]
+
+
+def test_an_unchanged_status_passes_through_callbacks_that_have_nothing_to_add():
+    status = GroupStatus(finished=True)
+    assert group_callbacks.GroupCallback().after_poll(_group(MirroredShape(), []), status) is status
