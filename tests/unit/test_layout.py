@@ -2,6 +2,7 @@
 import time, and the control plane importing neither."""
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -34,9 +35,14 @@ PURE = [
 ]
 
 
+@functools.lru_cache(maxsize=None)
+def parse(path):
+    return ast.parse(path.read_text())
+
+
 def imports(path):
     """(module, at module level) for every import in the file."""
-    tree = ast.parse(path.read_text())
+    tree = parse(path)
     top = set(map(id, tree.body))
     found = []
     for node in ast.walk(tree):
@@ -82,6 +88,7 @@ def module_name(name):
     return dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted
 
 
+@functools.lru_cache(maxsize=None)
 def raytf_imports():
     """module -> the raytf modules it imports, anywhere in it."""
     names = {module_name(n) for n in modules()}
@@ -90,7 +97,7 @@ def raytf_imports():
         found = set()
         for module, _ in imports(PACKAGE / name):
             found |= {module} & names
-            tree_from = [n for n in ast.walk(ast.parse((PACKAGE / name).read_text()))
+            tree_from = [n for n in ast.walk(parse(PACKAGE / name))
                          if isinstance(n, ast.ImportFrom) and n.module == module]
             found |= {f"{module}.{a.name}" for node in tree_from for a in node.names} & names
         graph[module_name(name)] = found - {module_name(name)}
