@@ -157,7 +157,8 @@ def _spec_of(column: str, arrow_type: Any, dataset: str) -> tuple[Any, tuple[Opt
                 f"raytf.get_dataset_shard({dataset!r}): column {column!r} is ragged (variable-"
                 "shaped tensors); give it a fixed shape in Ray Data first"
             )
-        return tf.as_dtype(arrow_type.value_type.to_pandas_dtype()), tuple(shape)
+        value_type = getattr(arrow_type, "value_type", None) or arrow_type.scalar_type  # before Ray 2.51: scalar_type
+        return tf.as_dtype(value_type.to_pandas_dtype()), tuple(shape)
     if pa.types.is_fixed_size_list(arrow_type):
         dtype, inner = _spec_of(column, arrow_type.value_type, dataset)
         return dtype, (arrow_type.list_size, *inner)
