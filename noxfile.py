@@ -20,7 +20,7 @@ nox.options.reuse_existing_virtualenvs = True
 OLDEST = [
     "tensorflow==2.16.2",
     "tf-keras==2.16.0",
-    "keras==3.3.3",
+    "keras==3.10.0",  # the first Keras whose metrics sum over workers under a tf.distribute strategy
     "ray[default,data]==2.50.1",
     "numpy==1.26.4",  # numpy 2 needs TensorFlow 2.18
     "pyarrow==14.0.2",

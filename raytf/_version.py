@@ -7,4 +7,4 @@ __version__ = "0.1.0"
 # integration tiers on the oldest, which are pyproject.toml's lower bounds. The cluster manifests
 # and image pin the newest Ray.
 NEWEST = {"tensorflow": "2.21", "keras": "3.15", "tf_keras": "2.21", "ray": "2.60.0"}
-OLDEST = {"tensorflow": "2.16", "keras": "3.3", "tf_keras": "2.16", "ray": "2.50.1"}
+OLDEST = {"tensorflow": "2.16", "keras": "3.10", "tf_keras": "2.16", "ray": "2.50.1"}

@@ -44,6 +44,17 @@ def test_a_keras_optimizer_without_the_hook_fails_the_feature_naming_versions_an
     assert "turn off TensorflowConfig.gradient_compression and raytf.keras.local_sgd" in message
 
 
+def test_a_keras_whose_metrics_do_not_sum_over_workers_is_refused(monkeypatch):
+    from keras.src.metrics.metric import Metric
+
+    def add_variable(self, shape, initializer, dtype=None, aggregation="sum", name=None):
+        """Keras before 3.10: a plain variable per worker."""
+
+    monkeypatch.setattr(Metric, "add_variable", add_variable)
+    with pytest.raises(raytf.HookError, match="synchronize metric variables on read"):
+        hooks.require("keras.model_fit")
+
+
 def test_a_tf_keras_without_the_hook_fails_the_same_way(monkeypatch):
     from tf_keras.src.optimizers.legacy import optimizer_v2
 

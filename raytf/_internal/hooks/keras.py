@@ -22,16 +22,25 @@ def tf_optimizer_class() -> type:
 
 
 def _probe_fit() -> None:
+    import inspect
+
     import keras
+    from keras.src.metrics.metric import Metric
 
     for method in ("fit", "evaluate"):
         assert callable(getattr(keras.Model, method, None)), f"keras.Model.{method}"
+    # raytf's fit reads each metric once an epoch, outside strategy.run, where a variable synchronized
+    # on read sums every worker's state. Keras makes metric variables so from 3.10; before, every
+    # worker would log its own data's metrics, and callbacks on them would disagree.
+    assert '"on_read"' in inspect.getsource(Metric.add_variable), (
+        "keras.src.metrics.metric.Metric.add_variable does not synchronize metric variables on read")
 
 
 HOOKS = [
     Hook("keras.optimizer_all_reduce", "keras", "keras.src.backend.tensorflow.optimizer.TFOptimizer"
          "._all_reduce_sum_gradients", "gradient compression and raytf.keras.local_sgd under Keras 3",
          "TensorflowConfig.gradient_compression and raytf.keras.local_sgd", tf_optimizer_class),
-    Hook("keras.model_fit", "keras", "keras.Model.fit and keras.Model.evaluate (replaced in the worker)",
+    Hook("keras.model_fit", "keras", "keras.Model.fit and keras.Model.evaluate (replaced in the worker), and "
+         "metric variables synchronized on read (Metric.add_variable)",
          "Keras 3's model.fit under MultiWorkerMirroredStrategy", "TensorflowConfig(keras='tf_keras')", _probe_fit),
 ]
