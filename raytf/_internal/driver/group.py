@@ -155,8 +155,10 @@ class WorkerGroup:
     def _new_actor(self, member: Member) -> Any:
         """A new actor for ``member``'s bundle, which loads TensorFlow and train_fn when it starts."""
         bundle = member.role.bundle
-        name = f"{member.label.replace(' ', '-')}{f':{member.generation}' if member.generation else ''}" \
-            if self.shape.named_tasks else str(member.bundle)
+        if self.shape.named_tasks:  # "worker-1", then "worker-1:1" for its first replacement
+            name = member.label.replace(" ", "-") + (f":{member.generation}" if member.generation else "")
+        else:
+            name = str(member.bundle)
         return new_worker(
             self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}",
             num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
