@@ -148,11 +148,11 @@ def _process_started_at() -> float:
 
 
 def exit_after_warm_up(config: dict) -> None:
-    """Attempt 0: no step and no report (a loop that tells raytf nothing); rank 1 waits
-    ``linger_s`` (for standbys to warm up), notes the time and kills its own process. Every
-    attempt writes, per rank, its pid, when its process was created, its actor's name, and the
-    ``id`` values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json); attempt 1
-    trains small_train."""
+    """Attempt 0: one report (the driver starts the standbys then); rank 1 waits until the
+    ``warm_standbys`` standbys are up, notes the time and kills its own process. Every attempt
+    writes, per rank, its pid, when its process was created, its actor's name, and the ``id``
+    values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json);
+    attempt 1 trains small_train."""
     ctx = raytf.get_context()
     ids = {}
     for name in config.get("datasets", []):
@@ -166,17 +166,37 @@ def exit_after_warm_up(config: dict) -> None:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
     if ctx.attempt == 0:
-        if config.get("kill_standby"):
-            raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now
+        raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now
         if ctx.world_rank == 1:
             if config.get("kill_standby"):
                 _kill_actor(f"raytf:{ctx.run_name}:standby:1")  # one standby dies before it is needed
             else:
-                time.sleep(config["linger_s"])
+                _wait_until_up([f"raytf:{ctx.run_name}:standby:{n}" for n in range(1, config["warm_standbys"] + 1)])
             _write(config["out_dir"], "killed.json", {"time": time.time()})
             os._exit(1)
         time.sleep(600)  # rank 0 waits to be stopped with the group
     small_train(config)
+
+
+def _actor(name: str, deadline: float):
+    """The actor ``name``, once it exists."""
+    import ray
+
+    while True:
+        try:
+            return ray.get_actor(name)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _wait_until_up(names: list, timeout_s: float = 120.0) -> None:
+    """Return once each actor named exists and its process answers (a standby: up, and warming or warm)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    ray.get([_actor(name, deadline).__ray_ready__.remote() for name in names], timeout=timeout_s)
 
 
 def _wait_for_commit(run_path: str, epoch: int, timeout_s: float = 60.0) -> None:
@@ -199,14 +219,7 @@ def _kill_actor(name: str, timeout_s: float = 60.0) -> None:
     import ray
 
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            actor = ray.get_actor(name)
-            break
-        except ValueError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    actor = _actor(name, deadline)
     ray.kill(actor, no_restart=True)
     while time.monotonic() < deadline:
         try:

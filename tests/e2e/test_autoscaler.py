@@ -21,7 +21,7 @@ import time
 import pytest
 import yaml
 
-from tests.e2e.test_job_submit import RAY, REPO, free_port, ray_cli, submit_no_wait, wait_for_job
+from tests.e2e.test_job_submit import HEAD_ENV, RAY, REPO, free_port, ray_cli, submit_no_wait, wait_for_job
 
 pytestmark = pytest.mark.autoscaler
 
@@ -75,7 +75,7 @@ def autoscaling_head(tmp_path):
     config_path = tmp_path / "autoscaling.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / "head.log", "w")
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
+    env = {**HEAD_ENV, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
     # With RAY_AUTH_MODE=token the head needs a token to exist (a bare `ray start` makes one, as
     # the job-submit head does); on a fresh machine there is none yet.
     generated = ray_cli("get-auth-token", "--generate", env=env)

@@ -26,7 +26,9 @@ def cluster():
     cloudpickle.register_pickle_by_value(ray_train_examples)
     c = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {"node_a": 2}},
+        # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
+        head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": free_port(),
+                        "dashboard_agent_listen_port": free_port()},
     )
     c.add_node(num_cpus=2, resources={"node_b": 2})
     c.wait_for_nodes()
@@ -47,10 +49,25 @@ def wait_for(condition, timeout_s: float = 30.0, message: str = "condition"):
         time.sleep(0.2)
 
 
-def live_workers() -> list:
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def actors(*filters: tuple, limit: int = 10_000) -> list:
+    """The actors of this process's cluster (Ray's state API, told which cluster: with parallel
+    test processes there are several on the machine)."""
+    import ray
     from ray.util.state import list_actors
 
-    return list_actors(filters=[("class_name", "=", "TrainWorker"), ("state", "!=", "DEAD")])
+    return list_actors(address=ray.get_runtime_context().gcs_address, filters=list(filters), limit=limit)
+
+
+def live_workers() -> list:
+    return actors(("class_name", "=", "TrainWorker"), ("state", "!=", "DEAD"))
 
 
 def live_placement_groups() -> list:
@@ -59,12 +76,17 @@ def live_placement_groups() -> list:
     return [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"]
 
 
+def assert_no_leaks() -> None:
+    """No worker actor and no placement group outlived its run."""
+    wait_for(lambda: not live_workers(), message="every TrainWorker actor to be dead")
+    wait_for(lambda: not live_placement_groups(), message="every placement group to be removed")
+
+
 @pytest.fixture
 def no_leaks(cluster):
     """Asserts after the test that no worker actor and no placement group outlived its run."""
     yield
-    wait_for(lambda: not live_workers(), message="every TrainWorker actor to be dead")
-    wait_for(lambda: not live_placement_groups(), message="every placement group to be removed")
+    assert_no_leaks()
 
 
 @pytest.fixture(scope="session")
@@ -76,9 +98,7 @@ def s3_filesystem(tmp_path_factory):
 
     import pyarrow.fs as pafs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

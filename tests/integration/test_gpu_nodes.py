@@ -57,7 +57,7 @@ def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_hand
     assigns them none) and the retry runs in them, each seeing exactly the GPU that its bundle's
     worker had before (CUDA_VISIBLE_DEVICES), so the retry's ranks use the same GPUs, none shared."""
     result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 18},
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "warm_standbys": 2},
         scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=1, cpus_per_worker=1),
         run=raytf.RunConfig(name="warm-gpu", storage_path=str(tmp_path / "results"), verbose=0,
                             failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),

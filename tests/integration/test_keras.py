@@ -12,6 +12,7 @@ import pytest
 
 import raytf
 from tests import workloads
+from tests.integration.conftest import assert_no_leaks
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +44,25 @@ def ranks(tmp_path):
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.fixture(scope="module")
+def killed_runs(cluster, tmp_path_factory):
+    """Each Keras path trained 4 epochs on two workers, one of them killed after epoch 1:
+    path -> (its result, its ranks' json)."""
+    out = {}
+    for path in ("keras3", "tf_keras"):
+        root = tmp_path_factory.mktemp(path)
+        result = fit(
+            workloads.keras_train, root, f"keras-{path}", {"path": path, "epochs": 4, "kill_after_epoch": 1},
+            keras=path, datasets=datasets(), failure_config=raytf.FailureConfig(max_failures=1),
+        )
+        assert_no_leaks()
+        out[path] = (result, ranks(root))
+    return out
+
+
 @pytest.mark.parametrize("path", ["keras3", "tf_keras"])
-def test_each_keras_path_trains_two_workers_reports_and_resumes_after_a_kill(cluster, tmp_path, no_leaks, path):
-    result = fit(
-        workloads.keras_train, tmp_path, f"keras-{path}", {"path": path, "epochs": 4, "kill_after_epoch": 1},
-        keras=path, datasets=datasets(), failure_config=raytf.FailureConfig(max_failures=1),
-    )
-    r0, r1 = ranks(tmp_path)
+def test_each_keras_path_trains_two_workers_reports_and_resumes_after_a_kill(killed_runs, path):
+    result, (r0, r1) = killed_runs[path]
     assert r0["keras_version"].startswith("3." if path == "keras3" else "2.")
     # ReportCallback reported every epoch with a checkpoint; the kill after epoch 1
     # cost one retry, which resumed at epoch 2 from epoch 1's checkpoint.
@@ -61,14 +74,11 @@ def test_each_keras_path_trains_two_workers_reports_and_resumes_after_a_kill(clu
     assert result.history[-1]["val_accuracy"] > 0.7
     # Every rank saw the same aggregated epoch logs.
     assert r0["history"] == r1["history"] and len(r0["history"]["loss"]) == 2
-    (tmp_path / f"{path}.json").write_text(json.dumps(result.history[-1]))
 
 
-def test_both_paths_reach_a_comparable_loss(cluster, tmp_path):
-    keras3 = fit(workloads.keras_train, tmp_path / "a", "cmp-keras3", {"path": "keras3", "epochs": 4},
-                 keras="keras3", datasets=datasets())
-    tf_keras = fit(workloads.keras_train, tmp_path / "b", "cmp-tf-keras", {"path": "tf_keras", "epochs": 4},
-                   keras="tf_keras", datasets=datasets())
+def test_both_paths_reach_a_comparable_loss(killed_runs):
+    # The same model, data, steps and resume on each path.
+    keras3, tf_keras = killed_runs["keras3"][0], killed_runs["tf_keras"][0]
     a, b = keras3.metrics["loss"], tf_keras.metrics["loss"]
     assert abs(a - b) < 0.1 * max(a, b) + 0.02, (a, b)
     assert abs(keras3.metrics["val_accuracy"] - tf_keras.metrics["val_accuracy"]) < 0.05

@@ -11,7 +11,7 @@ import pytest
 
 import raytf
 from tests import workloads
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import actors, wait_for
 
 # Parameter-server tasks that mostly wait (chief, ps, evaluator) take half a CPU: the test cluster has four.
 SMALL = dict(cpus_per_chief=0.5, cpus_per_ps=0.5, cpus_per_evaluator=0.5)
@@ -48,10 +48,8 @@ def actor_pid(run: str, label: str) -> int:
     """The process of the live actor of task ``label`` ("worker-1") of ``run``, whatever its attempt."""
     import re
 
-    from ray.util.state import list_actors
-
     pattern = re.compile(rf"raytf:{re.escape(run)}:\d+:{label}$")
-    found = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000) if pattern.match(a.name or "")]
+    found = [a for a in actors(("state", "=", "ALIVE")) if pattern.match(a.name or "")]
     assert found, f"no live actor of {label} in {run}"
     return found[0].pid
 
@@ -104,8 +102,6 @@ def signal_at_mark(tmp_path, run, label, signum, also=()):
 
 
 def test_a_lost_worker_is_replaced_in_place_and_the_run_goes_on(cluster, tmp_path, no_leaks):
-    from ray.util.state import list_actors
-
     config = {"epochs": 4, "steps": 400, "mark_epoch": 1}
     trainer = ps_trainer(tmp_path, "ps-kill-worker", config, failures=raytf.FailureConfig(max_failures=1))
     thread, killed = signal_at_mark(tmp_path, "ps-kill-worker", "worker-1", signal.SIGKILL,
@@ -123,7 +119,7 @@ def test_a_lost_worker_is_replaced_in_place_and_the_run_goes_on(cluster, tmp_pat
     last = training[-1]
     assert last["scheduled"] * 32 <= last["rows"] <= (last["scheduled"] + 1) * 32
     # The replacement took worker 1's slot (its own actor, the same bundle and task index).
-    names = {a.name for a in list_actors(filters=[("class_name", "=", "TrainWorker")], limit=1000)}
+    names = {a.name for a in actors(("class_name", "=", "TrainWorker"))}
     assert "raytf:ps-kill-worker:0:worker-1:1" in names
 
 

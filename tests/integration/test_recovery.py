@@ -69,7 +69,7 @@ def test_a_peer_that_never_arrives_fails_the_attempt_after_start_timeout(cluster
         scaling=raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(
             name="never-arrives", storage_path=str(tmp_path / "results"), verbose=0,
-            failure_config=raytf.FailureConfig(max_failures=1, start_timeout_s=40),  # rank 0 is ready well before
+            failure_config=raytf.FailureConfig(max_failures=1, start_timeout_s=20),  # rank 0 is ready well before
         ),
     ).fit()
     assert result.attempts == 2

@@ -11,7 +11,7 @@ import pytest
 
 import raytf
 from tests import workloads
-from tests.integration.conftest import live_placement_groups, live_workers, wait_for
+from tests.integration.conftest import actors, assert_no_leaks, live_placement_groups, live_workers, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +31,19 @@ def trainer(fn, tmp_path, name, **scaling):
     )
 
 
-def test_two_workers_train_one_model(tmp_path, no_leaks):
-    result = trainer(workloads.small_train, tmp_path, "pack", placement="PACK").fit()
+@pytest.fixture(scope="module")
+def pack_run(cluster, tmp_path_factory):
+    """small_train on 2 workers packed onto one node, pinned there by a custom resource: (its
+    result, its directory). Several tests read this one run."""
+    tmp_path = tmp_path_factory.mktemp("pack")
+    result = trainer(workloads.small_train, tmp_path, "pack", placement="PACK",
+                     resources_per_worker={"node_b": 1}).fit()
+    assert_no_leaks()
+    return result, tmp_path
+
+
+def test_two_workers_train_one_model(pack_run):
+    result, tmp_path = pack_run
 
     losses = [entry["loss"] for entry in result.history]
     assert [entry["epoch"] for entry in result.history] == [0, 1, 2, 3]
@@ -84,8 +95,8 @@ def test_strict_spread_places_workers_on_different_nodes(cluster, tmp_path, no_l
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_custom_resources_pin_workers_to_a_node(cluster, tmp_path, no_leaks):
-    trainer(workloads.small_train, tmp_path, "pinned", resources_per_worker={"node_b": 1}).fit()
+def test_custom_resources_pin_workers_to_a_node(pack_run):
+    _, tmp_path = pack_run  # resources_per_worker={"node_b": 1}
     node_b = next(n["NodeID"] for n in __import__("ray").nodes() if n["Alive"] and "node_b" in n["Resources"])
     assert {i["node_id"] for i in read_ranks(tmp_path, 2)} == {node_b}
 
@@ -110,6 +121,9 @@ def test_ctrl_c_stops_every_actor_and_removes_the_placement_group(tmp_path, clus
     started = tmp_path / "running0"
     presses = []
     original = signal.getsignal(signal.SIGINT)
+    # A pytest started in the background of a non-interactive shell inherits SIGINT ignored, and
+    # fit() rightly keeps an ignored SIGINT ignored: start from Python's own handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if inherited == "flag-only":
         signal.signal(signal.SIGINT, lambda signum, frame: presses.append(signum))
     inherited_handler = signal.getsignal(signal.SIGINT)
@@ -147,22 +161,20 @@ def test_a_dead_worker_is_restarted_while_failures_remain(tmp_path, no_leaks):
 
 def split_coordinators() -> int:
     """Ray Data split coordinators ever made in this cluster: one per streaming_split."""
-    from ray.util.state import list_actors
-
-    return len(list_actors(filters=[("class_name", "=", "SplitCoordinator")], limit=10_000))
+    return len(actors(("class_name", "=", "SplitCoordinator")))
 
 
 def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, no_leaks):
     """FailureConfig(warm_standby=True): the retry runs in processes that were started while the
     first attempt trained (the standbys), none of them the first attempt's, and each rank reads
     the rows its predecessor read, kept in the object store, without a new split of the dataset;
-    the standbys are gone with the run (no_leaks). The first attempt tells raytf of no step and no
-    report, so all this is prepared 10 s after its strategy connected."""
+    the standbys are gone with the run (no_leaks). The first attempt reports once, and all this
+    is prepared from that report on (a loop that tells raytf of nothing: tests/unit/test_group_parts.py)."""
     import ray
 
     before = split_coordinators()
     result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "linger_s": 18, "datasets": ["train", "whole"]},
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "warm_standbys": 2, "datasets": ["train", "whole"]},
         datasets={"train": ray.data.range(64, override_num_blocks=8), "whole": ray.data.range(12)},
         data_config=raytf.DataConfig(datasets_to_split=["train"]),
         scaling=raytf.ScalingConfig(num_workers=2),
@@ -327,13 +339,13 @@ def test_sigterm_to_the_driver_stops_every_actor(cluster, tmp_path):
         driver.wait(timeout=60)
 
 
-def test_reported_metrics_reach_tensorboard_event_files_in_the_run_directory(tmp_path, no_leaks):
+def test_reported_metrics_reach_tensorboard_event_files_in_the_run_directory(pack_run):
     import os
 
     import tensorflow as tf
 
-    result = trainer(workloads.small_train, tmp_path, "tensorboard").fit()
-    directory = tmp_path / "results" / "tensorboard" / "tensorboard"
+    result, tmp_path = pack_run
+    directory = tmp_path / "results" / "pack" / "tensorboard"
     [name] = os.listdir(directory)
     scalars = [
         (event.step, value.tag, value.simple_value)

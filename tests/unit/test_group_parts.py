@@ -125,3 +125,27 @@ def test_the_evaluator_is_told_to_finish_once_the_chief_returned_and_so_is_its_r
 def test_an_unchanged_status_passes_through_callbacks_that_have_nothing_to_add():
     status = GroupStatus(finished=True)
     assert group_callbacks.GroupCallback().after_poll(_group(MirroredShape(), []), status) is status
+
+
+def test_warm_standbys_start_at_the_first_step_or_report_or_a_while_after_a_silent_loop_connected():
+    from raytf._internal.driver import warm
+
+    now = [100.0]
+
+    def connected_watch():
+        watch = GroupWatch({0: "10.0.0.1"}, start_timeout_s=60, worker_timeout_s=30, hang_timeout_s=None,
+                           clock=lambda: now[0])
+        watch.heard(0, WorkerStatus(rank=0, phase=Phase.TRAINING))
+        watch.round(None)
+        return watch
+
+    silent = connected_watch()  # a loop that tells raytf of no step and makes no report
+    assert not warm._trains(silent)
+    now[0] += warm._WARM_AFTER_S - 0.5
+    assert not warm._trains(silent)
+    now[0] += 1.0
+    assert warm._trains(silent)
+    stepping = connected_watch()
+    stepping.heard(0, WorkerStatus(rank=0, phase=Phase.TRAINING, progress=Progress(epoch=0, step=1, global_step=1)))
+    stepping.round(None)
+    assert warm._trains(stepping)  # at its first step, not later

@@ -14,7 +14,6 @@ and the kept shards.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Collection, Mapping, Optional
 
 import ray
@@ -113,4 +112,4 @@ def _trains(watch: GroupWatch) -> bool:
     """The attempt is past its start: its first step or report, or (a loop that tells raytf of
     neither) connected for a while."""
     connected = watch.reached.get(Milestone.CONNECTED)
-    return watch.trained_since() is not None or (connected is not None and time.monotonic() - connected > _WARM_AFTER_S)
+    return watch.trained_since() is not None or (connected is not None and watch.now() - connected > _WARM_AFTER_S)

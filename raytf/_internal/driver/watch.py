@@ -141,6 +141,10 @@ class GroupWatch:
         elif any(r.rank == 0 for r in self._reports):  # a loop that tells raytf of no step: its first report
             self.reached[Milestone.FIRST_REPORT] = now
 
+    def now(self) -> float:
+        """The watch's clock (time.monotonic, or a test's)."""
+        return self._clock()
+
     def trained_since(self) -> Optional[float]:
         """When the attempt trained its first step (or made its first report), or None."""
         return self.reached.get(Milestone.FIRST_STEP, self.reached.get(Milestone.FIRST_REPORT))
