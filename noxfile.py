@@ -24,6 +24,7 @@ OLDEST = [
     "ray[default,data]==2.50.1",
     "numpy==1.26.4",  # numpy 2 needs TensorFlow 2.18
     "pyarrow==14.0.2",
+    "pandas<3",  # Ray 2.50's Ray Data names pandas.errors.SettingWithCopyWarning, gone in pandas 3
 ]
 
 

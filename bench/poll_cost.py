@@ -8,11 +8,13 @@ Two parts, JSON lines, then a summary line:
   (training, each with an activity and rank 0 with progress) heard by the group's watch, then the
   round summed up (failures, hangs, readiness, start-up milestones). Milliseconds per round.
 - ``actors``: real worker actors (raytf's TrainWorker, no TensorFlow loaded: they answer polls
-  before any start), polled two ways: ``direct``, a poll per worker from the driver each round
-  (how raytf polled before the relay), and ``relay``, the way the group polls now (driver/relay.py:
-  one actor on the driver's node polls them, the driver takes all answers in one call a round).
-  The driver's milliseconds per round and actor calls per second at RAYTF_POLL_INTERVAL_S (0.1 s):
-  direct, 10 x N; through the relay, 10 whatever N is.
+  before any start), polled three ways: ``direct``, a poll per worker from the driver each round
+  (how raytf polled before the relay); ``relay``, a relay actor on the driver's node polls them and
+  the driver takes all answers in one call a round (how groups of more than IN_DRIVER_MAX members
+  poll, driver/relay.py); ``thread``, the same relay on a thread of the driver (how smaller groups
+  poll: no process to start). The driver's milliseconds per round, its process's share of a core,
+  and its actor calls per second at RAYTF_POLL_INTERVAL_S (0.1 s): direct, 10 x N; through the
+  relay actor, 10 whatever N is.
 """
 
 from __future__ import annotations
@@ -61,12 +63,14 @@ def direct_round(actors, in_flight: dict, watch) -> None:
 
 
 def actor_round_ms(n: int, rounds: int) -> dict:
-    """Real worker actors, polled directly from the driver and through the relay: the driver's
-    milliseconds per round and actor calls per second, each way."""
+    """Real worker actors, polled three ways: directly from the driver, through a relay actor, and
+    through a relay on a thread of the driver (how groups of up to IN_DRIVER_MAX poll). For each,
+    the driver's milliseconds per round on its own thread, and the share of a core the driver's
+    process used meanwhile (its threads' CPU over the wall time, the thread relay's polls included)."""
     import ray
 
     from raytf._internal.driver.actors import kill_and_wait, new_relay, new_worker
-    from raytf._internal.driver.relay import feed
+    from raytf._internal.driver.relay import ActorRelay, ThreadRelay, feed
     from raytf._internal.driver.watch import GroupWatch
 
     actors = [new_worker("bench-poll", f"raytf:bench-poll:{n}:{i}", num_cpus=0, max_restarts=0) for i in range(n)]
@@ -76,33 +80,48 @@ def actor_round_ms(n: int, rounds: int) -> dict:
         return GroupWatch({rank: "127.0.0.1" for rank in range(n)}, start_timeout_s=120, worker_timeout_s=30,
                           hang_timeout_s=300)
 
-    relay = new_relay(0.1)
-    direct, relayed, heard = [], [], 0
+    def timed(one_round) -> tuple[list, float]:
+        times, cpu, wall = [], time.process_time(), time.monotonic()
+        for _ in range(rounds):
+            started = time.perf_counter()
+            one_round()
+            times.append(time.perf_counter() - started)
+            time.sleep(0.1)
+        return times, (time.process_time() - cpu) / (time.monotonic() - wall)
+
+    figures: dict = {}
     try:
         watch, in_flight = new_watch(), {}
-        for _ in range(rounds):
-            started = time.perf_counter()
+
+        def direct() -> None:
             direct_round(actors, in_flight, watch)
             watch.round(None)
-            direct.append(time.perf_counter() - started)
+
+        times, share = timed(direct)
+        figures.update(direct_ms=round(1000 * statistics.median(times), 2), direct_calls_per_s=n / 0.1,
+                       direct_cpu_share=round(share, 3))
+        for name, relay in (("relay", ActorRelay(new_relay(0.1))), ("thread", ThreadRelay(0.1))):
+            watch, heard = new_watch(), []
+
+            def relayed() -> None:
+                events, unanswered = relay.take(30)
+                feed(watch, events, unanswered, time.monotonic())
+                assert not watch.round(None).failures
+                heard.append(len(events))
+
+            relay.watch(dict(enumerate(actors)))
             time.sleep(0.1)
-        watch = new_watch()
-        ray.get(relay.watch.remote(dict(enumerate(actors))))
-        for _ in range(rounds):
-            time.sleep(0.1)
-            started = time.perf_counter()
-            events, unanswered = ray.get(relay.take.remote())
-            feed(watch, events, unanswered, time.monotonic())
-            status = watch.round(None)
-            relayed.append(time.perf_counter() - started)
-            heard += len(events)
-        assert not status.failures, status.failures
+            try:
+                times, share = timed(relayed)
+            finally:
+                relay.close()
+            figures.update({f"{name}_ms": round(1000 * statistics.median(times), 2),
+                            f"{name}_cpu_share": round(share, 3),
+                            f"{name}_answers_per_round": round(statistics.mean(heard), 1)})
+        figures["relay_calls_per_s"] = 1 / 0.1
     finally:
-        ray.kill(relay)
         kill_and_wait(actors, "bench")
-    return {"direct_ms": round(1000 * statistics.median(direct), 2), "direct_calls_per_s": n / 0.1,
-            "relay_ms": round(1000 * statistics.median(relayed), 2), "relay_calls_per_s": 1 / 0.1,
-            "relay_answers_per_round": round(heard / rounds, 1)}
+    return figures
 
 
 def main() -> None:

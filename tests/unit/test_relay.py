@@ -2,11 +2,13 @@
 said in one call a round. Run here on asyncio with fake actors (no Ray processes)."""
 
 import asyncio
+import threading
 import time
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from raytf._internal.driver.relay import DIED, HEARD, PollRelay, feed
+from raytf._internal.driver.actors import IN_DRIVER_MAX, relay_for
+from raytf._internal.driver.relay import DIED, HEARD, PollRelay, ThreadRelay, feed
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.protocol import Phase, WorkerStatus
 from raytf.errors import FailureKind
@@ -107,3 +109,20 @@ def test_fed_to_the_watch_a_death_and_a_long_silence_are_failures():
     kinds = {f.rank: f.kind for f in status.failures}
     assert kinds == {1: FailureKind.DIED, 2: FailureKind.UNRESPONSIVE}
     assert status.phases[0] == Phase.TRAINING
+
+
+def test_a_small_group_is_polled_from_a_thread_of_the_driver_that_ends_with_the_relay():
+    relay = relay_for(IN_DRIVER_MAX, interval_s=0.01)
+    assert isinstance(relay, ThreadRelay)
+    a, silent = _Actor(_status(0)), _Actor(_never)
+    relay.watch({0: a, 1: silent})
+    time.sleep(0.1)
+    events, unanswered = relay.take(timeout_s=1)
+    assert {index for index, kind, _ in events if kind == HEARD} == {0} and a.poll.calls >= 3
+    assert set(unanswered) == {1} and unanswered[1] >= 0.05
+    relay.replace(0, _Actor(_status(0, Phase.FINISHED)))
+    time.sleep(0.05)
+    events, _ = relay.take(timeout_s=1)
+    assert {payload.phase for _, kind, payload in events if kind == HEARD} == {Phase.FINISHED}
+    relay.close()
+    assert not any(t.name == "raytf-poll-relay" and t.is_alive() for t in threading.enumerate())

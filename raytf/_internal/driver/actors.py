@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from raytf._internal import env as _env
-from raytf._internal.driver.relay import PollRelay
+from raytf._internal.driver.relay import ActorRelay, PollRelay, ThreadRelay
 from raytf._internal.worker.actor import TrainWorker
 from raytf.errors import ConfigError, WorkerStartError
 
@@ -37,12 +37,24 @@ def new_worker(run_name: str, name: str, **options: Any) -> Any:
         ) from None
 
 
+# Groups up to this many members are polled from a thread of the driver (relay.ThreadRelay); larger
+# ones through a relay actor, so that the driver's calls per round stay one whatever their size.
+IN_DRIVER_MAX = 8
+
+
 def new_relay(interval_s: float) -> Any:
-    """A poll relay (relay.py) on the driver's node, holding no resources."""
+    """A poll relay actor (relay.py) on the driver's node, holding no resources."""
     node = ray.get_runtime_context().get_node_id()
     return ray.remote(PollRelay).options(
         num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
     ).remote(interval_s)
+
+
+def relay_for(members: int, interval_s: float) -> "ThreadRelay | ActorRelay":
+    """The relay a group of at most ``members`` members polls through."""
+    if members <= IN_DRIVER_MAX:
+        return ThreadRelay(interval_s)
+    return ActorRelay(new_relay(interval_s))
 
 
 def kill_and_wait(actors: Sequence[Any], what: str) -> None:

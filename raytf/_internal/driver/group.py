@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import UNAVAILABLE_RETRY_S, call_each, kill_and_wait, new_relay, new_worker
+from raytf._internal.driver.actors import UNAVAILABLE_RETRY_S, call_each, kill_and_wait, new_worker, relay_for
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -88,7 +88,7 @@ class WorkerGroup:
         self._resume = ResumePoint()
         self._pg: Any = None
         self._cluster: dict[str, list[str]] = {}
-        self._relay: Any = None  # polls the members for the driver (relay.py)
+        self._relay: Any = None  # polls the members for the driver (relay.py: ThreadRelay or ActorRelay)
         self._preempted: dict[int, str] = {}  # member index -> why, for replaceable members on their way out
 
     @property
@@ -261,10 +261,10 @@ class WorkerGroup:
         watch = self.watch
         now = time.monotonic()
         try:
-            events, unanswered = ray.get(self._relay.take.remote(), timeout=self._worker_timeout_s)
-        except (RayActorError, GetTimeoutError) as error:  # the relay itself is gone: a new one
+            events, unanswered = self._relay.take(self._worker_timeout_s)
+        except (RayActorError, GetTimeoutError) as error:  # a relay actor itself is gone: a new one
             logger.warning("the poll relay stopped answering (%s); starting a new one", type(error).__name__)
-            ray.kill(self._relay, no_restart=True)
+            self._relay.close()
             self._relay = None
             self._relayed({i: m.actor for i, m in enumerate(self.members)})
             events, unanswered = [], {}
@@ -288,8 +288,9 @@ class WorkerGroup:
     def _relayed(self, actors: dict[int, Any]) -> None:
         """Have the relay poll ``actors`` (index -> actor), and no others."""
         if self._relay is None:
-            self._relay = new_relay(_env.get_float(_env.POLL_INTERVAL_S))
-        self._relay.watch.remote(actors)
+            most = sum(role.max_count for role in self.roles)
+            self._relay = relay_for(most, _env.get_float(_env.POLL_INTERVAL_S))
+        self._relay.watch(actors)
 
     def _answer(self, index: int, status: WorkerStatus) -> WorkerStatus:
         """A replaceable member that got SIGTERM is replaced; any other's asks the group to stop."""
@@ -357,7 +358,7 @@ class WorkerGroup:
         call_each([member.actor], "start", lambda i: (self.run_ref, self._spec(member), member.role.payload),
                   "start a replacement", self._start_timeout_s)
         self.watch.replaced(index, address.node_ip)
-        self._relay.replace.remote(index, member.actor)
+        self._relay.replace(index, member.actor)
         member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
         for callback in self._callbacks:
             callback.after_replace(self, member)
@@ -374,7 +375,7 @@ class WorkerGroup:
         members, self.members = self.members, []
         self.watch = None
         if self._relay is not None:
-            self._relay.watch.remote({})  # the killed actors' deaths are no news
+            self._relay.watch({})  # the killed actors' deaths are no news
         closing = [m.actor.close.remote() for m in members if m.role.name in self.shape.closes and m.actor is not None]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
@@ -392,5 +393,5 @@ class WorkerGroup:
         placement.remove(self._pg)
         self._pg = None
         if self._relay is not None:
-            ray.kill(self._relay, no_restart=True)
+            self._relay.close()
             self._relay = None
