@@ -12,6 +12,9 @@ import time
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# The Ray Train anchors of test_ray_train_compat are Ray Train V2, Ray's default from 2.51; on the
+# oldest Ray raytf supports (2.50) it is opt-in. Set before the cluster starts: its workers inherit it.
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 
 @pytest.fixture(scope="session")

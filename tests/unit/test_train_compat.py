@@ -84,14 +84,14 @@ def test_a_ray_train_setting_raytf_has_no_counterpart_for_is_named():
 
     import ray.train
 
-    # Ray Train V2 (Ray 2.51 on) has controller_failure_limit and max_preemption_failures; V1 (the
-    # oldest Ray raytf supports) has fail_fast instead, and no preemption budget to carry over.
+    # Ray Train V2 has controller_failure_limit (and from Ray 2.51 max_preemption_failures); V1 (the
+    # default on the oldest Ray raytf supports) has fail_fast instead, and no preemption budget.
     ray_only = "controller_failure_limit" if "controller_failure_limit" in inspect.signature(
         ray.train.FailureConfig).parameters else "fail_fast"
     with pytest.raises(ConfigError, match=rf"ray.train.FailureConfig\({ray_only}=...\) has no counterpart"):
         train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
             failure_config=ray.train.FailureConfig(**{ray_only: 3 if ray_only == "controller_failure_limit" else True})))
-    if ray_only == "controller_failure_limit":
+    if "max_preemption_failures" in inspect.signature(ray.train.FailureConfig).parameters:  # Ray 2.51 on
         bounded = train.TensorflowTrainer(lambda: None, run_config=ray.train.RunConfig(
             failure_config=ray.train.FailureConfig(max_preemption_failures=3)))._trainer
         assert bounded.run.failure_config.max_preemptions == 3
