@@ -945,8 +945,8 @@ def ps_custom_loop(config: dict) -> None:
     """A Keras 3 (or tf-keras) MLP trained with the coordinator's schedule/join on dataset "train"
     (columns x, y); a checkpoint each epoch; resumes from raytf.get_checkpoint().
 
-    ``mark_epoch``: on attempt 0, mark.json is written once that epoch's steps are scheduled, for a
-    test to act on while they run.
+    ``mark_epochs``: on attempt 0, mark-<epoch>.json is written once each of these epochs' steps are
+    scheduled, for a test to act on while they run.
     """
     import numpy as np
     import tensorflow as tf
@@ -991,8 +991,8 @@ def ps_custom_loop(config: dict) -> None:
     steps = config.get("steps", 20)
     for epoch in range(start, config["epochs"]):
         scheduled = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
-        if ctx.attempt == 0 and epoch == config.get("mark_epoch"):
-            _write(config["out_dir"], "mark.json", {"epoch": epoch, "pid": os.getpid()})
+        if ctx.attempt == 0 and epoch in config.get("mark_epochs", ()):
+            _write(config["out_dir"], f"mark-{epoch}.json", {"epoch": epoch, "pid": os.getpid()})
         coordinator.join()
         loss = float(np.mean([float(s.fetch()) for s in scheduled]))
         raytf.report(

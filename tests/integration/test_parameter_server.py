@@ -84,63 +84,60 @@ def test_ps_training_matches_mwms_and_the_evaluator_scores_committed_checkpoints
     assert abs(chief["eval_loss"] - reference.metrics["eval_loss"]) <= LOSS_TOLERANCE
 
 
-def signal_at_mark(tmp_path, run, label, signum, also=()):
-    """In a thread: once the workload marks epoch 1 as scheduled, send ``signum`` to the process of
-    run ``run``'s actor ``label``. Returns the thread and what it saw: ``pid``, the signalled
-    process, and ``others``, the pids of the actors in ``also`` at that moment."""
-    seen = {}
+def signal_at_marks(tmp_path, run, signals, also=()):
+    """In a thread: once the workload marks epoch ``e`` as scheduled, send ``signum`` to the process
+    of run ``run``'s actor ``label``, for each ``(e, label, signum)`` of ``signals`` in turn. Returns
+    the thread and what it saw: ``pids``, the signalled processes, and ``others``, the pids of the
+    actors in ``also`` at the first signal."""
+    seen = {"pids": []}
 
     def send():
-        wait_for((tmp_path / "out" / "mark.json").exists, timeout_s=180, message="epoch 1 to be scheduled")
-        seen["pid"] = actor_pid(run, label)
-        seen["others"] = {other: actor_pid(run, other) for other in also}
-        os.kill(seen["pid"], signum)
+        for epoch, label, signum in signals:
+            wait_for((tmp_path / "out" / f"mark-{epoch}.json").exists, timeout_s=180,
+                     message=f"epoch {epoch} to be scheduled")
+            pid = actor_pid(run, label)
+            seen.setdefault("others", {other: actor_pid(run, other) for other in also})
+            os.kill(pid, signum)
+            seen["pids"].append(pid)
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread, seen
 
 
-def test_a_lost_worker_is_replaced_in_place_and_the_run_goes_on(cluster, tmp_path, no_leaks):
-    config = {"epochs": 4, "steps": 400, "mark_epoch": 1}
-    trainer = ps_trainer(tmp_path, "ps-kill-worker", config, failures=raytf.FailureConfig(max_failures=1))
-    thread, killed = signal_at_mark(tmp_path, "ps-kill-worker", "worker-1", signal.SIGKILL,
-                                    also=("chief-0", "worker-0", "ps-0"))
+def test_a_lost_worker_is_replaced_in_place_and_a_preempted_one_costs_no_failure(cluster, tmp_path, no_leaks):
+    """SIGKILL to worker 1 in epoch 1, then SIGTERM (what a spot node's shutdown sends) to worker 0 in
+    epoch 2: each is replaced in place, the run goes on, and only the kill counts against
+    max_failures=1 (a counted preemption would end the run)."""
+    config = {"epochs": 4, "steps": 400, "mark_epochs": [1, 2]}
+    trainer = ps_trainer(tmp_path, "ps-replace", config, failures=raytf.FailureConfig(max_failures=1))
+    thread, killed = signal_at_marks(tmp_path, "ps-replace", [(1, "worker-1", signal.SIGKILL),
+                                                              (2, "worker-0", signal.SIGTERM)],
+                                     also=("chief-0",))
     result = trainer.fit()
     thread.join(timeout=5)
-    assert "pid" in killed, "the worker was not killed during the run"
+    assert len(killed["pids"]) == 2, "the workers were not signalled during the run"
     assert result.attempts == 1  # no group restart
-    assert [f.task for f in result.failures] == ["worker 1"]
+    assert [(f.task, f.kind) for f in result.failures] == [("worker 1", raytf.FailureKind.DIED),
+                                                           ("worker 0", raytf.FailureKind.PREEMPTED)]
     training = [h for h in result.history]
     assert [h["epoch"] for h in training] == [0, 1, 2, 3]
-    # The chief, worker 0 and the ps were never restarted: the chief's process ran train_fn to the end.
+    # The chief was never restarted: its process ran train_fn to the end.
     assert read(tmp_path, "chief.json")["pid"] == killed["others"]["chief-0"]
     # No lost work beyond the steps in flight on the dead worker (at most one), which the coordinator reran.
     last = training[-1]
-    assert last["scheduled"] * 32 <= last["rows"] <= (last["scheduled"] + 1) * 32
-    # The replacement took worker 1's slot (its own actor, the same bundle and task index).
+    assert last["scheduled"] * 32 <= last["rows"] <= (last["scheduled"] + 2) * 32
+    # The replacements took the workers' slots (their own actors, the same bundles and task indexes).
     names = {a.name for a in actors(("class_name", "=", "TrainWorker"))}
-    assert "raytf:ps-kill-worker:0:worker-1:1" in names
-
-
-def test_a_preempted_worker_is_replaced_without_counting_a_failure(cluster, tmp_path, no_leaks):
-    """SIGTERM to a worker (what a spot node's shutdown sends): replaced in place, as a preemption,
-    so even max_failures=0 does not end the run."""
-    config = {"epochs": 4, "steps": 400, "mark_epoch": 1}
-    trainer = ps_trainer(tmp_path, "ps-preempt", config, failures=raytf.FailureConfig(max_failures=0))
-    signal_at_mark(tmp_path, "ps-preempt", "worker-0", signal.SIGTERM)
-    result = trainer.fit()
-    assert result.attempts == 1
-    assert [(f.task, f.kind) for f in result.failures] == [("worker 0", raytf.FailureKind.PREEMPTED)]
-    assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
+    assert {"raytf:ps-replace:0:worker-1:1", "raytf:ps-replace:0:worker-0:1"} <= names
 
 
 def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path, no_leaks):
-    config = {"epochs": 4, "steps": 200, "mark_epoch": 1}
+    config = {"epochs": 4, "steps": 200, "mark_epochs": [1]}
     # One more failure than the ps loss: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the ps loss.
     trainer = ps_trainer(tmp_path, "ps-kill-ps", config, failures=raytf.FailureConfig(max_failures=2))
-    signal_at_mark(tmp_path, "ps-kill-ps", "ps-0", signal.SIGKILL)
+    signal_at_marks(tmp_path, "ps-kill-ps", [(1, "ps-0", signal.SIGKILL)])
     result = trainer.fit()
     assert result.attempts >= 2
     assert result.failures[0].task == "ps 0"

@@ -44,6 +44,25 @@ def test_reserved_port_cannot_be_taken_until_released():
     assert not _bind_fails(socket.AF_INET, "0.0.0.0", port)
 
 
+def test_a_replaced_workers_old_port_is_taken_again_while_its_connections_linger():
+    """A killed server's connections stay in TIME_WAIT on its port for a minute; its replacement
+    still gets that port, since a parameter-server coordinator waits for the old address."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's servers
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first (its process died): TIME_WAIT on its port
+    server.close()
+    client.close()
+    assert _bind_fails(socket.AF_INET, "0.0.0.0", port)  # a plain bind is refused for a minute
+    reserved = reserve_port(port)
+    assert reserved.getsockname()[1] == port
+    reserved.close()
+
+
 def spec(**overrides):
     """(the run's spec, one worker's), with ``overrides`` applied to the run's."""
     settings = dict(communication="ring", collective_timeout_s=None, intra_op_threads=3, inter_op_threads=2,

@@ -342,7 +342,7 @@ class WorkerGroup:
         """A new actor for the lost member: same bundle, same task index, its old port if free."""
         index = failure.rank
         member = self.members[index]
-        ray.kill(member.actor, no_restart=True)
+        kill_and_wait([member.actor], "replaced")  # its port free again: the coordinator redials it (worker/ps.py)
         self._preempted.pop(index, None)
         old = member.address
         member.generation += 1

@@ -8,10 +8,15 @@ shards: handed a shard that ``raytf.get_dataset_shard`` returned (directly, or
 as tf-keras' ``model.fit`` passes it), it builds each worker's own pipeline
 over that worker's files (data/tfdata_ps.py).
 
-When raytf replaces a lost worker and the replacement cannot hold the old
-port, :func:`retarget` points the coordinator at the new address before the
-new server starts; TensorFlow's failure handling then reconnects as it does
-for a worker restarted in place.
+A lost worker's replacement takes the old worker's port again (the driver
+waits for the old process to end; the port is bound despite the dead
+server's lingering connections): TensorFlow's failure handling redials the
+lost worker's address, with no timeout, until a server answers there. Where
+the replacement cannot hold that address (another node), :func:`retarget`
+points the coordinator at the new one; that helps only if TensorFlow has not
+yet begun redialing the old address, which it does as soon as a step fails
+on the lost worker, so a worker moved to another node can leave the
+coordinator waiting (a known limit, see the README's parameter-server notes).
 """
 
 from __future__ import annotations

@@ -33,18 +33,31 @@ def reserve_port(port: int = 0) -> socket.socket:
     moment TensorFlow's gRPC server binds it. TensorFlow binds the wildcard
     address with SO_REUSEPORT off, so the reservation is on the wildcard too
     (dual-stack where IPv6 is available) and released just before that bind.
-    ``port``: the one wanted (a replaced worker's old port); OSError if it is taken.
+    ``port``: the one wanted (a replaced worker's old port); OSError if it is taken. The dead
+    worker's connections linger on it in TIME_WAIT for a minute, so that port is bound with
+    SO_REUSEADDR (as gRPC binds its servers): a parameter-server coordinator redials a lost
+    worker's address and waits there until a server answers, so the replacement must come back
+    at that very address whenever it is on the same node.
     """
     if socket.has_ipv6:
         try:
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::", port))
-            return sock
+            return _bound(socket.AF_INET6, "::", port)
         except OSError:
-            sock.close()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("0.0.0.0", port))
+            pass
+    return _bound(socket.AF_INET, "0.0.0.0", port)
+
+
+def _bound(family: int, wildcard: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        if port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((wildcard, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
