@@ -6,6 +6,7 @@ this cluster; tests that need placement across nodes use its two nodes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -18,7 +19,7 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 
 @pytest.fixture(scope="session")
-def cluster():
+def cluster(tmp_path_factory):
     import ray
     from ray import cloudpickle
     from ray.cluster_utils import Cluster
@@ -27,18 +28,39 @@ def cluster():
 
     cloudpickle.register_pickle_by_value(workloads)
     cloudpickle.register_pickle_by_value(ray_train_examples)
-    c = Cluster(
-        initialize_head=True,
-        # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
-        head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": free_port(),
-                        "dashboard_agent_listen_port": free_port()},
-    )
-    c.add_node(num_cpus=2, resources={"node_b": 2})
+    with _without_scikit_learn(tmp_path_factory.mktemp("hidden")):
+        c = Cluster(
+            initialize_head=True,
+            # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
+            head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": free_port(),
+                            "dashboard_agent_listen_port": free_port()},
+        )
+        c.add_node(num_cpus=2, resources={"node_b": 2})
     c.wait_for_nodes()
     ray.init(address=c.address)
     yield c
     ray.shutdown()
     c.shutdown()
+
+
+@contextlib.contextmanager
+def _without_scikit_learn(directory):
+    """Ray processes started meanwhile cannot import scikit-learn (the test extras have it for the
+    digits job, which runs on a head of its own): TensorFlow imports Keras's scikit-learn wrapper
+    whenever scikit-learn is installed, a quarter of every worker's ``import tensorflow``, and no
+    integration test uses it."""
+    (directory / "sklearn").mkdir()
+    (directory / "sklearn" / "__init__.py").write_text(
+        'raise ImportError("scikit-learn is hidden from the test cluster (tests/integration/conftest.py)")\n')
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), before]))
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def wait_for(condition, timeout_s: float = 30.0, message: str = "condition"):
