@@ -29,5 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         # pytest -n 2 --dist loadgroup (pyproject.toml): a test file runs whole in one process, so
         # its module-scoped runs are made once; the end-to-end files share one, so that their Ray
-        # heads never start together (the first makes the machine's Ray token).
+        # heads never start together (the first makes the machine's Ray token). The groups start
+        # in the order collected (--no-loadscope-reorder): e2e, the longest, first and the unit
+        # files last, not by test count, which left e2e to run alone at the end.
         item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else relative))

@@ -992,7 +992,8 @@ def ps_custom_loop(config: dict) -> None:
     for epoch in range(start, config["epochs"]):
         scheduled = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
         if ctx.attempt == 0 and epoch in config.get("mark_epochs", ()):
-            _write(config["out_dir"], f"mark-{epoch}.json", {"epoch": epoch, "pid": os.getpid()})
+            _write(config["out_dir"], f"mark-{epoch}.json", {"epoch": epoch, "pid": os.getpid(),
+                                                           "cluster": json.loads(os.environ["TF_CONFIG"])["cluster"]})
         coordinator.join()
         loss = float(np.mean([float(s.fetch()) for s in scheduled]))
         raytf.report(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -130,6 +131,51 @@ def test_a_lost_worker_is_replaced_in_place_and_a_preempted_one_costs_no_failure
     # The replacements took the workers' slots (their own actors, the same bundles and task indexes).
     names = {a.name for a in actors(("class_name", "=", "TrainWorker"))}
     assert {"raytf:ps-replace:0:worker-1:1", "raytf:ps-replace:0:worker-0:1"} <= names
+
+
+def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_instead_of_hanging(
+        cluster, tmp_path, no_leaks):
+    """Worker 1 is killed and its port taken at once (as when its replacement lands on another
+    node): TensorFlow's coordinator is already redialing the old address and would wait there for
+    ever, so raytf restarts the group from the last checkpoint."""
+    config = {"epochs": 3, "steps": 200, "mark_epochs": [1]}
+    trainer = ps_trainer(tmp_path, "ps-moved", config, failures=raytf.FailureConfig(max_failures=2))
+    taken = {}
+
+    def kill_and_take_the_port():
+        mark = tmp_path / "out" / "mark-1.json"
+        wait_for(mark.exists, timeout_s=180, message="epoch 1 to be scheduled")
+        port = int(json.loads(mark.read_text())["cluster"]["worker"][1].rsplit(":", 1)[1])
+        os.kill(actor_pid("ps-moved", "worker-1"), signal.SIGKILL)
+        squatter = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+        if socket.has_ipv6:  # both families, as the replacement's reservation tries them
+            squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        wait_for(lambda: _bound(squatter, port), timeout_s=10, message=f"port {port} to be free")
+        squatter.listen()
+        taken["socket"] = squatter
+
+    thread = threading.Thread(target=kill_and_take_the_port, daemon=True)
+    thread.start()
+    try:
+        result = trainer.fit()
+    finally:
+        thread.join(timeout=5)
+        if "socket" in taken:
+            taken["socket"].close()
+    assert "socket" in taken, "the worker was not killed during the run"
+    assert [f.kind for f in result.failures] == [raytf.FailureKind.DIED, raytf.FailureKind.NOT_STARTED]
+    assert "redialed its old address" in result.failures[1].message
+    assert result.attempts == 2 and result.history[-1]["epoch"] == 2
+    assert [h for h in result.history if h["attempt"] == 1][0]["resumed_at"] >= 1
+
+
+def _bound(sock, port) -> bool:
+    try:
+        sock.bind(("::" if sock.family == socket.AF_INET6 else "0.0.0.0", port))
+        return True
+    except OSError:
+        return False
 
 
 def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path, no_leaks):

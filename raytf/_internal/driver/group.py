@@ -352,8 +352,11 @@ class WorkerGroup:
         address = member.address
         if old is None or address.host_port != old.host_port:
             # The coordinator must dial the new address before the new server answers there.
-            call_each([self.members[self.trainer_index].actor], "retarget", lambda i: (member.role.name, member.task,
-                      address.host_port), "retarget the chief", self._start_timeout_s)
+            [honoured] = call_each([self.members[self.trainer_index].actor], "retarget", lambda i: (
+                member.role.name, member.task, address.host_port), "retarget the chief", self._start_timeout_s)
+            if not honoured:  # TensorFlow already redials the old address, and would wait there for ever
+                raise WorkerStartError(f"it came back at {address.host_port} while the coordinator redialed its old "
+                                       "address; the group restarts from the last checkpoint")
         self._cluster[member.role.name][member.task] = address.host_port
         call_each([member.actor], "start", lambda i: (self.run_ref, self._spec(member), member.role.payload),
                   "start a replacement", self._start_timeout_s)

@@ -28,6 +28,12 @@ def coordinator_server_def(coordinator: Any) -> Any:
     return coordinator._cluster.failure_handler._server_def  # noqa: SLF001
 
 
+def coordinator_recovering(coordinator: Any) -> bool:
+    """Whether the coordinator's failure handler has begun reconnecting to the cluster (a step
+    failed on a lost worker): from then on it redials the addresses it read, whatever raytf writes."""
+    return coordinator._cluster.failure_handler._cluster_due_for_update_or_finish.is_set()  # noqa: SLF001
+
+
 def devices_listed() -> bool:
     """Whether this process's TensorFlow has listed its physical devices (after which
     CUDA_VISIBLE_DEVICES no longer applies: warm standbys of GPU workers)."""
@@ -63,7 +69,9 @@ def _probe_server_def() -> None:
     from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
 
     assert "failure_handler" in cc.Cluster.__init__.__code__.co_names, "Cluster sets no failure_handler"
-    assert "_server_def" in cc.WorkerPreemptionHandler.__init__.__code__.co_names, "no handler _server_def"
+    handler = cc.WorkerPreemptionHandler.__init__.__code__.co_names
+    assert "_server_def" in handler, "no handler _server_def"
+    assert "_cluster_due_for_update_or_finish" in handler, "no handler _cluster_due_for_update_or_finish"
 
 
 def _probe_devices() -> None:
@@ -83,7 +91,7 @@ HOOKS = [
          "ParameterServerStrategy() inside a ParameterServerTrainer's train_fn",
          "ParameterServerTrainer (use raytf.Trainer)", lambda: parameter_server_strategy_class().__new__),
     Hook("tensorflow.coordinator_server_def", "tensorflow",
-         "ClusterCoordinator._cluster.failure_handler._server_def",
+         "ClusterCoordinator._cluster.failure_handler._server_def and ._cluster_due_for_update_or_finish",
          "replacing a lost parameter-server worker in place", "ParameterServerTrainer (use raytf.Trainer)",
          _probe_server_def),
     Hook("tensorflow.physical_devices", "tensorflow", "tensorflow.python.eager.context.Context._physical_devices",

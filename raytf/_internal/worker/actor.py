@@ -199,9 +199,9 @@ class TrainWorker:
         """A parameter-server worker's manifest of the shard files it wrote."""
         return getattr(self._payload, "shard_files", None)
 
-    def retarget(self, task_type: str, task_index: int, host_port: str) -> None:
-        """The chief: a replaced task will listen at ``host_port``."""
-        self._payload.retarget(task_type, task_index, host_port)
+    def retarget(self, task_type: str, task_index: int, host_port: str) -> bool:
+        """The chief: a replaced task will listen at ``host_port``. False: too late (worker/ps.py)."""
+        return self._payload.retarget(task_type, task_index, host_port)
 
     def finish(self) -> None:
         """The evaluator: training ended; evaluate the last committed checkpoint and stop."""

@@ -261,17 +261,18 @@ class ChiefPayload:
         host.set_phase(Phase.TRAINING)
         _tensorflow.call_train_fn(code.train_fn, code.config)
 
-    def retarget(self, task_type: str, task_index: int, host_port: str) -> None:
+    def retarget(self, task_type: str, task_index: int, host_port: str) -> bool:
         """A replaced task listens at ``host_port``: tell the coordinator, or, before the strategy
-        exists, the TF_CONFIG it will be built from."""
+        exists, the TF_CONFIG it will be built from. False where the coordinator already redials
+        the old address (worker/ps.py)."""
         from raytf._internal.worker import ps as _ps
 
         if self._coordinator is not None:
-            _ps.retarget(self._coordinator, task_type, task_index, host_port)
-            return
+            return _ps.retarget(self._coordinator, task_type, task_index, host_port)
         tf_config = json.loads(os.environ["TF_CONFIG"])
         tf_config["cluster"][task_type][task_index] = host_port
         os.environ["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
+        return True
 
 
 class PsData:

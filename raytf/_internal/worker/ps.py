@@ -15,8 +15,8 @@ lost worker's address, with no timeout, until a server answers there. Where
 the replacement cannot hold that address (another node), :func:`retarget`
 points the coordinator at the new one; that helps only if TensorFlow has not
 yet begun redialing the old address, which it does as soon as a step fails
-on the lost worker, so a worker moved to another node can leave the
-coordinator waiting (a known limit, see the README's parameter-server notes).
+on the lost worker. Where it has, the driver restarts the group from the last
+checkpoint rather than leave the coordinator waiting.
 """
 
 from __future__ import annotations
@@ -111,15 +111,17 @@ def uninstall() -> None:
     _installed = None
 
 
-def retarget(coordinator: Any, task_type: str, task_index: int, host_port: str) -> None:
-    """Point ``coordinator`` at a replaced task's new address, before that task's server starts."""
+def retarget(coordinator: Any, task_type: str, task_index: int, host_port: str) -> bool:
+    """Point ``coordinator`` at a replaced task's new address, before that task's server starts.
+    False where that comes too late: the coordinator already redials the old address (and would
+    wait there for ever), so the group must restart instead."""
     from raytf._internal.hooks import tensorflow as tf_hooks
 
     server_def = tf_hooks.coordinator_server_def(coordinator)
     for job in server_def.cluster.job:
         if job.name == task_type:
             job.tasks[task_index] = host_port
-            return
+            return not tf_hooks.coordinator_recovering(coordinator)
     raise ValueError(f"the coordinator's cluster has no job {task_type!r}")
 
 
