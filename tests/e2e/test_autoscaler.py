@@ -19,9 +19,11 @@ import sys
 import time
 
 import pytest
+
+from tests.ports import free_ports
 import yaml
 
-from tests.e2e.test_job_submit import HEAD_ENV, RAY, REPO, free_port, ray_cli, submit_no_wait, wait_for_job
+from tests.e2e.test_job_submit import HEAD_ENV, RAY, REPO, ray_cli, submit_no_wait, wait_for_job
 
 pytestmark = pytest.mark.autoscaler
 
@@ -67,7 +69,7 @@ def autoscaling_head(tmp_path):
     from ray._private.services import get_node_ip_address
 
     ip = get_node_ip_address()
-    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent")}
+    ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
     gcs = f"{ip}:{ports['gcs']}"
     with open(os.path.join(REPO, "cluster", "local-fake-gpu.yaml")) as f:
         config = yaml.safe_load(f)

@@ -13,13 +13,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import pytest
+
+from tests.ports import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -30,19 +31,13 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 HEAD_ENV = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*RAY, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
-    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent")}
+    ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
     log = open(tmp_path_factory.mktemp("head") / "head.log", "w")
     process = subprocess.Popen(
         [

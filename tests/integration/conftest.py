@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.ports import free_port, free_ports
+
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # The Ray Train anchors of test_ray_train_compat are Ray Train V2, Ray's default from 2.51; on the
 # oldest Ray raytf supports (2.50) it is opt-in. Set before the cluster starts: its workers inherit it.
@@ -28,12 +30,13 @@ def cluster(tmp_path_factory):
 
     cloudpickle.register_pickle_by_value(workloads)
     cloudpickle.register_pickle_by_value(ray_train_examples)
+    dashboard, agent = free_ports(2)
     with _without_scikit_learn(tmp_path_factory.mktemp("hidden")):
         c = Cluster(
             initialize_head=True,
             # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
-            head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": free_port(),
-                            "dashboard_agent_listen_port": free_port()},
+            head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": dashboard,
+                            "dashboard_agent_listen_port": agent},
         )
         c.add_node(num_cpus=2, resources={"node_b": 2})
     c.wait_for_nodes()
@@ -72,14 +75,6 @@ def wait_for(condition, timeout_s: float = 30.0, message: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {message}")
         time.sleep(0.2)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def actors(*filters: tuple, limit: int = 10_000) -> list:
