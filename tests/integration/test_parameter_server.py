@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 
 import pytest
 
 import raytf
+from raytf._internal.worker.tensorflow import reserve_port
 from tests import workloads
 from tests.integration.conftest import actors, wait_for
 
@@ -97,7 +97,8 @@ def signal_at_marks(tmp_path, run, signals, also=()):
             wait_for((tmp_path / "out" / f"mark-{epoch}.json").exists, timeout_s=180,
                      message=f"epoch {epoch} to be scheduled")
             pid = actor_pid(run, label)
-            seen.setdefault("others", {other: actor_pid(run, other) for other in also})
+            if "others" not in seen:
+                seen["others"] = {other: actor_pid(run, other) for other in also}
             os.kill(pid, signum)
             seen["pids"].append(pid)
 
@@ -147,11 +148,8 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_instea
         wait_for(mark.exists, timeout_s=180, message="epoch 1 to be scheduled")
         port = int(json.loads(mark.read_text())["cluster"]["worker"][1].rsplit(":", 1)[1])
         os.kill(actor_pid("ps-moved", "worker-1"), signal.SIGKILL)
-        squatter = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
-        if socket.has_ipv6:  # both families, as the replacement's reservation tries them
-            squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        wait_for(lambda: _bound(squatter, port), timeout_s=10, message=f"port {port} to be free")
+        # Bound as the replacement would bind it (both families, despite lingering connections).
+        squatter = wait_for(lambda: _reserved(port), timeout_s=10, message=f"port {port} to be free")
         squatter.listen()
         taken["socket"] = squatter
 
@@ -170,12 +168,11 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_instea
     assert [h for h in result.history if h["attempt"] == 1][0]["resumed_at"] >= 1
 
 
-def _bound(sock, port) -> bool:
+def _reserved(port):
     try:
-        sock.bind(("::" if sock.family == socket.AF_INET6 else "0.0.0.0", port))
-        return True
+        return reserve_port(port)
     except OSError:
-        return False
+        return None
 
 
 def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path, no_leaks):
