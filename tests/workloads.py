@@ -1092,6 +1092,8 @@ def communication_update(config: dict) -> None:
        ``raytf.all_reduce_gradients``.
     3. With ``fit_epochs``: a seeded MLP trained through the run's Keras path
        (``raytf.keras.fit`` or tf-keras ``model.fit``) on 2,048 rows per worker.
+    4. With ``local_sgd`` (a name): :func:`local_sgd_update` under that name, in the same
+       processes (the run's options are the same; a run of its own would start a group again).
 
     Rank 0 saves 1's and 2's weights (``<name>.npz``) and writes ``<name>.json``: the
     strategy's ``bytes_per_pack``, 3's epoch losses, the variables' dtypes, and the sum of
@@ -1171,6 +1173,8 @@ def communication_update(config: dict) -> None:
             "dtypes": sorted({tf.as_dtype(v.dtype).name for v in list(model.trainable_variables) + list(optimizer.variables)
                               if tf.as_dtype(v.dtype).is_floating}),
         })
+    if config.get("local_sgd"):
+        local_sgd_update({**config, "name": config["local_sgd"]})
 
 
 def gpu_train(config: dict) -> None:

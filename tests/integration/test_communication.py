@@ -16,31 +16,59 @@ import raytf.keras
 from tests import workloads
 
 FIT_EPOCHS = 4
+LOCAL_SGD_STEPS = 7  # averaged inside steps 3 and 6, and at the epoch's end after step 7
 RUNS = {
-    # name: (TensorflowConfig arguments, Keras epochs)
-    "per-variable": (dict(bytes_per_pack=1, keras="tf_keras"), FIT_EPOCHS),
-    "fused": (dict(bytes_per_pack=0, keras="tf_keras"), 0),
-    "bfloat16-ef": (dict(gradient_compression="bfloat16", error_feedback=True, keras="tf_keras"), FIT_EPOCHS),
-    "keras3": (dict(keras="keras3"), FIT_EPOCHS),
-    "keras3-float16": (dict(gradient_compression="float16", keras="keras3"), FIT_EPOCHS),
+    # name: (TensorflowConfig arguments, Keras epochs, the local-SGD run made in the same processes)
+    "per-variable": (dict(bytes_per_pack=1, keras="tf_keras"), FIT_EPOCHS, "local-sgd-tf-keras"),
+    "fused": (dict(bytes_per_pack=0, keras="tf_keras"), 0, None),
+    "bfloat16-ef": (dict(gradient_compression="bfloat16", error_feedback=True, keras="tf_keras"), FIT_EPOCHS,
+                    "local-sgd-bfloat16-ef"),
+    "keras3": (dict(keras="keras3"), FIT_EPOCHS, "local-sgd-keras3"),
+    "keras3-float16": (dict(gradient_compression="float16", keras="keras3"), FIT_EPOCHS, None),
 }
 
 
 @pytest.fixture(scope="module")
-def runs(cluster, tmp_path_factory):
-    """Every run of RUNS once: name -> (its json, its saved weights)."""
+def all_runs(cluster, tmp_path_factory):
+    """Every run of RUNS once: (name -> (its json, its saved weights), local-SGD name -> ([rank 0's
+    json, rank 1's json], the kernel in the run's last checkpoint)). A local-SGD run shares the
+    processes of the run with its options: each group's start is several seconds of the suite."""
+    import tensorflow as tf
+
+    from raytf.checkpoint import STATE_PREFIX
+
     root = tmp_path_factory.mktemp("communication")
-    out = {}
-    for name, (tensorflow, epochs) in RUNS.items():
-        raytf.Trainer(
-            workloads.communication_update, config={"out_dir": str(root), "name": name, "fit_epochs": epochs},
+    out, local_sgd = {}, {}
+    for name, (tensorflow, epochs, local) in RUNS.items():
+        result = raytf.Trainer(
+            workloads.communication_update,
+            config={"out_dir": str(root), "name": name, "fit_epochs": epochs, "local_sgd": local,
+                    "steps": LOCAL_SGD_STEPS},
             scaling=raytf.ScalingConfig(num_workers=2),
             tensorflow=raytf.TensorflowConfig(**tensorflow),
             run=raytf.RunConfig(name=name, storage_path=str(root / "runs"), verbose=0),
         ).fit()
         with np.load(root / f"{name}.npz") as weights:
             out[name] = (json.loads((root / f"{name}.json").read_text()), {k: weights[k] for k in weights.files})
-    return out
+        if local is None:
+            continue
+        reader = tf.train.load_checkpoint(f"{result.checkpoint.path}/{STATE_PREFIX}")
+        kernels = {n: reader.get_tensor(n) for n, shape in reader.get_variable_to_shape_map().items()
+                   if shape == [4, 1] and "/_variables/" not in n}  # not an optimizer slot
+        assert len(kernels) == 1, sorted(kernels)
+        [kernel] = kernels.values()
+        local_sgd[local] = ([json.loads((root / f"{local}-rank{r}.json").read_text()) for r in range(2)], kernel)
+    return out, local_sgd
+
+
+@pytest.fixture(scope="module")
+def runs(all_runs):
+    return all_runs[0]
+
+
+@pytest.fixture(scope="module")
+def local_sgd_runs(all_runs):
+    return all_runs[1]
 
 
 def test_fused_and_per_variable_all_reduces_give_the_same_update(runs):
@@ -97,38 +125,6 @@ def test_compression_settings_are_checked():
 
 
 # -- local SGD (raytf.keras.local_sgd): each worker steps alone, the weights averaged every K steps --
-
-LOCAL_SGD_STEPS = 7  # averaged inside steps 3 and 6, and at the epoch's end after step 7
-LOCAL_SGD_RUNS = {
-    "local-sgd-tf-keras": dict(keras="tf_keras"),
-    "local-sgd-keras3": dict(keras="keras3"),
-    "local-sgd-bfloat16-ef": dict(keras="tf_keras", gradient_compression="bfloat16", error_feedback=True),
-}
-
-
-@pytest.fixture(scope="module")
-def local_sgd_runs(cluster, tmp_path_factory):
-    """name -> ([rank 0's json, rank 1's json], the kernel in the run's last checkpoint)."""
-    import tensorflow as tf
-
-    from raytf.checkpoint import STATE_PREFIX
-
-    root = tmp_path_factory.mktemp("local-sgd")
-    out = {}
-    for name, tensorflow in LOCAL_SGD_RUNS.items():
-        result = raytf.Trainer(
-            workloads.local_sgd_update, config={"out_dir": str(root), "name": name, "steps": LOCAL_SGD_STEPS},
-            scaling=raytf.ScalingConfig(num_workers=2),
-            tensorflow=raytf.TensorflowConfig(**tensorflow),
-            run=raytf.RunConfig(name=name, storage_path=str(root / "runs"), verbose=0),
-        ).fit()
-        reader = tf.train.load_checkpoint(f"{result.checkpoint.path}/{STATE_PREFIX}")
-        kernels = {n: reader.get_tensor(n) for n, shape in reader.get_variable_to_shape_map().items()
-                   if shape == [4, 1] and "/_variables/" not in n}  # not an optimizer slot
-        assert len(kernels) == 1, sorted(kernels)
-        [kernel] = kernels.values()
-        out[name] = ([json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(2)], kernel)
-    return out
 
 
 def simulate_local_sgd(ranks: list[dict], every: int, lr: float = 0.05, batch: int = 8) -> list[list]:
