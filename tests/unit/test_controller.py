@@ -342,6 +342,33 @@ def test_replacements_stop_when_max_failures_is_spent_and_other_losses_restart()
     assert group.started == [0, 1] and group.replaced == []  # rank 2 (a ps) restarts the group
 
 
+class UnreplaceableGroup(ReplacingGroup):
+    """A parameter-server group whose replacement for rank 1 never comes up."""
+
+    def replace(self, f):
+        from raytf import WorkerStartError
+
+        self.replaced.append(f)
+        raise WorkerStartError("the replacement could not come back at its address")
+
+
+def test_a_replacement_that_does_not_come_up_restarts_the_group_and_counts_as_one_failure():
+    group = UnreplaceableGroup({0: [GroupStatus(failures=(failure(rank=1),))], 1: [GroupStatus(finished=True)]})
+    controller, _ = run(group, FailureConfig(max_failures=1))
+    assert isinstance(controller.run(), Finished)  # one loss, within max_failures=1
+    assert group.started == [0, 1] and len(group.replaced) == 1
+    assert [f.kind for f in controller._policy.failures] == ["died", "not_started"]
+    assert "its replacement: the replacement could not come back" in controller._policy.failures[1].message
+    assert controller._policy.counted == 1
+    # A second, separate loss is counted: max_failures=1 then ends the run.
+    group = UnreplaceableGroup({0: [GroupStatus(failures=(failure(rank=1),))],
+                                1: [GroupStatus(failures=(failure(rank=0),))]})
+    controller, _ = run(group, FailureConfig(max_failures=1))
+    with pytest.raises(TrainingFailedError):
+        controller.run()
+    assert group.started == [0, 1] and controller._policy.counted == 2
+
+
 def test_a_preempted_worker_is_replaced_without_counting():
     group = ReplacingGroup({0: [GroupStatus(failures=(failure(rank=1, kind="preempted"),)),
                                 GroupStatus(finished=True)]})

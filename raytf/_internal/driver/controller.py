@@ -213,8 +213,10 @@ class Controller:
             try:
                 self._group.replace(failure)
             except WorkerStartError as error:  # its replacement did not come up: the attempt ends
-                kept.append(dataclasses.replace(failure, kind=FailureKind.NOT_STARTED,
-                                                message=f"{failure.message}; its replacement: {error}"))
+                ended = dataclasses.replace(failure, kind=FailureKind.NOT_STARTED,
+                                            message=f"{failure.message}; its replacement: {error}")
+                self._policy.continues(ended)  # one loss, counted once: the restart is its recovery
+                kept.append(ended)
         return tuple(kept)
 
     def _end_attempt(self, attempt: int, failure: WorkerFailure) -> State:

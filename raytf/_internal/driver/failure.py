@@ -52,13 +52,25 @@ class FailurePolicy:
     def __init__(self, config: FailureConfig):
         self._config = config
         self.failures: list[WorkerFailure] = []
+        # Failures that continue one already decided (a replacement in place that did not come up):
+        # recorded, so the run's failures tell the whole story, but counted once, as one loss.
+        self._continuations: list[WorkerFailure] = []
 
     @property
     def counted(self) -> int:
         """Failures that count against ``max_failures`` (preemptions do not, nor the first
         FREE_PORT_RACES port races)."""
         races = sum(1 for f in self.failures if f.kind == FailureKind.PORT_TAKEN)
-        return sum(1 for f in self.failures if f.kind not in NOT_COUNTED) + max(0, races - FREE_PORT_RACES)
+        counted = sum(1 for f in self.failures if f.kind not in NOT_COUNTED and not self._continues(f))
+        return counted + max(0, races - FREE_PORT_RACES)
+
+    def continues(self, failure: WorkerFailure) -> None:
+        """``failure`` is how recovering from a failure already decided ended (its replacement in place
+        did not come up, and the group restarts): deciding it records it without counting it again."""
+        self._continuations.append(failure)
+
+    def _continues(self, failure: WorkerFailure) -> bool:
+        return any(failure is c for c in self._continuations)
 
     def _exhausted(self) -> bool:
         limit = self._config.max_failures
