@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -23,7 +22,9 @@ import pytest
 from tests.ports import free_ports
 import yaml
 
-from tests.e2e.test_job_submit import HEAD_ENV, RAY, REPO, ray_cli, submit_no_wait, wait_for_job
+from tests.e2e.test_job_submit import (
+    HEAD_ENV, RAY, REPO, dashboard_get, ray_cli, submit_no_wait, wait_for_job, wait_for_job_server,
+)
 
 pytestmark = pytest.mark.autoscaler
 
@@ -53,15 +54,11 @@ def take_away(node_id: str) -> None:
             pass
 
 
-def nodes(gcs_address: str) -> list[dict]:
-    """Every node of the cluster at ``gcs_address``, asked from a process of its own."""
-    script = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
-              "print('NODES=' + json.dumps([{k: n[k] for k in ('NodeID', 'Alive', 'Resources')} for n in ray.nodes()]))")
-    out = subprocess.run([sys.executable, "-c", script % gcs_address], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "RAY_AUTH_MODE": "token"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    [line] = [line for line in out.stdout.splitlines() if line.startswith("NODES=")]
-    return json.loads(line[len("NODES="):])
+def nodes(address: str) -> list[dict]:
+    """Every node of the cluster whose dashboard is at ``address`` (Ray's state API over HTTP)."""
+    answer = dashboard_get(address, "/api/v0/nodes?detail=true&limit=10000")
+    assert answer is not None, "the head's dashboard stopped answering"
+    return answer["data"]["result"]["result"]
 
 
 @pytest.fixture
@@ -90,11 +87,7 @@ def autoscaling_head(tmp_path):
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
-    deadline = time.monotonic() + 120
-    while ray_cli("job", "list", "--address", address, env=env).returncode != 0:
-        assert head.poll() is None, "ray start --head exited early; see head.log"
-        assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
-        time.sleep(1)
+    wait_for_job_server(head, address)
     try:
         yield address, env, gcs
     finally:
@@ -111,29 +104,29 @@ def autoscaling_head(tmp_path):
 
 
 def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(autoscaling_head, tmp_path):
-    address, env, gcs = autoscaling_head
-    assert not any(n["Resources"].get("GPU") for n in nodes(gcs) if n["Alive"])  # no GPU yet
+    address, _, _ = autoscaling_head
+    assert not any(n["resources_total"].get("GPU") for n in nodes(address) if n["state"] == "ALIVE")  # no GPU yet
     results = tmp_path / "results"
     job_id = submit_no_wait(
         autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
         "--rows", "32768", "--epochs", "8", "--name", "autoscaled", "--storage-path", str(results),
     )
     deadline = time.monotonic() + 300
-    while not (gpu_nodes := [n for n in nodes(gcs) if n["Alive"] and n["Resources"].get("GPU")]):
+    while not (gpu_nodes := [n for n in nodes(address) if n["state"] == "ALIVE" and n["resources_total"].get("GPU")]):
         assert time.monotonic() < deadline, "the autoscaler added no GPU node in 300 s"
         time.sleep(1)
     index = results / "autoscaled" / "checkpoints" / "index.json"
     while not (index.exists() and json.loads(index.read_text())["checkpoints"]):
         assert time.monotonic() < deadline, "no checkpoint after 300 s"
         time.sleep(0.2)
-    lost = gpu_nodes[0]["NodeID"]
+    lost = gpu_nodes[0]["node_id"]
     take_away(lost)
     status, logs = wait_for_job(autoscaling_head[:2], job_id, timeout_s=600)
     assert status == "succeeded", logs[-4000:]
-    after = nodes(gcs)
-    assert not any(n["NodeID"] == lost and n["Alive"] for n in after)
-    before = {g["NodeID"] for g in gpu_nodes}
-    assert any(n["Alive"] and n["Resources"].get("GPU") and n["NodeID"] not in before for n in after)  # replaced
+    after = [n for n in nodes(address) if n["state"] == "ALIVE"]
+    assert not any(n["node_id"] == lost for n in after)
+    before = {g["node_id"] for g in gpu_nodes}
+    assert any(n["resources_total"].get("GPU") and n["node_id"] not in before for n in after)  # replaced
     history = json.loads((results / "autoscaled" / "history.json").read_text())
     assert [h["epoch"] for h in history] == list(range(8))
     resumed = [h for h in history if h["attempt"] == 1]

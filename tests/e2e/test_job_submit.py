@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -33,6 +35,31 @@ HEAD_ENV = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*RAY, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def dashboard_get(address: str, path: str) -> dict | None:
+    """GET ``path`` from the head's dashboard with the cluster's token (where `ray start` keeps it,
+    as `ray job` does with RAY_AUTH_MODE=token); None while the dashboard does not answer.
+
+    The tests poll through this rather than the `ray` CLI: each CLI call is a Python process that
+    imports Ray, about a second of CPU, and a job polled every two seconds that way took half a
+    core of this 2-core machine from the training it waits on."""
+    try:
+        token = os.environ.get("RAY_AUTH_TOKEN") or open(
+            os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")).read().strip()
+        request = urllib.request.Request(address + path, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)
+    except (OSError, ValueError):  # no token yet, not listening yet, an HTTP error, a half answer
+        return None
+
+
+def wait_for_job_server(head: subprocess.Popen, address: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while dashboard_get(address, "/api/jobs/") is None:
+        assert head.poll() is None, "ray start --head exited early; see head.log"
+        assert time.monotonic() < deadline, f"the head's job server did not come up in {timeout_s:g} s"
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +80,7 @@ def head(tmp_path_factory):
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    deadline = time.monotonic() + 120
-    while ray_cli("job", "list", "--address", address, env=env).returncode != 0:
-        assert process.poll() is None, "ray start --head exited early; see head.log"
-        assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
-        time.sleep(1)
+    wait_for_job_server(process, address)
     yield address, env
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=90)
@@ -84,10 +107,11 @@ def submit_no_wait(head, tmp_path, script: str, *args: str) -> str:
 
 
 def job_status(head, job_id: str) -> str:
-    address, env = head
-    answer = ray_cli("job", "status", "--address", address, job_id, env=env)
-    text = (answer.stdout + answer.stderr).lower()  # "Job '...' succeeded"
-    return next((word for word in ("succeeded", "failed", "stopped") if word in text), "running")
+    """"succeeded", "failed", "stopped", or "running" (for pending and running)."""
+    job = dashboard_get(head[0], f"/api/jobs/{job_id}")
+    assert job is not None, "the head's job server stopped answering"
+    status = job["status"].lower()
+    return status if status in ("succeeded", "failed", "stopped") else "running"
 
 
 def wait_for_job(head, job_id: str, timeout_s: float = 300) -> tuple[str, str]:
