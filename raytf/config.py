@@ -192,6 +192,17 @@ class CheckpointConfig:
     training loop can pass one every epoch and let the config decide. Every
     rank makes the same decision from the same metrics, so saves that need
     every rank (``Checkpoint.from_state``) stay in step.
+
+    ``upload`` says when ``raytf.report(..., checkpoint=...)`` returns. ``"async"`` (the default):
+    once the checkpoint is in host memory (``Checkpoint.from_state`` written, a
+    ``from_directory`` directory copied, both into ``/dev/shm``), so the directory may be deleted at
+    once; the upload and the commit go on in the background, one checkpoint at a time (a report
+    with a checkpoint made while the previous one is still on its way waits for that one's
+    commit), and ``fit()`` returns once the last one is committed. A failed upload is tried again
+    (3 tries); what still fails is raised by the next ``raytf.report`` and fails the worker, and
+    the run restarts from the last committed checkpoint. ``"sync"``: once the driver has committed
+    the checkpoint, so a checkpoint whose report returned survives any loss after it. Collective
+    reports (``ranks="all"``, ``raytf.train.report``) are synchronous either way.
     """
 
     num_to_keep: Optional[int] = None
@@ -199,6 +210,7 @@ class CheckpointConfig:
     mode: str = "max"
     every_n_epochs: Optional[int] = None
     every_n_steps: Optional[int] = None
+    upload: str = "async"
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None:
@@ -213,6 +225,11 @@ class CheckpointConfig:
             )
         if self.mode not in ("max", "min"):
             raise ConfigError(f"CheckpointConfig.mode must be 'max' or 'min', got {self.mode!r}")
+        if self.upload not in ("async", "sync"):
+            raise ConfigError(
+                f"CheckpointConfig.upload must be 'async' (report returns once the checkpoint is in host memory) "
+                f"or 'sync' (once it is committed), got {self.upload!r}"
+            )
         if self.score_attribute is not None and not isinstance(self.score_attribute, str):
             raise ConfigError(
                 f"CheckpointConfig.score_attribute must be a metric name, got {self.score_attribute!r}"

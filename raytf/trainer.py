@@ -27,7 +27,7 @@ from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.lease import RunLease
 from raytf._internal.protocol import (
-    PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef, TensorflowSettings, UserCode,
+    CheckpointUpload, PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef, TensorflowSettings, UserCode,
 )
 from raytf._internal.storage import RunStorage
 from raytf.config import CheckpointConfig, DataConfig, RunConfig, ScalingConfig, TensorflowConfig
@@ -250,6 +250,7 @@ class Trainer:
             run_name=name, run_path=storage.uri, payload=payload, tensorflow=self._tensorflow_settings(),
             storage=StorageRef(storage.filesystem, storage.root), lease_token=lease.token,
             save_every=_save_every(self.run.checkpoint_config),
+            upload=CheckpointUpload(self.run.checkpoint_config.upload),
             split=tuple(sorted(self.data_config.split(list(self.datasets)))), plugins=("raytf.keras._keras3",),
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import raytf
@@ -319,8 +320,8 @@ def _die_mid_upload(directory: str, checkpoints: str) -> None:
 def checkpointed_train(config: dict) -> None:
     """The small MLP with a tf.train.Checkpoint each epoch; resumes from raytf.get_checkpoint().
 
-    ``kill_after``: on attempt 0 the chief exits the instant its report of that
-    epoch returned, i.e. right after the checkpoint was committed.
+    ``kill_after``: on attempt 0 the chief exits the instant the checkpoint of that epoch was
+    committed (with ``upload="sync"``, the instant its report returned).
     """
     import tempfile
 
@@ -369,7 +370,13 @@ def checkpointed_train(config: dict) -> None:
             checkpoint=raytf.Checkpoint.from_directory(directory),
         )
         if ctx.world_rank == 0 and ctx.attempt == 0 and epoch == config.get("kill_after"):
+            # Once committed: with upload="sync" that is when report returned (finish_uploads waits
+            # for nothing); with the asynchronous default, when the background upload's commit came.
+            from raytf._internal.worker import session as _session
+
+            _session.current("report").finish_uploads()
             os._exit(1)
+        shutil.rmtree(directory)  # as report returned: with asynchronous uploads, raytf uploads its own copy
 
 
 def stall_on_first_attempt(config: dict) -> None:

@@ -10,10 +10,10 @@ from typing import Any, Optional
 from raytf.errors import FailureKind, WorkerFailure
 
 # What the driver adds to every history entry; raytf.report refuses metrics of these names.
-HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "evaluated_checkpoint")
+HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "committed_at", "evaluated_checkpoint")
 
 __all__ = [
-    "Activity", "ActivityKind", "CheckpointPart", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report",
+    "Activity", "ActivityKind", "CheckpointPart", "CheckpointUpload", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report", "ReportStage",
     "ResumePoint", "SaveEvery", "StorageRef", "TaskId", "TrainContext", "UploadedCheckpoint", "UserCode", "WorkerFailure", "WorkerStatus",
 ]
 
@@ -64,6 +64,28 @@ class UploadedCheckpoint:
 
     name: str
     seq: int
+
+
+class CheckpointUpload(str, enum.Enum):
+    """How a report's checkpoint reaches storage (``CheckpointConfig.upload``)."""
+
+    SYNC = "sync"  # report returns once the driver committed the checkpoint
+    # report returns once the state is in host memory; a background thread uploads it, and the
+    # report reaches the driver twice: at once (PENDING), and with the upload (UPLOADED)
+    ASYNC = "async"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ReportStage(str, enum.Enum):
+    """Where an asynchronous report's checkpoint is when the report reaches the driver."""
+
+    PENDING = "pending"  # being uploaded: record the metrics now, the checkpoint comes later
+    UPLOADED = "uploaded"  # in storage: commit it and name it in the report's history entry
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -122,6 +144,7 @@ class Report:
     attempt: int = 0
     checkpoint: Optional[UploadedCheckpoint] = None
     part: Optional[CheckpointPart] = None  # a collective report (ranks="all"): this rank's share
+    stage: Optional[ReportStage] = None  # an asynchronous checkpoint's report; None: synchronous
 
 
 @dataclass(frozen=True)
@@ -144,7 +167,8 @@ class Progress:
 
     ``epoch`` is the epoch in progress, ``step`` the steps done in it (of
     ``steps`` per epoch, when known), ``global_step`` the steps done in the
-    run, ``global_batch`` the rows one step trains on across all workers.
+    run, ``global_batch`` the rows one step trains on across all workers. ``uploading``: an
+    asynchronous checkpoint is on its way to storage (``CheckpointConfig(upload="async")``).
     """
 
     epoch: Optional[int] = None
@@ -153,6 +177,7 @@ class Progress:
     steps: Optional[int] = None
     global_step: Optional[int] = None
     global_batch: Optional[int] = None
+    uploading: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,6 +354,7 @@ class RunSpec:
     storage: Optional[StorageRef] = None
     lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
     save_every: Optional[SaveEvery] = None  # CheckpointConfig's schedule, for ReportCallback
+    upload: CheckpointUpload = CheckpointUpload.SYNC  # CheckpointConfig.upload
     split: tuple[str, ...] = ()  # DataConfig: the datasets split across the workers
     # Modules of raytf's public layer that plug into a worker's start, by name (so the worker imports
     # nothing above it): imported while it loads, then ``on_strategy(strategy, keras3)`` once its

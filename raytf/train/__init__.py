@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
+import pyarrow.fs as pafs
+
 import raytf
 from raytf.checkpoint import Checkpoint
 from raytf.errors import ConfigError
@@ -205,11 +207,27 @@ class TensorflowTrainer:
         return self._trainer.fit()
 
 
-def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, checkpoint_dir_name: Optional[str] = None) -> None:
+def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, checkpoint_dir_name: Optional[str] = None,
+           checkpoint_upload_mode: Any = "SYNC", delete_local_checkpoint_after_upload: Optional[bool] = None) -> None:
     """``ray.train.report``: a collective report, as in Ray Train. Every rank calls it; a
     checkpoint any rank passes is committed, with every rank's files merged into one directory
-    (``raytf.report(..., ranks="all")``). ``checkpoint_dir_name`` aside: raytf names checkpoints."""
+    (``raytf.report(..., ranks="all")``). ``checkpoint_dir_name`` aside: raytf names checkpoints.
+
+    ``checkpoint_upload_mode`` (Ray Train's ``CheckpointUploadMode`` or its name): ``SYNC`` and
+    ``ASYNC`` both return once the checkpoint is committed, since raytf's collective reports are
+    synchronous (``raytf.report`` with ``CheckpointConfig(upload="async")`` is the asynchronous
+    path); as in Ray Train, ``ASYNC`` then deletes the local directory unless
+    ``delete_local_checkpoint_after_upload=False``. ``NO_UPLOAD`` is refused."""
+    mode = str(getattr(checkpoint_upload_mode, "name", checkpoint_upload_mode)).upper()
+    if mode not in ("SYNC", "ASYNC"):
+        raise _refuse(f"report(checkpoint_upload_mode={mode})", "pass SYNC or ASYNC; raytf commits every "
+                      "reported checkpoint to the run's storage")
     raytf.report(metrics, checkpoint=checkpoint, ranks="all")
+    delete = mode == "ASYNC" if delete_local_checkpoint_after_upload is None else delete_local_checkpoint_after_upload
+    if delete and checkpoint is not None and isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        import shutil
+
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 
 class DatasetShard:

@@ -27,9 +27,12 @@ def trainer(tmp_path, name, config, **run):
 
 
 def test_a_kill_right_after_a_commit_resumes_from_that_checkpoint(tmp_path, no_leaks):
+    # upload="sync": report returns once the checkpoint is committed (the default, "async", returns
+    # once it is in host memory; test_a_kill_during_a_checkpoint_save_... shows what an upload cut
+    # short by the chief's death leaves).
     result = trainer(
         tmp_path, "kill-after-commit", {"epochs": 4, "kill_after": 1},
-        failure_config=raytf.FailureConfig(max_failures=1),
+        failure_config=raytf.FailureConfig(max_failures=1), checkpoint_config=raytf.CheckpointConfig(upload="sync"),
     ).fit()
     seen = [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history]
     # The chief died the instant its epoch-1 report returned: epoch 1 was committed and used.
@@ -45,6 +48,8 @@ def test_a_kill_right_after_a_commit_resumes_from_that_checkpoint(tmp_path, no_l
 
 
 def test_a_kill_during_a_checkpoint_save_resumes_from_the_previous_one(tmp_path, no_leaks):
+    # The default upload="async": epoch 1's report returned with its checkpoint in host memory, and
+    # the chief died while the background upload was under way.
     result = trainer(
         tmp_path, "kill-during-save", {"epochs": 3, "kill_during_save": 1},
         failure_config=raytf.FailureConfig(max_failures=1),

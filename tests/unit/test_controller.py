@@ -397,3 +397,45 @@ def test_preemptions_have_a_bounded_budget_of_their_own():
     unlimited = FailurePolicy(FailureConfig(max_preemptions=-1))
     assert all(unlimited.decide(failure(kind="preempted")) is Decision.RETRY for _ in range(500))
     assert FailureConfig().max_preemptions == 100
+
+
+class InterruptedGroup(FakeGroup):
+    """Ctrl-C lands in the poll ``at``; the polls after it play on (the driver waiting for an upload)."""
+
+    def __init__(self, script, at):
+        super().__init__(script)
+        self.at = at
+
+    def poll(self):
+        if self.polls == self.at:
+            self.polls += 1
+            raise KeyboardInterrupt
+        return super().poll()
+
+
+def test_ctrl_c_waits_for_the_asynchronous_checkpoint_in_flight_then_stops():
+    from raytf._internal.protocol import Progress, ReportStage
+
+    uploading, idle = Progress(uploading=True), Progress()
+    pending = Report(rank=0, seq=3, metrics={"step": 3}, time=3.0, stage=ReportStage.PENDING)
+    uploaded = Report(rank=0, seq=3, metrics={"step": 3}, time=3.0, stage=ReportStage.UPLOADED,
+                      checkpoint=UploadedCheckpoint("checkpoint_000000", 0))
+    group = InterruptedGroup({0: [GroupStatus(reports=(pending,), progress=uploading), None,
+                                  GroupStatus(progress=uploading), GroupStatus(reports=(uploaded,), progress=uploading),
+                                  GroupStatus(progress=idle), GroupStatus(finished=True)]}, at=1)
+    controller, seen = run(group)
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    assert seen == [pending, uploaded]  # the upload's report was handled (committed) before the group went
+    assert group.acks == [(0, 3, None)] and group.polls == 5 and not group.live
+
+
+def test_a_stopped_run_waits_for_an_upload_no_longer_than_its_bound():
+    from raytf._internal.protocol import Progress
+
+    group = InterruptedGroup({0: [GroupStatus(progress=Progress(uploading=True)), None,
+                                  GroupStatus(progress=Progress(uploading=True))]}, at=1)
+    controller, _ = run(group)
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    assert controller._clock() > 60.0 and not group.live  # UPLOAD_WAIT_S, then the group went

@@ -25,6 +25,8 @@ def test_scaling_maps_use_gpu_and_resources_per_worker():
     (lambda: train.RunConfig(worker_runtime_env={"pip": ["x"]}).worker_env(), "worker_runtime_env keys ['pip']"),
     (lambda: train.TensorflowTrainer(lambda: None, resume_from_checkpoint=raytf.Checkpoint("/x")),
      "same RunConfig(name=..., storage_path=...)"),
+    (lambda: train.report({"loss": 1.0}, checkpoint_upload_mode="NO_UPLOAD"),
+     "checkpoint_upload_mode=NO_UPLOAD) has no counterpart"),
 ])
 def test_what_cannot_map_says_what_to_write_instead(make, fragment):
     with pytest.raises(ConfigError) as info:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 from raytf._internal import lease as _lease
+from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, parts_name, upload, upload_part
 from raytf._internal.protocol import CheckpointPart, ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
 from raytf.checkpoint import Checkpoint, StateCheckpoint
@@ -115,10 +116,29 @@ class CheckpointSaver:
             )
 
     def _upload(self, checkpoint: Checkpoint) -> UploadedCheckpoint:
-        filesystem, root = self._storage.filesystem, self._storage.root
-        self._check_lease()
         seq = self._next_seq
         self._next_seq += 1
+        return self._upload_as(checkpoint, seq)
+
+    def _upload_as(self, checkpoint: Checkpoint, seq: int) -> UploadedCheckpoint:
+        filesystem, root = self._storage.filesystem, self._storage.root
+        self._check_lease()
         name = checkpoint_name(seq)
         upload(checkpoint, filesystem, checkpoints_dir(filesystem, root), name)
         return UploadedCheckpoint(name=name, seq=seq)
+
+    def snapshot(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[tuple[int, str]]:
+        """Asynchronous reports: put a due checkpoint in host memory (snapshot.py) and number it;
+        (its number, its directory) on the chief, which uploads it later with :meth:`upload_snapshot`."""
+        if not self._take(metrics, checkpoint, preempted):
+            return None
+        directory = _snapshot.take(checkpoint, keep=self._is_chief)
+        if directory is None:
+            return None
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq, directory
+
+    def upload_snapshot(self, seq: int, directory: str) -> UploadedCheckpoint:
+        """Upload a snapshot under the number :meth:`snapshot` gave it (from a background thread)."""
+        return self._upload_as(Checkpoint.from_directory(directory), seq)

@@ -79,6 +79,7 @@ class Errored(State):
 
 
 TERMINAL = (Finished, Errored)
+UPLOAD_WAIT_S = 60.0  # how long a stopped run waits for the chief's asynchronous checkpoint in flight
 
 
 class Controller:
@@ -131,11 +132,43 @@ class Controller:
         try:
             while not isinstance(self.state, TERMINAL):
                 self.step()
+        except (KeyboardInterrupt, SystemExit):
+            self._wait_for_upload()
+            raise
         finally:
             self._group.close()
         if isinstance(self.state, Errored):
             raise self.state.error
         return self.state
+
+    def _wait_for_upload(self, timeout_s: float = UPLOAD_WAIT_S) -> None:
+        """Stopped (Ctrl-C, SIGTERM): before the group goes, let the chief's asynchronous checkpoint
+        in flight reach the index, for at most ``timeout_s`` (a second Ctrl-C stops the wait)."""
+        if not isinstance(self.state, Running):
+            return
+        deadline = self._clock() + timeout_s
+        status = self._group.poll()
+        if status.progress is not None and status.progress.uploading:
+            logger.warning("raytf: stopping; waiting up to %.0f s for the checkpoint being uploaded to be "
+                           "committed (Ctrl-C again to stop now)", timeout_s)
+        while True:
+            self._handle_reports(status)
+            if status.failures or status.progress is None or not status.progress.uploading:
+                return
+            if self._clock() > deadline:
+                logger.warning("raytf: the checkpoint being uploaded was not committed within %.0f s; the "
+                               "last committed checkpoint is the one a resume starts from", timeout_s)
+                return
+            self._sleep(self._poll_interval_s)
+            status = self._group.poll()
+
+    def _handle_reports(self, status: GroupStatus) -> None:
+        for report in status.reports:
+            # on_report commits a reported checkpoint; the worker's report() (or, for an asynchronous
+            # checkpoint, its upload thread) goes on at the ack.
+            error = self._on_report(report)
+            if report.checkpoint is not None:
+                self._group.acknowledge(report.rank, report.seq, error)
 
     def _next(self, state: State) -> State:
         if isinstance(state, Scheduling):
@@ -160,11 +193,7 @@ class Controller:
         status = self._group.poll()
         if status.ready:
             self._group.connect()
-        for report in status.reports:
-            # on_report commits a reported checkpoint; the worker's report() returns on the ack.
-            error = self._on_report(report)
-            if report.checkpoint is not None:
-                self._group.acknowledge(report.rank, report.seq, error)
+        self._handle_reports(status)
         self._on_status(state.attempt, status)  # after its reports: a rank's last reports precede its end
         failures = state.failures + status.failures
         preempting = state.preempting or (

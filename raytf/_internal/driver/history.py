@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from raytf._internal.driver.progress import ProgressDisplay
 from raytf._internal.driver.tensorboard import EventWriter
-from raytf._internal.protocol import HISTORY_KEYS, Report
+from raytf._internal.protocol import HISTORY_KEYS, Report, ReportStage
 from raytf._internal.storage import RunStorage
 from raytf.errors import RaytfError
 
@@ -97,7 +97,7 @@ class RunHistory:
         entry = {**report.metrics, "attempt": report.attempt, "driver_start": self._driver_start,
                  "report_seq": report.seq}
         if checkpoint is not None:
-            entry["checkpoint"] = checkpoint
+            entry["checkpoint"], entry["committed_at"] = checkpoint, time.time()
         self.entries.append(entry)
         self._dirty = True
         if self._events is not None:
@@ -109,6 +109,22 @@ class RunHistory:
         if checkpoint is not None or report.checkpoint is not None or \
                 time.monotonic() - self._last_write >= _WRITE_INTERVAL_S:
             self.flush()
+
+    def attach(self, report: Report, checkpoint: Optional[str]) -> None:
+        """An asynchronous report's checkpoint was committed as ``checkpoint`` (None: it was not):
+        name it, and when, in the entry recorded when the report was made."""
+        if checkpoint is None:
+            return
+        for entry in reversed(self.entries):
+            if (entry.get("report_seq"), entry.get("attempt"), entry.get("driver_start")) == \
+                    (report.seq, report.attempt, self._driver_start):
+                entry["checkpoint"], entry["committed_at"] = checkpoint, time.time()
+                break
+        else:  # its entry was never recorded (cannot happen: a rank's reports arrive in order)
+            self.record(report, checkpoint)
+            return
+        self._dirty = True
+        self.flush()
 
     def flush(self) -> None:
         if self._dirty:
@@ -164,8 +180,14 @@ class ReportHandler:
             return None
         if report.rank != 0:
             return None
+        if report.stage is ReportStage.PENDING:  # its checkpoint is on its way: the metrics now
+            self._history.record(report)
+            return None
         committed, error = self._checkpoints.handle_report(report, self._driver_start, guard=self._guard)
-        self._history.record(report, committed)
+        if report.stage is ReportStage.UPLOADED:
+            self._history.attach(report, committed)
+        else:
+            self._history.record(report, committed)
         return error
 
     def _on_part(self, report: Report) -> None:

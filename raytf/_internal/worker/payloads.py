@@ -95,11 +95,12 @@ class TrainFnPayload:
         self.session = WorkerSession(
             context, strategy, host.sink, spec.datasets, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, split=run.split,
-            preempt_requested=host.preempt_requested,
+            preempt_requested=host.preempt_requested, upload=run.upload,
         )
         _session.install(self.session)
         host.set_phase(Phase.TRAINING)
         _tensorflow.call_train_fn(train_fn, config)
+        self.session.finish_uploads()  # the run ends once its last checkpoint is committed
 
 
 class ScriptFailed(Exception):
@@ -255,11 +256,12 @@ class ChiefPayload:
         self.session = WorkerSession(
             _context(run, spec), strategy, host.sink, {}, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, preempt_requested=host.preempt_requested,
-            parameter_server=PsData(self._coordinator, list(shard_files or [])),
+            parameter_server=PsData(self._coordinator, list(shard_files or [])), upload=run.upload,
         )
         _session.install(self.session)
         host.set_phase(Phase.TRAINING)
         _tensorflow.call_train_fn(code.train_fn, code.config)
+        self.session.finish_uploads()
 
     def retarget(self, task_type: str, task_index: int, host_port: str) -> bool:
         """A replaced task listens at ``host_port``: tell the coordinator, or, before the strategy

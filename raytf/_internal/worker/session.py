@@ -9,6 +9,7 @@ preemption with one all-reduce, and keeps the progress the driver displays.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import numbers
 import threading
@@ -16,9 +17,14 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable, Optional, Sequence
 
+from raytf._internal.checkpoint import snapshot as _snapshot
+from raytf._internal.checkpoint.files import checkpoint_name
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.data.shard import ShardReader, ShardRequest
-from raytf._internal.protocol import HISTORY_KEYS, Progress, Report, ResumePoint, SaveEvery, StorageRef, TrainContext
+from raytf._internal.protocol import (
+    HISTORY_KEYS, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
+)
+from raytf._internal.worker.uploads import Uploads
 from raytf.errors import CheckpointError, RaytfError
 
 logger = logging.getLogger(__name__)
@@ -41,6 +47,7 @@ class WorkerSession:
         lease_token: Optional[str] = None,
         split: Sequence[str] = (),
         parameter_server: Any = None,
+        upload: CheckpointUpload = CheckpointUpload.SYNC,
     ):
         self.context = context
         self.strategy = strategy
@@ -52,6 +59,8 @@ class WorkerSession:
         self._acks: dict[int, threading.Event] = {}
         self._ack_errors: dict[int, str] = {}
         self._saver = CheckpointSaver(storage, resume, context.is_chief, save_every, lease_token)
+        self._upload = CheckpointUpload(upload)
+        self._uploads = Uploads()  # CheckpointUpload.ASYNC: the checkpoint on its way to storage
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
         # checkpoint's, so a resumed run sees the orders a run without a failure saw.
         self.first_epoch = self._saver.last_saved["epoch"] + 1
@@ -80,7 +89,7 @@ class WorkerSession:
         self._progress.update(fields)
 
     def progress(self) -> Progress:
-        return Progress(**self._progress)
+        return Progress(**self._progress, uploading=self._uploads.in_flight())
 
     def end_keras_epoch(self, keras_epoch: int) -> int:
         """The run's number of the epoch Keras just ended as ``keras_epoch``.
@@ -193,26 +202,56 @@ class WorkerSession:
             self._progress.update(epoch=epoch + 1, step=0)
         if isinstance(step, int) and not isinstance(step, bool):
             self._progress["global_step"] = step
-        uploaded, part = None, None
+        self._uploads.raise_failure()  # an asynchronous checkpoint that failed: this report raises it
+        uploaded, part, snapshot = None, None, None
         if ranks == "all":  # collective: every rank's share goes to the driver, which merges them
             parties = 1 if self.parameter_server is not None else self.context.world_size
             part = self._saver.save_part(clean, checkpoint, self._round, self.context.attempt,
                                          self.context.world_rank, parties, self.preempted)
             self._round += 1
+        elif checkpoint is not None and self._upload is CheckpointUpload.ASYNC:
+            if self._saver.due(clean, self.preempted):
+                self.finish_uploads()  # one in flight (uploads.py): the previous one's commit first
+            snapshot = self._saver.snapshot(clean, checkpoint, self.preempted)
         elif checkpoint is not None:
             uploaded = self._saver.save(clean, checkpoint, self.preempted)
         with self._lock:
             report = Report(rank=self.context.world_rank, seq=self._seq, metrics=clean, time=time.time(),
-                            attempt=self.context.attempt, checkpoint=uploaded, part=part)
+                            attempt=self.context.attempt, checkpoint=uploaded, part=part,
+                            stage=ReportStage.PENDING if snapshot is not None else None)
             self._seq += 1
             if uploaded is not None or part is not None:
                 done = self._acks[report.seq] = threading.Event()
         self._sink(report)
-        if uploaded is not None or part is not None:
+        if snapshot is not None:
+            self._upload_in_background(report, *snapshot)
+        elif uploaded is not None or part is not None:
             done.wait()  # returns once the driver's index names the checkpoint (or every rank reported)
             error = self._ack_errors.pop(report.seq, None)
             if error is not None:
                 raise CheckpointError(f"raytf.report: the checkpoint was not committed: {error}")
+
+    def _upload_in_background(self, report: Report, seq: int, directory: str) -> None:
+        """Upload the snapshot of ``report``'s checkpoint, send the report again with it, and wait
+        for the driver's commit, in the background (uploads.py)."""
+        uploaded = []
+
+        def upload() -> None:
+            uploaded.append(self._saver.upload_snapshot(seq, directory))
+
+        def commit() -> Optional[str]:
+            done = self._acks[report.seq] = threading.Event()
+            self._sink(dataclasses.replace(report, checkpoint=uploaded[-1], stage=ReportStage.UPLOADED))
+            done.wait()
+            return self._ack_errors.pop(report.seq, None)
+
+        self._uploads.start(checkpoint_name(seq), upload, commit, lambda: _snapshot.discard(directory))
+
+    def finish_uploads(self) -> None:
+        """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
+        an earlier one was not). ``train_fn``'s end calls it: a run ends once its last checkpoint is."""
+        self._uploads.wait()
+        self._uploads.raise_failure()
 
 
 def to_plain(value: Any, name: str) -> Any:

@@ -1,0 +1,226 @@
+"""Benchmark workload W3: a large model's checkpoints, raytf against Ray Train, in one invocation.
+
+    python bench/w3.py [--gib 1] [--steps 60] [--every 20] [--s3]
+                       [--systems raytf_async,raytf_sync,ray_train_async,ray_train_sync]
+
+W3: one embedding table of ``--gib`` GiB (float32 rows of 1,024) and a 1,024 x 1 head, trained
+on 2 workers under MultiWorkerMirroredStrategy with SGD on random ids (256 per worker per step;
+the table's gradient is sparse, so a step costs little next to a checkpoint of the whole table).
+Every system runs the same training code and checkpoints the table and the head every
+``--every`` steps: raytf with ``Checkpoint.from_state`` and ``CheckpointConfig(upload=...)``,
+Ray Train (``TensorflowTrainer``) with a ``tf.train.Checkpoint`` written to a local directory on
+every rank and ``ray.train.report(..., checkpoint_upload_mode=SYNC or ASYNC)``. Storage: a local
+directory, and with ``--s3`` also a loopback S3 server (moto).
+
+Prints one JSON line per run and a summary line:
+
+- ``blocked_s``: the seconds each checkpoint kept rank 0 from training (from the start of the
+  save, Ray Train's local write included, to the return of ``report``), and their mean;
+- ``steps_per_s``: the training loop's steps per second, checkpoints included, and
+  ``steps_per_s_without``: the same run's system with no checkpoint at all (one run per system
+  and storage with ``--every 0``, made first);
+- ``fit_s``: the whole ``fit()``, which for raytf's asynchronous uploads includes waiting for
+  the last commit.
+
+Ratios in the summary are raytf's over Ray Train's with the same upload mode and storage.
+Restores (from memory, from storage) are not measured yet: raytf restores from storage only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import w1  # noqa: E402  (the anchors' strategy, one thread each)
+
+DIM = 1024
+ROWS_PER_GIB = (1 << 30) // (DIM * 4)
+BATCH = 256
+LR = 0.1
+
+
+def train_w3(strategy, rank: int, config: dict, save) -> dict:
+    """Train W3 for ``config["steps"]`` steps, ``save(step, trackables)`` every ``config["every"]``;
+    returns rank 0's timings."""
+    import tensorflow as tf
+
+    rows = int(config["gib"] * ROWS_PER_GIB)
+    with strategy.scope():
+        table = tf.Variable(tf.zeros([rows, DIM]), name="table")
+        head = tf.Variable(tf.fill([DIM, 1], 0.01), name="head")
+    trackables = {"table": table, "head": head}
+
+    @tf.function
+    def train_step():
+        def replica():
+            ids = tf.random.uniform([BATCH], maxval=rows, dtype=tf.int64)
+            target = tf.cast(ids % 2, tf.float32)[:, None]
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.gather(table, ids) @ head - target))
+            g_table, g_head = tape.gradient(loss, [table, head])
+            context = tf.distribute.get_replica_context()  # the sparse gradient is all-gathered
+            g_table, g_head = context.all_reduce(tf.distribute.ReduceOp.MEAN, [g_table, g_head])
+            return g_table.values, g_table.indices, g_head, loss
+
+        values, indices, g_head, loss = [strategy.experimental_local_results(t)[0] for t in strategy.run(replica)]
+        # Every worker applies the same all-reduced update to its copy (cross-replica context).
+        table.scatter_sub(tf.IndexedSlices(LR * values, indices))
+        head.assign_sub(LR * g_head)
+        return loss
+
+    train_step()  # traced before the clock starts
+    blocked = []
+    start = time.perf_counter()
+    for step in range(1, config["steps"] + 1):
+        loss = float(train_step())
+        if config["every"] and step % config["every"] == 0:
+            began = time.perf_counter()
+            save(step, loss, trackables)
+            blocked.append(time.perf_counter() - began)
+    loop = time.perf_counter() - start
+    return {"loop_s": loop, "steps_per_s": config["steps"] / loop, "blocked_s": blocked, "rank": rank}
+
+
+def _raytf_train(config):
+    import raytf
+
+    def save(step, loss, trackables):
+        raytf.report({"step": step, "loss": loss}, checkpoint=raytf.Checkpoint.from_state(**trackables))
+
+    timings = train_w3(raytf.strategy(), raytf.get_context().world_rank, config, save)
+    raytf.report({"timings": timings})
+
+
+def run_raytf(config: dict, storage: dict, upload: str) -> dict:
+    import raytf
+
+    start = time.perf_counter()
+    result = raytf.Trainer(
+        _raytf_train, config=config, scaling=raytf.ScalingConfig(num_workers=2),
+        run=raytf.RunConfig(name=f"w3-raytf-{upload}-{config['every']}-{time.time_ns()}", verbose=0,
+                            checkpoint_config=raytf.CheckpointConfig(num_to_keep=2, upload=upload), **storage),
+        tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1),
+    ).fit()
+    fit = time.perf_counter() - start
+    return {**result.history[-1]["timings"], "fit_s": fit}
+
+
+def _ray_train_train(config):
+    import tensorflow as tf
+    from ray import train
+    from ray.train import CheckpointUploadMode
+
+    strategy = w1.mwms_strategy()
+    rank = train.get_context().get_world_rank()
+    mode = CheckpointUploadMode[config["upload"].upper()]
+
+    def save(step, loss, trackables):
+        directory = tempfile.mkdtemp()
+        tf.train.Checkpoint(**trackables).write(os.path.join(directory, "state"))  # every rank
+        checkpoint = train.Checkpoint.from_directory(directory) if rank == 0 else None
+        train.report({"step": step, "loss": loss}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
+
+    timings = train_w3(strategy, rank, config, save)
+    train.report({"timings": json.dumps(timings)})
+
+
+def run_ray_train(config: dict, storage: dict, upload: str) -> dict:
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    start = time.perf_counter()
+    result = TensorflowTrainer(
+        _ray_train_train, train_loop_config={**config, "upload": upload},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=f"w3-ray-train-{upload}-{config['every']}-{time.time_ns()}",
+                             checkpoint_config=CheckpointConfig(num_to_keep=2), **storage),
+    ).fit()
+    fit = time.perf_counter() - start
+    if result.error is not None:
+        return {"failed": repr(result.error)[:300], "fit_s": fit}
+    return {**json.loads(result.metrics["timings"]), "fit_s": fit}
+
+
+def _s3_storage() -> tuple[dict, dict, object]:
+    """A moto S3 server on loopback: (raytf's storage options, Ray Train's, the server process)."""
+    import socket
+    import subprocess
+
+    import pyarrow.fs as pafs
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fs = None
+    for _ in range(100):
+        try:
+            fs = pafs.S3FileSystem(access_key="w3", secret_key="w3", region="us-east-1",
+                                   endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+            fs.create_dir("w3")
+            break
+        except OSError:
+            time.sleep(0.2)
+    options = {"storage_path": "w3/runs", "storage_filesystem": fs}
+    return options, dict(options), server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=20)
+    parser.add_argument("--s3", action="store_true")
+    parser.add_argument("--systems", default="raytf_async,raytf_sync,ray_train_async,ray_train_sync")
+    args = parser.parse_args()
+    import ray
+
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    ray.init(num_cpus=4, include_dashboard=False)
+    local = tempfile.mkdtemp(prefix="w3-")
+    storages = {"local": ({"storage_path": local}, {"storage_path": local}, None)}
+    if args.s3:
+        storages["s3"] = _s3_storage()
+    systems = args.systems.split(",")
+    runners = {"raytf": run_raytf, "ray_train": run_ray_train}
+    results = []
+    try:
+        for storage, (raytf_storage, ray_storage, _) in storages.items():
+            for system in systems:
+                name, _, upload = system.rpartition("_")
+                options = raytf_storage if name == "raytf" else ray_storage
+                row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps, "every": args.every}
+                without = runners[name]({"gib": args.gib, "steps": args.steps, "every": 0}, options, upload)
+                row.update(runners[name]({"gib": args.gib, "steps": args.steps, "every": args.every}, options, upload))
+                row["steps_per_s_without"] = without.get("steps_per_s")
+                if row.get("blocked_s"):
+                    row["blocked_mean_s"] = sum(row["blocked_s"]) / len(row["blocked_s"])
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    finally:
+        for _, _, server in storages.values():
+            if server is not None:
+                server.terminate()
+    summary = {"summary": "w3", "gib": args.gib}
+    for row in results:
+        if not row["system"].startswith("raytf_"):
+            continue
+        anchor = next((r for r in results if r["storage"] == row["storage"]
+                       and r["system"] == "ray_train_" + row["system"].split("_")[1]), None)
+        key = f"{row['system']}_{row['storage']}"
+        summary[f"{key}_blocked_mean_s"] = row.get("blocked_mean_s")
+        if anchor and anchor.get("blocked_mean_s") and row.get("blocked_mean_s"):
+            summary[f"{key}_blocked_vs_ray_train"] = row["blocked_mean_s"] / anchor["blocked_mean_s"]
+            summary[f"{key}_steps_per_s_vs_ray_train"] = row["steps_per_s"] / anchor["steps_per_s"]
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""A reported checkpoint's bytes in host memory, for an asynchronous report (``CheckpointConfig(
+upload="async")``): written (``Checkpoint.from_state``) or copied (``Checkpoint.from_directory``)
+into shared memory, from where a background thread uploads them while training goes on.
+
+Shared memory (``/dev/shm``, a tmpfs) makes the snapshot a copy in RAM: writing it costs what
+serializing the variables costs, with no disk in the way. Where ``/dev/shm`` is missing, not
+writable, or too small for the state (a container's default is 64 MiB), the snapshot goes to the
+temporary directory instead, and stays there for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Optional
+
+import pyarrow.fs as pafs
+
+from raytf._internal.checkpoint.files import check_links
+
+logger = logging.getLogger(__name__)
+
+SHARED_MEMORY = "/dev/shm"
+PREFIX = "raytf-snapshot-"  # then the process id: a dead process's snapshots are swept away
+_disk_only = False  # /dev/shm refused a snapshot once: use the temporary directory from then on
+_swept = False
+
+
+def _roots() -> list[str]:
+    usable = not _disk_only and os.path.isdir(SHARED_MEMORY) and os.access(SHARED_MEMORY, os.W_OK)
+    return ([SHARED_MEMORY] if usable else []) + [tempfile.gettempdir()]
+
+
+def take(checkpoint: Any, *, keep: bool) -> Optional[str]:
+    """Put ``checkpoint`` in host memory; the snapshot's directory, or None when ``keep`` is False.
+
+    A state checkpoint is written on every rank, kept or not (saving variables under
+    MultiWorkerMirroredStrategy may run collectives, which every rank must join); a directory
+    checkpoint is copied only where it is kept, so the user may delete or rewrite the directory
+    as soon as ``raytf.report`` returns.
+    """
+    from raytf.checkpoint import StateCheckpoint
+
+    if isinstance(checkpoint, StateCheckpoint):
+        fill: Callable[[str], None] = checkpoint.write
+    elif keep:
+        fill = lambda directory: _copy_directory(checkpoint, directory)  # noqa: E731
+    else:
+        return None
+    global _disk_only, _swept
+    roots = _roots()
+    if not _swept:
+        _swept = True
+        for root in roots:
+            sweep(root)
+    for position, root in enumerate(roots):
+        directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root)
+        try:
+            fill(directory)
+        except Exception as error:  # noqa: BLE001 - shared memory full: the disk is the fallback
+            shutil.rmtree(directory, ignore_errors=True)
+            if root != SHARED_MEMORY or position == len(roots) - 1:
+                raise
+            _disk_only = True
+            logger.warning("raytf: a checkpoint snapshot did not fit in %s (%s: %s); snapshots go to %s from now "
+                           "on (give the workers a larger /dev/shm to keep them in memory)", SHARED_MEMORY,
+                           type(error).__name__, str(error)[:200], roots[-1])
+            continue
+        if keep:
+            return directory
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    raise AssertionError("unreachable: the last root raises")
+
+
+def sweep(root: str) -> None:
+    """Remove the snapshots in ``root`` of worker processes that died with a checkpoint in flight
+    (a crash leaves them behind, holding memory until the node reboots)."""
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(PREFIX):].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _copy_directory(checkpoint: Any, directory: str) -> None:
+    """The files of a directory checkpoint (local or in storage), links checked as an upload checks them."""
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        check_links(checkpoint.path)
+    pafs.copy_files(checkpoint.path, directory, source_filesystem=checkpoint.filesystem,
+                    destination_filesystem=pafs.LocalFileSystem())
+
+
+def discard(directory: Optional[str]) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""The chief's asynchronous checkpoints on their way to storage (``CheckpointConfig(upload="async")``).
+
+``raytf.report`` snapshots the checkpoint into host memory (checkpoint/snapshot.py), hands it to
+:class:`Uploads` and returns; a background thread uploads it, sends the report again with the
+uploaded checkpoint, and waits for the driver's commit. One checkpoint is in flight at a time
+(:data:`MAX_IN_FLIGHT`): a report with a checkpoint made while the previous one is still on its way
+waits for that one's commit first, so host memory holds at most two snapshots and the index never
+falls more than one checkpoint behind. A failure is never silent: an upload that fails is tried
+again (:data:`UPLOAD_TRIES` in all); what still fails, or a commit the driver refuses, is raised by
+the next ``raytf.report`` and, at the latest, when ``train_fn`` returns, which fails the worker so
+that the run restarts from the last committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+from raytf.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 1
+UPLOAD_TRIES = 3  # an upload's tries before the failure is the run's (storage hiccups are common)
+_BACKOFF_S = 1.0  # doubled after each failed try
+
+
+class Uploads:
+    """The asynchronous checkpoint in flight, and the first failure of one, to raise in the training thread."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._failure: Optional[str] = None
+
+    def start(self, name: str, upload: Callable[[], None], commit: Callable[[], Optional[str]],
+              cleanup: Callable[[], None]) -> None:
+        """In the background: ``upload()`` (tried again on ``OSError``), then ``commit()``, which
+        returns why the driver refused the checkpoint, or None; ``cleanup()`` in every case."""
+        self.wait()  # MAX_IN_FLIGHT: the previous checkpoint's commit first
+        self.raise_failure()
+
+        def run() -> None:
+            try:
+                self._try(name, upload)
+                refused = commit()
+                if refused is not None:
+                    self._fail(f"checkpoint {name} was not committed: {refused}")
+            except Exception as error:  # noqa: BLE001 - raised in the training thread (raise_failure)
+                self._fail(f"checkpoint {name} was not uploaded: {type(error).__name__}: {error}")
+            finally:
+                cleanup()
+
+        self._thread = threading.Thread(target=run, name=f"raytf-upload-{name}", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _try(name: str, upload: Callable[[], None]) -> None:
+        delay = _BACKOFF_S
+        for attempt in range(1, UPLOAD_TRIES + 1):
+            try:
+                upload()
+                return
+            except OSError as error:  # pyarrow's storage errors are OSErrors; a lost lease is not
+                if attempt == UPLOAD_TRIES:
+                    raise
+                logger.warning("raytf: uploading checkpoint %s failed (%s: %s); trying again in %.0f s (%d of %d)",
+                               name, type(error).__name__, error, delay, attempt + 1, UPLOAD_TRIES)
+                time.sleep(delay)
+                delay *= 2
+
+    def _fail(self, why: str) -> None:
+        logger.error("raytf: %s", why)
+        if self._failure is None:
+            self._failure = why
+
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Wait for the checkpoint in flight to be committed (or to fail); False on timeout."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                return False
+            self._thread = None
+        return True
+
+    def raise_failure(self) -> None:
+        if self._failure is not None:
+            raise CheckpointError(f"raytf.report: an asynchronous {self._failure}; the run's last committed "
+                                  "checkpoint is intact, and a restart resumes from it")

@@ -1,0 +1,215 @@
+"""Asynchronous checkpoints (CheckpointConfig(upload="async")) from a worker's report to the
+driver's index, without Ray: a real WorkerSession, the driver's real report handler, checkpoint
+manager and history on a temp dir, joined by a sink that plays the controller (it hands each
+report to the handler and acknowledges a checkpoint's commit, as controller._watch does)."""
+
+import json
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+
+import raytf
+from raytf._internal.checkpoint import snapshot as _snapshot
+from raytf._internal.checkpoint.manager import CheckpointManager
+from raytf._internal.driver.history import RunHistory, report_handler
+from raytf._internal.driver.progress import ProgressDisplay
+from raytf._internal.protocol import CheckpointUpload, ReportStage, ResumePoint, StorageRef
+from raytf._internal.storage import RunStorage
+from raytf._internal.worker import uploads as _uploads
+from raytf._internal.worker.session import WorkerSession
+from raytf.errors import CheckpointError
+from raytf.session import TrainContext
+
+pytestmark = pytest.mark.unit
+
+
+class Run:
+    """One chief's session (asynchronous uploads) and the driver side it reports to. ``gate``,
+    while clear, holds back the driver's handling of uploaded checkpoints (a slow commit)."""
+
+    def __init__(self, tmp_path, refuse=None):
+        self.storage = RunStorage(str(tmp_path / "results"), "run")
+        self.manager = CheckpointManager(self.storage.filesystem, self.storage.root)
+        self.history = RunHistory(self.storage, ProgressDisplay("run", 0), 0, [])
+        self.on_report = report_handler(self.manager, self.history, 0)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.refuse = refuse  # a commit error the driver answers instead of committing
+        self.received = []
+        context = TrainContext(0, 1, 0, 1, 0, 1, 0, "run", self.storage.uri, "{}")
+        self.session = WorkerSession(
+            context, strategy=None, sink=self.sink, resume=ResumePoint(),
+            storage=StorageRef(self.storage.filesystem, self.storage.root), upload=CheckpointUpload.ASYNC,
+        )
+
+    def sink(self, report):
+        self.received.append(report)
+        if report.stage is ReportStage.UPLOADED:
+            assert self.gate.wait(30)
+        error = self.refuse or self.on_report(report)
+        if report.checkpoint is not None:
+            self.session.acknowledge(report.seq, error)
+
+    def index(self):
+        path, fs = self.manager.dir + "/index.json", self.storage.filesystem
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return []
+        return [c["name"] for c in json.loads(fs.open_input_stream(path).read())["checkpoints"]]
+
+
+def directory_checkpoint(tmp_path, text):
+    source = tmp_path / "user"
+    source.mkdir(exist_ok=True)
+    (source / "weights.txt").write_text(text)
+    return raytf.Checkpoint.from_directory(source), source
+
+
+def test_report_returns_before_the_commit_the_directory_may_go_at_once_and_the_history_names_the_commit(tmp_path):
+    run = Run(tmp_path)
+    run.gate.clear()
+    checkpoint, source = directory_checkpoint(tmp_path, "epoch 0")
+    before = time.time()
+    run.session.report({"epoch": 0, "loss": 1.0}, checkpoint=checkpoint)  # returns with the commit held back
+    shutil.rmtree(source)  # the user deletes the directory as soon as report returns
+    assert run.index() == []
+    [entry] = run.history.entries
+    assert entry["epoch"] == 0 and "checkpoint" not in entry  # the metrics are recorded at once
+    assert run.received[0].stage is ReportStage.PENDING
+    run.gate.set()
+    run.session.finish_uploads()  # what train_fn's end waits for
+    assert run.index() == ["checkpoint_000000"]
+    assert entry["checkpoint"] == "checkpoint_000000" and entry["committed_at"] >= before
+    with raytf.Checkpoint(run.manager.path_of(run.manager.entries[-1])).as_directory() as committed:
+        assert open(f"{committed}/weights.txt").read() == "epoch 0"
+    written = json.loads((tmp_path / "results" / "run" / "history.json").read_text())
+    assert written[0]["checkpoint"] == "checkpoint_000000"  # written with the commit
+
+
+def test_a_checkpoint_waits_for_the_previous_ones_commit_and_metrics_alone_do_not(tmp_path):
+    run = Run(tmp_path)
+    run.gate.clear()
+    first, _ = directory_checkpoint(tmp_path, "one")
+    run.session.report({"epoch": 0}, checkpoint=first)
+    run.session.report({"step": 5})  # no checkpoint: does not wait
+    second = threading.Thread(target=run.session.report, args=({"epoch": 1}, first))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "a second checkpoint went ahead while the first was in flight"
+    run.gate.set()
+    second.join(30)
+    run.session.finish_uploads()
+    assert run.index() == ["checkpoint_000000", "checkpoint_000001"]
+    assert [e.get("checkpoint") for e in run.history.entries] == ["checkpoint_000000", None, "checkpoint_000001"]
+
+
+def test_a_failing_upload_is_tried_again_and_a_lasting_failure_is_raised_by_the_next_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(_uploads, "_BACKOFF_S", 0.01)
+    run = Run(tmp_path)
+    upload = run.session._saver.upload_snapshot
+    tries = []
+
+    def flaky(seq, directory):  # storage that fails the first try of every checkpoint after the first
+        tries.append(seq)
+        if seq >= 1 and tries.count(seq) == 1 or seq >= 2:
+            raise OSError("storage unavailable")
+        return upload(seq, directory)
+
+    monkeypatch.setattr(run.session._saver, "upload_snapshot", flaky)
+    checkpoint, _ = directory_checkpoint(tmp_path, "w")
+    for epoch in range(2):
+        run.session.report({"epoch": epoch}, checkpoint=checkpoint)
+    run.session.finish_uploads()
+    assert run.index() == ["checkpoint_000000", "checkpoint_000001"]  # the second took two tries
+    run.session.report({"epoch": 2}, checkpoint=checkpoint)  # fails every try
+    with pytest.raises(CheckpointError, match="checkpoint_000002 was not uploaded: OSError: storage unavailable"):
+        run.session.finish_uploads()
+    with pytest.raises(CheckpointError, match="last committed checkpoint is intact"):
+        run.session.report({"loss": 1.0})  # the next report raises it too
+    assert tries.count(2) == _uploads.UPLOAD_TRIES
+    assert run.index() == ["checkpoint_000000", "checkpoint_000001"]
+
+
+def test_a_commit_the_driver_refuses_is_raised_by_the_next_report(tmp_path):
+    run = Run(tmp_path, refuse="the run's lease is lost")
+    checkpoint, _ = directory_checkpoint(tmp_path, "w")
+    run.session.report({"epoch": 0}, checkpoint=checkpoint)
+    with pytest.raises(CheckpointError, match="checkpoint_000000 was not committed: the run's lease is lost"):
+        run.session.report({"epoch": 1}, checkpoint=checkpoint)
+
+
+def test_a_state_checkpoint_is_the_state_at_report_time_while_training_goes_on(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    run = Run(tmp_path)
+    run.gate.clear()
+    table = tf.Variable(tf.zeros([256, 64]))
+    step = tf.Variable(0, dtype=tf.int64)
+    seen = []
+    original = _snapshot.take
+
+    def take(checkpoint, *, keep):
+        seen.append(original(checkpoint, keep=keep))
+        return seen[-1]
+
+    monkeypatch.setattr(_snapshot, "take", take)
+    table.assign_add(tf.ones([256, 64]))
+    step.assign(1)
+    run.session.report({"step": 1}, checkpoint=raytf.Checkpoint.from_state(table=table, step=step))
+    for _ in range(3):  # training goes on while the upload waits
+        table.assign_add(tf.ones([256, 64]))
+        step.assign_add(1)
+    if _snapshot._roots()[0] == _snapshot.SHARED_MEMORY:
+        assert seen[0].startswith(_snapshot.SHARED_MEMORY + "/")  # the snapshot is in memory
+    run.gate.set()
+    run.session.finish_uploads()
+    restored_table, restored_step = tf.Variable(tf.zeros([256, 64])), tf.Variable(0, dtype=tf.int64)
+    raytf.Checkpoint(run.manager.path_of(run.manager.entries[-1])).restore_state(table=restored_table,
+                                                                               step=restored_step)
+    assert int(restored_step.numpy()) == 1
+    np.testing.assert_array_equal(restored_table.numpy(), np.ones([256, 64]))
+    assert not os.path.exists(seen[0])  # the snapshot is freed once committed
+
+
+def test_a_snapshot_that_does_not_fit_in_shared_memory_goes_to_the_temporary_directory(tmp_path, monkeypatch, caplog):
+    full = tmp_path / "shm"
+    full.mkdir()
+    monkeypatch.setattr(_snapshot, "SHARED_MEMORY", str(full))
+    monkeypatch.setattr(_snapshot, "_disk_only", False)
+    monkeypatch.setattr(_snapshot.tempfile, "tempdir", str(tmp_path / "disk"))
+    (tmp_path / "disk").mkdir()
+
+    class TooBig:  # a checkpoint whose writing runs out of room in shared memory only
+        def write(self, directory):
+            if directory.startswith(str(full)):
+                raise OSError(28, "No space left on device")
+            open(f"{directory}/state", "w").write("x")
+
+    monkeypatch.setattr("raytf.checkpoint.StateCheckpoint", TooBig)
+    kept = _snapshot.take(TooBig(), keep=True)
+    assert kept.startswith(str(tmp_path / "disk")) and open(f"{kept}/state").read() == "x"
+    assert "did not fit in" in caplog.text and not list(full.iterdir())
+    assert _snapshot._roots() == [str(tmp_path / "disk")]  # the rest of the process skips shared memory
+
+
+def test_upload_must_be_async_or_sync():
+    assert raytf.CheckpointConfig().upload == "async"
+    with pytest.raises(raytf.ConfigError, match="CheckpointConfig.upload must be 'async'.*or 'sync'"):
+        raytf.CheckpointConfig(upload="later")
+
+
+def test_snapshots_of_processes_that_died_are_swept_away_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for pid in (int(dead.stdout), os.getpid()):
+        (tmp_path / f"{_snapshot.PREFIX}{pid}-abc").mkdir()
+    (tmp_path / "unrelated").mkdir()
+    _snapshot.sweep(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{_snapshot.PREFIX}{os.getpid()}-abc", "unrelated"])
