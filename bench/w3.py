@@ -84,7 +84,9 @@ def train_w3(strategy, rank: int, config: dict, save) -> dict:
             save(step, loss, trackables)
             blocked.append(time.perf_counter() - began)
     loop = time.perf_counter() - start
-    return {"loop_s": loop, "steps_per_s": config["steps"] / loop, "blocked_s": blocked, "rank": rank}
+    if rank == 0:  # a file: Ray Train V2 keeps only the metrics reported with a checkpoint
+        with open(config["out"], "w") as f:
+            json.dump({"loop_s": loop, "steps_per_s": config["steps"] / loop, "blocked_s": blocked}, f)
 
 
 def _raytf_train(config):
@@ -93,8 +95,7 @@ def _raytf_train(config):
     def save(step, loss, trackables):
         raytf.report({"step": step, "loss": loss}, checkpoint=raytf.Checkpoint.from_state(**trackables))
 
-    timings = train_w3(raytf.strategy(), raytf.get_context().world_rank, config, save)
-    raytf.report({"timings": timings})
+    train_w3(raytf.strategy(), raytf.get_context().world_rank, config, save)
 
 
 def run_raytf(config: dict, storage: dict, upload: str) -> dict:
@@ -108,7 +109,8 @@ def run_raytf(config: dict, storage: dict, upload: str) -> dict:
         tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1),
     ).fit()
     fit = time.perf_counter() - start
-    return {**result.history[-1]["timings"], "fit_s": fit}
+    del result
+    return {**_timings(config), "fit_s": fit}
 
 
 def _ray_train_train(config):
@@ -126,8 +128,7 @@ def _ray_train_train(config):
         checkpoint = train.Checkpoint.from_directory(directory) if rank == 0 else None
         train.report({"step": step, "loss": loss}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
 
-    timings = train_w3(strategy, rank, config, save)
-    train.report({"timings": json.dumps(timings)})
+    train_w3(strategy, rank, config, save)
 
 
 def run_ray_train(config: dict, storage: dict, upload: str) -> dict:
@@ -144,7 +145,12 @@ def run_ray_train(config: dict, storage: dict, upload: str) -> dict:
     fit = time.perf_counter() - start
     if result.error is not None:
         return {"failed": repr(result.error)[:300], "fit_s": fit}
-    return {**json.loads(result.metrics["timings"]), "fit_s": fit}
+    return {**_timings(config), "fit_s": fit}
+
+
+def _timings(config: dict) -> dict:
+    with open(config["out"]) as f:
+        return json.load(f)
 
 
 def _s3_storage() -> tuple[dict, dict, object]:
@@ -197,8 +203,10 @@ def main() -> None:
                 name, _, upload = system.rpartition("_")
                 options = raytf_storage if name == "raytf" else ray_storage
                 row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps, "every": args.every}
-                without = runners[name]({"gib": args.gib, "steps": args.steps, "every": 0}, options, upload)
-                row.update(runners[name]({"gib": args.gib, "steps": args.steps, "every": args.every}, options, upload))
+                out = os.path.join(local, "timings.json")
+                config = {"gib": args.gib, "steps": args.steps, "out": out}
+                without = runners[name]({**config, "every": 0}, options, upload)
+                row.update(runners[name]({**config, "every": args.every}, options, upload))
                 row["steps_per_s_without"] = without.get("steps_per_s")
                 if row.get("blocked_s"):
                     row["blocked_mean_s"] = sum(row["blocked_s"]) / len(row["blocked_s"])
