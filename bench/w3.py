@@ -1,6 +1,6 @@
 """Benchmark workload W3: a large model's checkpoints, raytf against Ray Train, in one invocation.
 
-    python bench/w3.py [--gib 1] [--steps 60] [--every 20] [--s3]
+    python bench/w3.py [--gib 1] [--steps 60] [--every 20] [--storages local,s3]
                        [--systems raytf_async,raytf_sync,ray_train_async,ray_train_sync]
 
 W3: one embedding table of ``--gib`` GiB (float32 rows of 1,024) and a 1,024 x 1 head, trained
@@ -10,7 +10,7 @@ Every system runs the same training code and checkpoints the table and the head 
 ``--every`` steps: raytf with ``Checkpoint.from_state`` and ``CheckpointConfig(upload=...)``,
 Ray Train (``TensorflowTrainer``) with a ``tf.train.Checkpoint`` written to a local directory on
 every rank and ``ray.train.report(..., checkpoint_upload_mode=SYNC or ASYNC)``. Storage: a local
-directory, and with ``--s3`` also a loopback S3 server (moto).
+directory and a loopback S3 server (moto), or one of them with ``--storages``.
 
 Prints one JSON line per run and a summary line:
 
@@ -170,11 +170,11 @@ def _s3_storage() -> tuple[dict, dict, object]:
         try:
             fs = pafs.S3FileSystem(access_key="w3", secret_key="w3", region="us-east-1",
                                    endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
-            fs.create_dir("w3")
+            fs.create_dir("raytf-w3")
             break
         except OSError:
             time.sleep(0.2)
-    options = {"storage_path": "w3/runs", "storage_filesystem": fs}
+    options = {"storage_path": "raytf-w3/runs", "storage_filesystem": fs}
     return options, dict(options), server
 
 
@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=20)
-    parser.add_argument("--s3", action="store_true")
+    parser.add_argument("--storages", default="local,s3", help="local, s3 (a moto server on loopback), or both")
     parser.add_argument("--systems", default="raytf_async,raytf_sync,ray_train_async,ray_train_sync")
     args = parser.parse_args()
     import ray
@@ -191,8 +191,10 @@ def main() -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     ray.init(num_cpus=4, include_dashboard=False)
     local = tempfile.mkdtemp(prefix="w3-")
-    storages = {"local": ({"storage_path": local}, {"storage_path": local}, None)}
-    if args.s3:
+    storages = {}
+    if "local" in args.storages.split(","):
+        storages["local"] = ({"storage_path": local}, {"storage_path": local}, None)
+    if "s3" in args.storages.split(","):
         storages["s3"] = _s3_storage()
     systems = args.systems.split(",")
     runners = {"raytf": run_raytf, "ray_train": run_ray_train}

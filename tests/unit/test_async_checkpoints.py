@@ -20,7 +20,7 @@ from raytf._internal.driver.history import RunHistory, report_handler
 from raytf._internal.driver.progress import ProgressDisplay
 from raytf._internal.protocol import CheckpointUpload, ReportStage, ResumePoint, StorageRef
 from raytf._internal.storage import RunStorage
-from raytf._internal.worker import uploads as _uploads
+from raytf._internal.checkpoint import saver as _saver_module
 from raytf._internal.worker.session import WorkerSession
 from raytf.errors import CheckpointError
 from raytf.session import TrainContext
@@ -108,7 +108,7 @@ def test_a_checkpoint_waits_for_the_previous_ones_commit_and_metrics_alone_do_no
 
 
 def test_a_failing_upload_is_tried_again_and_a_lasting_failure_is_raised_by_the_next_report(tmp_path, monkeypatch):
-    monkeypatch.setattr(_uploads, "_BACKOFF_S", 0.01)
+    monkeypatch.setattr(_saver_module, "_BACKOFF_S", 0.01)
     run = Run(tmp_path)
     upload = run.session._saver.upload_snapshot
     tries = []
@@ -130,7 +130,7 @@ def test_a_failing_upload_is_tried_again_and_a_lasting_failure_is_raised_by_the_
         run.session.finish_uploads()
     with pytest.raises(CheckpointError, match="last committed checkpoint is intact"):
         run.session.report({"loss": 1.0})  # the next report raises it too
-    assert tries.count(2) == _uploads.UPLOAD_TRIES
+    assert tries.count(2) == _saver_module.UPLOAD_TRIES
     assert run.index() == ["checkpoint_000000", "checkpoint_000001"]
 
 
@@ -213,3 +213,25 @@ def test_snapshots_of_processes_that_died_are_swept_away_and_live_ones_kept(tmp_
     _snapshot.sweep(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{_snapshot.PREFIX}{os.getpid()}-abc", "unrelated"])
+
+
+def test_an_upload_that_storage_lost_part_of_is_found_before_the_commit_and_tried_again(tmp_path, monkeypatch, caplog):
+    from raytf._internal.checkpoint import saver as _saver
+
+    monkeypatch.setattr(_saver_module, "_BACKOFF_S", 0.01)
+    real, calls = _saver.upload, []
+
+    def lossy(checkpoint, fs, directory, name):  # the first upload's data file vanishes without an error
+        path = real(checkpoint, fs, directory, name)
+        calls.append(name)
+        if len(calls) == 1:
+            fs.delete_file(f"{path}/weights.txt")
+        return path
+
+    monkeypatch.setattr(_saver, "upload", lossy)
+    run = Run(tmp_path)
+    checkpoint, _ = directory_checkpoint(tmp_path, "w")
+    run.session.report({"epoch": 0}, checkpoint=checkpoint)
+    run.session.finish_uploads()
+    assert calls == ["checkpoint_000000", "checkpoint_000000"] and run.index() == ["checkpoint_000000"]
+    assert "incomplete in storage after its upload" in caplog.text

@@ -172,8 +172,9 @@ class CheckpointManager:
 
     def commit(self, entry: CheckpointEntry) -> None:
         """Record an uploaded checkpoint; from here on it is the one to resume from."""
-        if verify(self.fs, self.path_of(entry), checksums=False) is not None:
-            raise CheckpointError(f"checkpoint {entry.name} did not arrive whole; not committing it")
+        problem = verify(self.fs, self.path_of(entry), checksums=False)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {entry.name} did not arrive whole ({problem}); not committing it")
         self.entries.append(entry)
         self._write_index()
         self._apply_retention()

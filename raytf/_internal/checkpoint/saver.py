@@ -8,17 +8,39 @@ only the chief uploads, after checking that its driver still holds the run.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from raytf._internal import lease as _lease
 from raytf._internal.checkpoint import snapshot as _snapshot
-from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, parts_name, upload, upload_part
+from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, parts_name, upload, upload_part, verify
 from raytf._internal.protocol import CheckpointPart, ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
 from raytf.checkpoint import Checkpoint, StateCheckpoint
 from raytf.errors import RaytfError
+
+logger = logging.getLogger(__name__)
+
+UPLOAD_TRIES = 3  # an upload's tries before its failure is the run's (storage hiccups are common)
+_BACKOFF_S = 1.0  # doubled after each failed try
+
+
+def retried(name: str, upload: Callable[[], Any]) -> Any:
+    """``upload()``, tried again on ``OSError`` (pyarrow's storage errors, an upload found incomplete)."""
+    delay = _BACKOFF_S
+    for attempt in range(1, UPLOAD_TRIES + 1):
+        try:
+            return upload()
+        except OSError as error:  # a lost lease (RaytfError) is not retried
+            if attempt == UPLOAD_TRIES:
+                raise
+            logger.warning("raytf: uploading checkpoint %s failed (%s: %s); trying again in %.0f s (%d of %d)",
+                           name, type(error).__name__, error, delay, attempt + 1, UPLOAD_TRIES)
+            time.sleep(delay)
+            delay *= 2
 
 
 class CheckpointSaver:
@@ -118,13 +140,19 @@ class CheckpointSaver:
     def _upload(self, checkpoint: Checkpoint) -> UploadedCheckpoint:
         seq = self._next_seq
         self._next_seq += 1
-        return self._upload_as(checkpoint, seq)
+        return retried(checkpoint_name(seq), lambda: self._upload_as(checkpoint, seq))
 
     def _upload_as(self, checkpoint: Checkpoint, seq: int) -> UploadedCheckpoint:
         filesystem, root = self._storage.filesystem, self._storage.root
         self._check_lease()
         name = checkpoint_name(seq)
-        upload(checkpoint, filesystem, checkpoints_dir(filesystem, root), name)
+        path = upload(checkpoint, filesystem, checkpoints_dir(filesystem, root), name)
+        # One listing: an object store that lost a part of the upload without an error (seen with a
+        # loaded S3-compatible server and GiB-sized files) fails here, where the upload can be tried
+        # again (uploads.py), rather than at the driver's commit.
+        problem = verify(filesystem, path, checksums=False)
+        if problem is not None:
+            raise OSError(f"checkpoint {name} is incomplete in storage after its upload: {problem}")
         return UploadedCheckpoint(name=name, seq=seq)
 
     def snapshot(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[tuple[int, str]]:

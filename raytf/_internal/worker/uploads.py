@@ -4,9 +4,9 @@
 :class:`Uploads` and returns; a background thread uploads it, sends the report again with the
 uploaded checkpoint, and waits for the driver's commit. One checkpoint is in flight at a time
 (:data:`MAX_IN_FLIGHT`): a report with a checkpoint made while the previous one is still on its way
-waits for that one's commit first, so host memory holds at most two snapshots and the index never
+waits for that one's commit first, so host memory holds one snapshot at a time and the index never
 falls more than one checkpoint behind. A failure is never silent: an upload that fails is tried
-again (:data:`UPLOAD_TRIES` in all); what still fails, or a commit the driver refuses, is raised by
+again (``saver.UPLOAD_TRIES``, 3 tries in all, sync uploads too); what still fails, or a commit the driver refuses, is raised by
 the next ``raytf.report`` and, at the latest, when ``train_fn`` returns, which fails the worker so
 that the run restarts from the last committed checkpoint.
 """
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable, Optional
 
+from raytf._internal.checkpoint.saver import retried
 from raytf.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1
-UPLOAD_TRIES = 3  # an upload's tries before the failure is the run's (storage hiccups are common)
-_BACKOFF_S = 1.0  # doubled after each failed try
 
 
 class Uploads:
@@ -43,7 +41,7 @@ class Uploads:
 
         def run() -> None:
             try:
-                self._try(name, upload)
+                retried(name, upload)
                 refused = commit()
                 if refused is not None:
                     self._fail(f"checkpoint {name} was not committed: {refused}")
@@ -54,21 +52,6 @@ class Uploads:
 
         self._thread = threading.Thread(target=run, name=f"raytf-upload-{name}", daemon=True)
         self._thread.start()
-
-    @staticmethod
-    def _try(name: str, upload: Callable[[], None]) -> None:
-        delay = _BACKOFF_S
-        for attempt in range(1, UPLOAD_TRIES + 1):
-            try:
-                upload()
-                return
-            except OSError as error:  # pyarrow's storage errors are OSErrors; a lost lease is not
-                if attempt == UPLOAD_TRIES:
-                    raise
-                logger.warning("raytf: uploading checkpoint %s failed (%s: %s); trying again in %.0f s (%d of %d)",
-                               name, type(error).__name__, error, delay, attempt + 1, UPLOAD_TRIES)
-                time.sleep(delay)
-                delay *= 2
 
     def _fail(self, why: str) -> None:
         logger.error("raytf: %s", why)
