@@ -9,8 +9,6 @@ only the chief uploads, after checking that its driver still holds the run.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
@@ -109,16 +107,16 @@ class CheckpointSaver:
     @contextmanager
     def _local(self, checkpoint: Any) -> Iterator[Optional[Checkpoint]]:
         """The files to upload: a directory checkpoint as it is; a state checkpoint written by every
-        rank (saving may run collectives) and yielded on the chief only (the state is replicated)."""
+        rank (saving may run collectives) into host memory (snapshot.py), yielded on the chief only
+        (the state is replicated) and freed after."""
         if not isinstance(checkpoint, StateCheckpoint):
             yield checkpoint
             return
-        directory = tempfile.mkdtemp(prefix="raytf-state-")
+        directory = _snapshot.take(checkpoint, keep=self._is_chief)
         try:
-            checkpoint.write(directory)
-            yield Checkpoint.from_directory(directory) if self._is_chief else None
+            yield Checkpoint.from_directory(directory) if directory is not None else None
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            _snapshot.discard(directory)
 
     def save(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[UploadedCheckpoint]:
         """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint."""

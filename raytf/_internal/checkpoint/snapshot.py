@@ -1,6 +1,7 @@
-"""A reported checkpoint's bytes in host memory, for an asynchronous report (``CheckpointConfig(
-upload="async")``): written (``Checkpoint.from_state``) or copied (``Checkpoint.from_directory``)
-into shared memory, from where a background thread uploads them while training goes on.
+"""A reported checkpoint's bytes in host memory: written (``Checkpoint.from_state``, every report)
+or copied (``Checkpoint.from_directory``, an asynchronous report's, ``CheckpointConfig(
+upload="async")``) into shared memory, from where they are uploaded (by a background thread while
+training goes on, for an asynchronous report).
 
 Shared memory (``/dev/shm``, a tmpfs) makes the snapshot a copy in RAM: writing it costs what
 serializing the variables costs, with no disk in the way. Where ``/dev/shm`` is missing, not

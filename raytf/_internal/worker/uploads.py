@@ -61,14 +61,11 @@ class Uploads:
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def wait(self, timeout_s: Optional[float] = None) -> bool:
-        """Wait for the checkpoint in flight to be committed (or to fail); False on timeout."""
+    def wait(self) -> None:
+        """Wait for the checkpoint in flight to be committed (or to fail)."""
         if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                return False
+            self._thread.join()
             self._thread = None
-        return True
 
     def raise_failure(self) -> None:
         if self._failure is not None:
