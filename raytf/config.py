@@ -203,6 +203,14 @@ class CheckpointConfig:
     the run restarts from the last committed checkpoint. ``"sync"``: once the driver has committed
     the checkpoint, so a checkpoint whose report returned survives any loss after it. Collective
     reports (``ranks="all"``, ``raytf.train.report``) are synchronous either way.
+
+    ``restore_from_memory`` (on by default): the newest committed checkpoint stays in host memory
+    on the chief's node (its snapshot, renamed rather than deleted: no copy, one checkpoint's size
+    of ``/dev/shm``), and a restart (a warm standby, or a new actor on the same node, where raytf
+    keeps the attempt's placement across restarts) reads it from there instead of from storage
+    when it is the checkpoint the attempt resumes from and every file matches the CRC32 the
+    committed manifest records; otherwise from storage. ``result.startup`` says which, per
+    attempt (``restored_from``). Turn it off where host memory is scarcer than restart time.
     """
 
     num_to_keep: Optional[int] = None
@@ -211,6 +219,7 @@ class CheckpointConfig:
     every_n_epochs: Optional[int] = None
     every_n_steps: Optional[int] = None
     upload: str = "async"
+    restore_from_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None:
@@ -230,6 +239,8 @@ class CheckpointConfig:
                 f"CheckpointConfig.upload must be 'async' (report returns once the checkpoint is in host memory) "
                 f"or 'sync' (once it is committed), got {self.upload!r}"
             )
+        if not isinstance(self.restore_from_memory, bool):
+            raise ConfigError(f"CheckpointConfig.restore_from_memory must be True or False, got {self.restore_from_memory!r}")
         if self.score_attribute is not None and not isinstance(self.score_attribute, str):
             raise ConfigError(
                 f"CheckpointConfig.score_attribute must be a metric name, got {self.score_attribute!r}"

@@ -251,7 +251,7 @@ class ParameterServerTrainer(Trainer):
         return dataclasses.replace(super()._tensorflow_settings(), inter_op_threads=self.tensorflow.inter_op_threads or 0)
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
-        from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, StartupTiming
+        from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, MemoryCopies, StartupTiming
         from raytf._internal.driver.group import WorkerGroup
         from raytf._internal.driver.scaling import ElasticPolicy
         from raytf._internal.driver.shapes import ParameterServerShape
@@ -264,7 +264,7 @@ class ParameterServerTrainer(Trainer):
             elastic=ElasticPolicy(workers, workers, self.scaling.placement_timeout_s, 0.0),
             datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
             start_timeout_s=failures.start_timeout_s, notify=display.message,
-            callbacks=[StartupTiming(), DrainWatch(), FinishEvaluator()],
+            callbacks=[StartupTiming(), DrainWatch(), FinishEvaluator(), *([MemoryCopies()] if run.restore_from_memory else [])],
         )
 
     def _group_text(self) -> str:

@@ -251,6 +251,7 @@ class Trainer:
             storage=StorageRef(storage.filesystem, storage.root), lease_token=lease.token,
             save_every=_save_every(self.run.checkpoint_config),
             upload=CheckpointUpload(self.run.checkpoint_config.upload),
+            restore_from_memory=self.run.checkpoint_config.restore_from_memory,
             split=tuple(sorted(self.data_config.split(list(self.datasets)))), plugins=("raytf.keras._keras3",),
         )
 
@@ -269,13 +270,15 @@ class Trainer:
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
         """This trainer's worker group: one role, "worker", running ``train_fn`` under MWMS."""
-        from raytf._internal.driver.callbacks import DrainWatch, StartupTiming
+        from raytf._internal.driver.callbacks import DrainWatch, MemoryCopies, StartupTiming
         from raytf._internal.driver.group import WorkerGroup
         from raytf._internal.driver.shapes import MirroredShape
         from raytf._internal.driver.warm import WarmStandbys
 
         failures = self.run.failure_config
         callbacks: list[Any] = [StartupTiming(), DrainWatch()]
+        if run.restore_from_memory:
+            callbacks.append(MemoryCopies())
         if failures.warm_standby:
             callbacks.append(WarmStandbys(self.datasets, run.split))
         return WorkerGroup(
@@ -295,8 +298,9 @@ class Trainer:
         display.update(attempt, status.progress)
         if status.startup:
             startups.append({"attempt": attempt, **status.startup})
-            display.message("start-up: " + ", ".join(f"{name.replace('_', ' ')} {seconds:.1f} s"
-                                                     for name, seconds in status.startup.items()))
+            display.message("start-up: " + ", ".join(
+                f"{name.replace('_', ' ')} {value:.1f} s" if isinstance(value, (int, float)) else
+                f"{name.replace('_', ' ')} {value}" for name, value in status.startup.items()))
 
     def _group_text(self) -> str:
         return f"{self._workers_text()} workers x {self.scaling.bundle()} ({self.scaling.placement})"

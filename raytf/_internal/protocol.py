@@ -169,6 +169,8 @@ class Progress:
     ``steps`` per epoch, when known), ``global_step`` the steps done in the
     run, ``global_batch`` the rows one step trains on across all workers. ``uploading``: an
     asynchronous checkpoint is on its way to storage (``CheckpointConfig(upload="async")``).
+    ``restored_from``: where the checkpoint the attempt resumes from was read, ``"memory"`` (this
+    node's copy, checkpoint/memory.py) or ``"storage"``, once ``get_checkpoint`` handed it out.
     """
 
     epoch: Optional[int] = None
@@ -178,6 +180,7 @@ class Progress:
     global_step: Optional[int] = None
     global_batch: Optional[int] = None
     uploading: bool = False
+    restored_from: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,8 @@ class GroupStatus:
     stopped: bool = False
     progress: Optional[Progress] = None  # rank 0's, as last heard
     ready: bool = False
-    startup: Optional[dict[str, float]] = None  # once per attempt: seconds per start-up phase (watch.py)
+    # once per attempt: seconds per start-up phase (watch.py), and where the checkpoint was restored from
+    startup: Optional[dict[str, Any]] = None
 
 
 class PayloadKind(str, enum.Enum):
@@ -355,6 +359,7 @@ class RunSpec:
     lease_token: Optional[str] = None  # the driver's claim on the run: checked before each upload
     save_every: Optional[SaveEvery] = None  # CheckpointConfig's schedule, for ReportCallback
     upload: CheckpointUpload = CheckpointUpload.SYNC  # CheckpointConfig.upload
+    restore_from_memory: bool = False  # CheckpointConfig.restore_from_memory
     split: tuple[str, ...] = ()  # DataConfig: the datasets split across the workers
     # Modules of raytf's public layer that plug into a worker's start, by name (so the worker imports
     # nothing above it): imported while it loads, then ``on_strategy(strategy, keras3)`` once its

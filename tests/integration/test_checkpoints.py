@@ -8,6 +8,9 @@ import os
 import pytest
 
 import raytf
+from raytf._internal.checkpoint import memory
+from raytf._internal.protocol import StorageRef
+from raytf._internal.storage import RunStorage
 from tests import workloads
 
 pytestmark = pytest.mark.integration
@@ -35,6 +38,8 @@ def test_a_kill_right_after_a_commit_resumes_from_that_checkpoint(tmp_path, no_l
         failure_config=raytf.FailureConfig(max_failures=1), checkpoint_config=raytf.CheckpointConfig(upload="sync"),
     ).fit()
     seen = [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history]
+    # Synchronous uploads of a directory keep no snapshot, so the restart read storage.
+    assert [s.get("restored_from") for s in result.startup] == [None, "storage"]
     # The chief died the instant its epoch-1 report returned: epoch 1 was committed and used.
     assert seen == [(0, 0, 0), (0, 1, 0), (1, 2, 2), (1, 3, 2)]
     assert result.attempts == 2
@@ -62,6 +67,11 @@ def test_a_kill_during_a_checkpoint_save_resumes_from_the_previous_one(tmp_path,
     assert [(c["epoch"], c["attempt"]) for c in index["checkpoints"]] == [(0, 0), (1, 1), (2, 1)]
     # The half-written upload never reached the index and was cleared before attempt 1.
     assert sorted(os.listdir(checkpoints)) == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002", "index.json"]
+    # Epoch 0's checkpoint stayed in host memory on the node after its commit (restore_from_memory,
+    # the default): the restarted ranks read it from there, and the run's end removed the copy.
+    assert [s.get("restored_from") for s in result.startup] == [None, "memory"]
+    storage = RunStorage(str(tmp_path / "results"), "kill-during-save")
+    assert memory.find(StorageRef(storage.filesystem, storage.root), "checkpoint_000002") is None
 
 
 def test_a_new_driver_resumes_the_run_and_resume_never_refuses(tmp_path, no_leaks):

@@ -32,7 +32,7 @@ class Run:
     """One chief's session (asynchronous uploads) and the driver side it reports to. ``gate``,
     while clear, holds back the driver's handling of uploaded checkpoints (a slow commit)."""
 
-    def __init__(self, tmp_path, refuse=None):
+    def __init__(self, tmp_path, refuse=None, *, memory=False, resume=ResumePoint(), upload=CheckpointUpload.ASYNC):
         self.storage = RunStorage(str(tmp_path / "results"), "run")
         self.manager = CheckpointManager(self.storage.filesystem, self.storage.root)
         self.history = RunHistory(self.storage, ProgressDisplay("run", 0), 0, [])
@@ -43,8 +43,9 @@ class Run:
         self.received = []
         context = TrainContext(0, 1, 0, 1, 0, 1, 0, "run", self.storage.uri, "{}")
         self.session = WorkerSession(
-            context, strategy=None, sink=self.sink, resume=ResumePoint(),
-            storage=StorageRef(self.storage.filesystem, self.storage.root), upload=CheckpointUpload.ASYNC,
+            context, strategy=None, sink=self.sink, resume=resume,
+            storage=StorageRef(self.storage.filesystem, self.storage.root), upload=upload,
+            restore_from_memory=memory,
         )
 
     def sink(self, report):

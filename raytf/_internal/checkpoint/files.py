@@ -190,19 +190,21 @@ def merge_parts(fs: pafs.FileSystem, checkpoints_dir: str, name: str,
     return _publish(fs, checkpoints_dir, name, merged, move_in)
 
 
-def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True) -> Optional[str]:
+def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True, copy: Optional[str] = None) -> Optional[str]:
     """Why the checkpoint at ``path`` is unusable, or None if every file matches its manifest.
 
     ``checksums=False`` compares sizes from one listing (missing or truncated
     files) without reading the data: enough to commit a fresh upload. Resuming
-    reads everything and checks the CRC32s too.
+    reads everything and checks the CRC32s too. ``copy``: check the files of that
+    local directory (a copy of the checkpoint, memory.py) against the manifest at ``path``.
     """
     try:
         with fs.open_input_stream(_join(fs, path, MANIFEST)) as stream:
             expected = json.loads(stream.read())["files"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"its manifest is missing or unreadable ({error})"
-    found = _manifest(fs, path, checksums=checksums)
+    found = _manifest(fs, path, checksums=checksums) if copy is None else _manifest(
+        pafs.LocalFileSystem(), copy, checksums=checksums)
     for relative, want in expected.items():
         got = found.get(relative)
         if got is None:
@@ -211,7 +213,10 @@ def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True) -> Optiona
             return f"file {relative!r} has {got['size']} bytes, {want['size']} were written"
         if checksums and got["crc32"] != want["crc32"]:
             return f"file {relative!r} does not match its checksum"
+    if copy is not None and set(found) - set(expected):
+        return f"it has files the checkpoint has not: {sorted(set(found) - set(expected))[:3]}"
     return None
+
 
 def checkpoints_dir(fs: pafs.FileSystem, run_root: str) -> str:
     return _join(fs, run_root, "checkpoints")

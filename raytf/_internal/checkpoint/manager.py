@@ -107,6 +107,9 @@ class CheckpointManager:
         fs.create_dir(self.dir, recursive=True)
         self.damaged: list[Any] = []  # raw index entries that did not parse, kept as they were
         self.entries: list[CheckpointEntry] = self._read_index()
+        # Checkpoints this driver committed (their files listed whole at the commit): a restart
+        # lists them again rather than reading every byte back from storage (see latest()).
+        self._committed_here: set[str] = set()
         # With an evaluator, which reads the newest checkpoint it has not evaluated while training goes
         # on: retention drops such a checkpoint from the index at once, but deletes its directory only
         # once the evaluator has reported a checkpoint at least as new (see note_evaluated).
@@ -177,6 +180,7 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {entry.name} did not arrive whole ({problem}); not committing it")
         self.entries.append(entry)
         self._write_index()
+        self._committed_here.add(entry.name)
         self._apply_retention()
 
     def score(self, entry: CheckpointEntry) -> Optional[float]:
@@ -313,11 +317,17 @@ class CheckpointManager:
 
         None if nothing was ever committed. If checkpoints were committed but
         none verifies, that is an error, never a silent restart from scratch.
+        Checkpoints of an earlier driver are read whole (every file's CRC32);
+        those this driver committed are listed (every file there, at its size):
+        reading a model of many GiB back from an object store before every
+        restart would cost more than the restart, and their bytes are checked
+        where they are read (a copy in memory against the manifest's CRC32s,
+        ``Checkpoint.from_state`` files by TensorFlow's own per-tensor checksums).
         """
         problems = []
         for entry in reversed(self.entries):
             path = self.path_of(entry)
-            problem = verify(self.fs, path)
+            problem = verify(self.fs, path, checksums=entry.name not in self._committed_here)
             if problem is None:
                 if problems:
                     logger.warning("resuming from %s; newer checkpoints are unusable: %s",

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
 from raytf._internal import lease as _lease
+from raytf._internal.checkpoint import memory as _memory
 from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, parts_name, upload, upload_part, verify
 from raytf._internal.protocol import CheckpointPart, ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
@@ -43,8 +44,11 @@ def retried(name: str, upload: Callable[[], Any]) -> Any:
 
 class CheckpointSaver:
     def __init__(self, storage: Optional[StorageRef], resume: ResumePoint, is_chief: bool,
-                 save_every: Optional[SaveEvery] = None, lease_token: Optional[str] = None):
+                 save_every: Optional[SaveEvery] = None, lease_token: Optional[str] = None,
+                 in_memory: bool = False):
         self._storage = storage
+        self._in_memory = in_memory  # CheckpointConfig.restore_from_memory
+        self._unsettled: dict[str, str] = {}  # the chief's snapshots of uploaded checkpoints, by name, until committed
         self._next_seq = resume.next_seq
         self._is_chief = is_chief
         self._save_every = save_every
@@ -119,13 +123,43 @@ class CheckpointSaver:
             _snapshot.discard(directory)
 
     def save(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[UploadedCheckpoint]:
-        """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint."""
+        """Write (every rank, where TensorFlow needs it) and upload (the chief) a due checkpoint.
+        The chief's snapshot of a state checkpoint waits for the driver's word (:meth:`settle`)."""
         if not self._take(metrics, checkpoint, preempted):
             return None
-        with self._local(checkpoint) as local:
+        if not isinstance(checkpoint, StateCheckpoint):
             # Under MultiWorkerMirroredStrategy every rank holds the same weights, so
             # only the chief's checkpoint is kept; the others' are dropped here.
-            return self._upload(local) if local is not None and self._is_chief else None
+            return self._upload(checkpoint) if self._is_chief else None
+        directory = self._snapshot(checkpoint)
+        if directory is None:
+            return None
+        try:
+            uploaded = self._upload(Checkpoint.from_directory(directory))
+        except BaseException:
+            _snapshot.discard(directory)
+            raise
+        self._unsettled[uploaded.name] = directory
+        return uploaded
+
+    def _snapshot(self, checkpoint: Any) -> Optional[str]:
+        if self._in_memory:
+            _memory.sweep_once()  # copies of ended runs first: they hold the memory this one needs
+        return _snapshot.take(checkpoint, keep=self._is_chief)
+
+    def settle(self, name: str, committed: bool) -> None:
+        """The driver committed (or refused) checkpoint ``name``: its snapshot becomes this node's
+        copy of the run's newest checkpoint (memory.py, with ``restore_from_memory``), or is freed."""
+        directory = self._unsettled.pop(name, None)
+        if directory is None:
+            return
+        if committed and self._in_memory and self._storage is not None:
+            try:
+                _memory.keep(self._storage, name, directory)
+                return
+            except OSError as error:  # a restart then reads storage, as it would without the copy
+                logger.warning("raytf: checkpoint %s could not be kept in host memory: %s", name, error)
+        _snapshot.discard(directory)
 
     def _check_lease(self) -> None:
         filesystem, root = self._storage.filesystem, self._storage.root
@@ -155,14 +189,16 @@ class CheckpointSaver:
 
     def snapshot(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> Optional[tuple[int, str]]:
         """Asynchronous reports: put a due checkpoint in host memory (snapshot.py) and number it;
-        (its number, its directory) on the chief, which uploads it later with :meth:`upload_snapshot`."""
+        (its number, its directory) on the chief, which uploads it later with :meth:`upload_snapshot`
+        and hands it to :meth:`settle` once the driver has answered."""
         if not self._take(metrics, checkpoint, preempted):
             return None
-        directory = _snapshot.take(checkpoint, keep=self._is_chief)
+        directory = self._snapshot(checkpoint)
         if directory is None:
             return None
         seq = self._next_seq
         self._next_seq += 1
+        self._unsettled[checkpoint_name(seq)] = directory
         return seq, directory
 
     def upload_snapshot(self, seq: int, directory: str) -> UploadedCheckpoint:

@@ -97,3 +97,11 @@ def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple
         if pending:
             time.sleep(UNAVAILABLE_RETRY_S)
     return results
+
+
+def ask_each(actors: Sequence[Any], method: str, *args: Any, timeout_s: float) -> None:
+    """``actor.method(*args)`` on every actor, waiting up to ``timeout_s`` for them all; a best
+    effort (an actor that died or does not answer in time is left as it is)."""
+    refs = [getattr(actor, method).remote(*args) for actor in actors]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

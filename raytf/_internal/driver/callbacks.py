@@ -24,8 +24,8 @@ The interface, in the order of a group's life:
 A callback that sets ``keeps_placement`` keeps the placement group across
 attempts while its nodes stay (the group checks that), for what lives on them.
 
-Here: :class:`StartupTiming`, :class:`DrainWatch` and :class:`FinishEvaluator`;
-warm standbys and their kept shards are in warm.py.
+Here: :class:`StartupTiming`, :class:`DrainWatch`, :class:`FinishEvaluator` and
+:class:`MemoryCopies`; warm standbys and their kept shards are in warm.py.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from raytf._internal.driver.watch import Milestone
 from raytf._internal.protocol import GroupStatus, Phase
 
 _DRAIN_CHECK_INTERVAL_S = 1.0  # how often the driver asks Ray which nodes are draining
+_DROP_TIMEOUT_S = 5.0  # how long the members get to remove their nodes' checkpoint copies at the run's end
 
 
 class GroupCallback:
@@ -96,7 +97,10 @@ class StartupTiming(GroupCallback):
             return status
         self._sent = True
         times = group.times
-        return dataclasses.replace(status, startup=watch.startup(times["began"], times["placed"], times["actors_up"]))
+        startup: dict[str, Any] = watch.startup(times["began"], times["placed"], times["actors_up"])
+        if status.progress is not None and status.progress.restored_from is not None:
+            startup["restored_from"] = status.progress.restored_from  # rank 0's: "memory" or "storage"
+        return dataclasses.replace(status, startup=startup)
 
 
 class DrainWatch(GroupCallback):
@@ -141,3 +145,19 @@ class FinishEvaluator(GroupCallback):
     def after_replace(self, group: GroupView, member: Member) -> None:
         if self._told and evaluates(member.role):
             member.actor.finish.remote()
+
+
+class MemoryCopies(GroupCallback):
+    """``CheckpointConfig(restore_from_memory=True)``: the chief keeps the newest committed
+    checkpoint in host memory on its node (checkpoint/memory.py). The placement group is kept
+    across attempts (while its nodes stay), so a restarted rank lands on the node it left and finds
+    the copy; when the run ends, the members still up remove their nodes' copies."""
+
+    keeps_placement = True
+
+    def on_close(self, group: GroupView) -> None:
+        from raytf._internal.driver.actors import ask_each
+
+        if group.run.storage is not None:
+            ask_each([m.actor for m in group.members if m.actor is not None], "drop_checkpoint_copies",
+                     group.run.storage, timeout_s=_DROP_TIMEOUT_S)

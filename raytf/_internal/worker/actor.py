@@ -15,6 +15,9 @@ import time
 import traceback
 from typing import Any, Optional, Sequence
 
+import ray
+
+from raytf._internal.checkpoint import memory
 from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker import logs as _logs
 from raytf._internal.worker.activity import ActivityTracker
@@ -135,6 +138,7 @@ class TrainWorker:
         self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
         _logs.name_in_log_prefix(f"raytf {self._task}" if self._task else f"raytf rank {self._rank}")
         self._payload = PAYLOADS[payload]()
+        memory.configure(ray.get_runtime_context().get_placement_group_id() or "", _live_placement_groups)
         self._phase = Phase.STARTING
         self._thread = threading.Thread(target=self._run, args=(run, spec), name="raytf-train", daemon=True)
         self._thread.start()
@@ -213,6 +217,11 @@ class TrainWorker:
         if close is not None:
             close()
 
+    def drop_checkpoint_copies(self, storage: Any) -> None:
+        """The run ended: remove its checkpoint copies in this node's memory (checkpoint/memory.py)."""
+        if storage is not None:
+            memory.drop(storage)
+
     def _run(self, run: RunSpec, spec: WorkerSpec) -> None:
         try:
             self._payload.run(run, spec, self)
@@ -242,3 +251,9 @@ class TrainWorker:
             task=self._task,
         )
         self._phase = Phase.FAILED
+
+
+def _live_placement_groups() -> set[str]:
+    """The ids of the cluster's placement groups that are not removed (checkpoint/memory.py's sweep)."""
+    table = ray.util.placement_group_table()
+    return {pg_id for pg_id, info in table.items() if info.get("state") != "REMOVED"}

@@ -96,6 +96,7 @@ class TrainFnPayload:
             context, strategy, host.sink, spec.datasets, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, split=run.split,
             preempt_requested=host.preempt_requested, upload=run.upload,
+            restore_from_memory=run.restore_from_memory,
         )
         _session.install(self.session)
         host.set_phase(Phase.TRAINING)
@@ -257,6 +258,7 @@ class ChiefPayload:
             _context(run, spec), strategy, host.sink, {}, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, preempt_requested=host.preempt_requested,
             parameter_server=PsData(self._coordinator, list(shard_files or [])), upload=run.upload,
+            restore_from_memory=run.restore_from_memory,
         )
         _session.install(self.session)
         host.set_phase(Phase.TRAINING)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable, Optional, Sequence
 
-from raytf._internal.checkpoint import snapshot as _snapshot
+from raytf._internal.checkpoint import memory as _memory
 from raytf._internal.checkpoint.files import checkpoint_name
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.data.shard import ShardReader, ShardRequest
@@ -48,6 +48,7 @@ class WorkerSession:
         split: Sequence[str] = (),
         parameter_server: Any = None,
         upload: CheckpointUpload = CheckpointUpload.SYNC,
+        restore_from_memory: bool = False,
     ):
         self.context = context
         self.strategy = strategy
@@ -58,7 +59,10 @@ class WorkerSession:
         self._resume = resume
         self._acks: dict[int, threading.Event] = {}
         self._ack_errors: dict[int, str] = {}
-        self._saver = CheckpointSaver(storage, resume, context.is_chief, save_every, lease_token)
+        self._saver = CheckpointSaver(storage, resume, context.is_chief, save_every, lease_token,
+                                      in_memory=restore_from_memory)
+        self._restore_from_memory = restore_from_memory
+        self._restored: Any = None  # the checkpoint get_checkpoint hands out, once decided
         self._upload = CheckpointUpload(upload)
         self._uploads = Uploads()  # CheckpointUpload.ASYNC: the checkpoint on its way to storage
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
@@ -70,7 +74,7 @@ class WorkerSession:
         # across every model.fit call and from the resumed checkpoint on.
         self.keras_epoch = self._saver.last_saved["epoch"]
         self._split = frozenset(split)  # names of the datasets split across the workers
-        self._progress: dict[str, Optional[int]] = {}  # fields of Progress, as last noted
+        self._progress: dict[str, Any] = {}  # fields of Progress, as last noted
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
         self.preempted = False
@@ -78,13 +82,33 @@ class WorkerSession:
         self._round = 0  # collective reports (ranks="all") made in this attempt
 
     def get_checkpoint(self) -> Any:
+        """The checkpoint this attempt resumes from: this node's copy in host memory when it is
+        that checkpoint and verifies (checkpoint/memory.py), else the one in storage."""
+        import pyarrow.fs as pafs
+
         from raytf.checkpoint import Checkpoint
 
         if self._resume.path is None:
             return None
-        return Checkpoint(self._resume.path, self._storage.filesystem, asdict(self._resume.entry))
+        if self._restored is None:
+            metadata = asdict(self._resume.entry)
+            copy = self._memory_copy()
+            self._restored = (Checkpoint(copy, pafs.LocalFileSystem(), metadata) if copy is not None
+                              else Checkpoint(self._resume.path, self._storage.filesystem, metadata))
+            self._progress["restored_from"] = "memory" if copy is not None else "storage"
+        return self._restored
 
-    def note_progress(self, **fields: Optional[int]) -> None:
+    def _memory_copy(self) -> Optional[str]:
+        if not self._restore_from_memory:
+            return None
+        name = self._resume.entry.name
+        _memory.drop_older(self._storage, name)
+        copy = _memory.usable(self._storage, name, self._resume.path)
+        if copy is not None:
+            logger.info("raytf: restoring checkpoint %s from its copy in host memory (%s)", name, copy)
+        return copy
+
+    def note_progress(self, **fields: Any) -> None:
         """Record where training is (see :class:`Progress`); the driver reads it with each poll."""
         self._progress.update(fields)
 
@@ -228,6 +252,8 @@ class WorkerSession:
         elif uploaded is not None or part is not None:
             done.wait()  # returns once the driver's index names the checkpoint (or every rank reported)
             error = self._ack_errors.pop(report.seq, None)
+            if uploaded is not None:
+                self._saver.settle(uploaded.name, committed=error is None)
             if error is not None:
                 raise CheckpointError(f"raytf.report: the checkpoint was not committed: {error}")
 
@@ -243,9 +269,12 @@ class WorkerSession:
             done = self._acks[report.seq] = threading.Event()
             self._sink(dataclasses.replace(report, checkpoint=uploaded[-1], stage=ReportStage.UPLOADED))
             done.wait()
-            return self._ack_errors.pop(report.seq, None)
+            refused = self._ack_errors.pop(report.seq, None)
+            self._saver.settle(name, committed=refused is None)
+            return refused
 
-        self._uploads.start(checkpoint_name(seq), upload, commit, lambda: _snapshot.discard(directory))
+        name = checkpoint_name(seq)
+        self._uploads.start(name, upload, commit, lambda: self._saver.settle(name, committed=False))
 
     def finish_uploads(self) -> None:
         """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
