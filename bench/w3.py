@@ -23,7 +23,14 @@ Prints one JSON line per run and a summary line:
   the last commit.
 
 Ratios in the summary are raytf's over Ray Train's with the same upload mode and storage.
-Restores (from memory, from storage) are not measured yet: raytf restores from storage only.
+
+``--restores`` measures restarts instead: rank 0 of the first attempt raises right after its
+first checkpoint (``--every`` steps in, synchronous upload, so it is committed), and the next
+attempt's rank 0 times ``restore_s``, from asking for the checkpoint to the state restored into
+the model: raytf from its copy in host memory (``raytf_memory``, the default
+``restore_from_memory=True``; ``restored_from`` says which it used), raytf from storage
+(``raytf_storage``), and Ray Train (``ray_train``: ``get_checkpoint()``, ``as_directory()``,
+``tf.train.Checkpoint.read``). The summary gives storage's time over memory's, per storage.
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ BATCH = 256
 LR = 0.1
 
 
-def train_w3(strategy, rank: int, config: dict, save) -> dict:
+def train_w3(strategy, rank: int, config: dict, save, restore=None) -> dict:
     """Train W3 for ``config["steps"]`` steps, ``save(step, trackables)`` every ``config["every"]``;
-    returns rank 0's timings."""
+    rank 0 writes its timings to ``config["out"]``. With ``config["crash"]`` and ``restore``: the
+    first attempt's rank 0 raises after its first checkpoint, and the next attempt times
+    ``restore(trackables)`` (which returns False where there was nothing to restore)."""
     import tensorflow as tf
 
     rows = int(config["gib"] * ROWS_PER_GIB)
@@ -74,6 +83,11 @@ def train_w3(strategy, rank: int, config: dict, save) -> dict:
         head.assign_sub(LR * g_head)
         return loss
 
+    restore_s = None
+    if restore is not None:
+        began = time.perf_counter()
+        if restore(trackables):
+            restore_s = time.perf_counter() - began
     train_step()  # traced before the clock starts
     blocked = []
     start = time.perf_counter()
@@ -83,10 +97,13 @@ def train_w3(strategy, rank: int, config: dict, save) -> dict:
             began = time.perf_counter()
             save(step, loss, trackables)
             blocked.append(time.perf_counter() - began)
+            if config.get("crash") and restore_s is None:
+                raise RuntimeError("W3: the crash that --restores measures the recovery from")
     loop = time.perf_counter() - start
     if rank == 0:  # a file: Ray Train V2 keeps only the metrics reported with a checkpoint
         with open(config["out"], "w") as f:
-            json.dump({"loop_s": loop, "steps_per_s": config["steps"] / loop, "blocked_s": blocked}, f)
+            json.dump({"loop_s": loop, "steps_per_s": config["steps"] / loop, "blocked_s": blocked,
+                       "restore_s": restore_s}, f)
 
 
 def _raytf_train(config):
@@ -95,22 +112,30 @@ def _raytf_train(config):
     def save(step, loss, trackables):
         raytf.report({"step": step, "loss": loss}, checkpoint=raytf.Checkpoint.from_state(**trackables))
 
-    train_w3(raytf.strategy(), raytf.get_context().world_rank, config, save)
+    def restore(trackables):
+        checkpoint = raytf.get_checkpoint()
+        if checkpoint is not None:
+            checkpoint.restore_state(**trackables)
+        return checkpoint is not None
+
+    train_w3(raytf.strategy(), raytf.get_context().world_rank, config, save, restore)
 
 
-def run_raytf(config: dict, storage: dict, upload: str) -> dict:
+def run_raytf(config: dict, storage: dict, upload: str, memory: bool = True) -> dict:
     import raytf
 
     start = time.perf_counter()
     result = raytf.Trainer(
         _raytf_train, config=config, scaling=raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(name=f"w3-raytf-{upload}-{config['every']}-{time.time_ns()}", verbose=0,
-                            checkpoint_config=raytf.CheckpointConfig(num_to_keep=2, upload=upload), **storage),
+                            checkpoint_config=raytf.CheckpointConfig(num_to_keep=2, upload=upload,
+                                                                     restore_from_memory=memory),
+                            failure_config=raytf.FailureConfig(max_failures=1), **storage),
         tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1),
     ).fit()
     fit = time.perf_counter() - start
-    del result
-    return {**_timings(config), "fit_s": fit}
+    restored = [s["restored_from"] for s in result.startup if "restored_from" in s]
+    return {**_timings(config), "fit_s": fit, **({"restored_from": restored[0]} if restored else {})}
 
 
 def _ray_train_train(config):
@@ -128,11 +153,18 @@ def _ray_train_train(config):
         checkpoint = train.Checkpoint.from_directory(directory) if rank == 0 else None
         train.report({"step": step, "loss": loss}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
 
-    train_w3(strategy, rank, config, save)
+    def restore(trackables):
+        checkpoint = train.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as directory:
+                tf.train.Checkpoint(**trackables).read(os.path.join(directory, "state")).expect_partial()
+        return checkpoint is not None
+
+    train_w3(strategy, rank, config, save, restore)
 
 
-def run_ray_train(config: dict, storage: dict, upload: str) -> dict:
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+def run_ray_train(config: dict, storage: dict, upload: str, memory: bool = False) -> dict:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
     start = time.perf_counter()
@@ -140,7 +172,8 @@ def run_ray_train(config: dict, storage: dict, upload: str) -> dict:
         _ray_train_train, train_loop_config={**config, "upload": upload},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name=f"w3-ray-train-{upload}-{config['every']}-{time.time_ns()}",
-                             checkpoint_config=CheckpointConfig(num_to_keep=2), **storage),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+                             failure_config=FailureConfig(max_failures=1), **storage),
     ).fit()
     fit = time.perf_counter() - start
     if result.error is not None:
@@ -185,6 +218,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--storages", default="local,s3", help="local, s3 (a moto server on loopback), or both")
     parser.add_argument("--systems", default="raytf_async,raytf_sync,ray_train_async,ray_train_sync")
+    parser.add_argument("--restores", action="store_true", help="measure restarts (see above), not checkpoints")
     args = parser.parse_args()
     import ray
 
@@ -199,6 +233,14 @@ def main() -> None:
     systems = args.systems.split(",")
     runners = {"raytf": run_raytf, "ray_train": run_ray_train}
     results = []
+    if args.restores:
+        try:
+            restores(args, storages, local)
+        finally:
+            for _, _, server in storages.values():
+                if server is not None:
+                    server.terminate()
+        return
     try:
         for storage, (raytf_storage, ray_storage, _) in storages.items():
             for system in systems:
@@ -229,6 +271,27 @@ def main() -> None:
         if anchor and anchor.get("blocked_mean_s") and row.get("blocked_mean_s"):
             summary[f"{key}_blocked_vs_ray_train"] = row["blocked_mean_s"] / anchor["blocked_mean_s"]
             summary[f"{key}_steps_per_s_vs_ray_train"] = row["steps_per_s"] / anchor["steps_per_s"]
+    print(json.dumps(summary), flush=True)
+
+
+def restores(args, storages: dict, local: str) -> None:
+    """``--restores``: one crash and restart per system and storage; restore_s of the restart."""
+    summary = {"summary": "w3_restores", "gib": args.gib}
+    for storage, (raytf_storage, ray_storage, _) in storages.items():
+        times = {}
+        for system, run in (("raytf_memory", lambda c: run_raytf(c, raytf_storage, "sync", memory=True)),
+                            ("raytf_storage", lambda c: run_raytf(c, raytf_storage, "sync", memory=False)),
+                            ("ray_train", lambda c: run_ray_train(c, ray_storage, "sync"))):
+            config = {"gib": args.gib, "steps": args.steps, "every": args.every, "crash": True,
+                      "out": os.path.join(local, "timings.json")}
+            row = {"system": system, "storage": storage, "gib": args.gib, **run(config)}
+            row.pop("blocked_s", None)
+            print(json.dumps(row), flush=True)
+            times[system] = row.get("restore_s")
+        for system in ("raytf_storage", "ray_train"):
+            if times.get(system) and times.get("raytf_memory"):
+                summary[f"{system}_over_raytf_memory_{storage}"] = times[system] / times["raytf_memory"]
+        summary.update({f"{system}_{storage}_restore_s": t for system, t in times.items()})
     print(json.dumps(summary), flush=True)
 
 

@@ -21,7 +21,8 @@ class Result:
     TensorFlow, ``loading``; the strategy's connection, ``connect``; until
     rank 0's first step, ``first_step``, or its first report, ``first_report``,
     where the loop tells raytf of no step; and the ``total``), one dict per
-    attempt.
+    attempt, with ``restored_from`` (``"memory"`` or ``"storage"``) where the
+    attempt resumed from a checkpoint (``CheckpointConfig.restore_from_memory``).
     """
 
     metrics: dict[str, Any]

@@ -25,6 +25,8 @@ def memory_roots(tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot, "_disk_only", False)
     monkeypatch.setattr(snapshot.tempfile, "tempdir", str(disk))
     monkeypatch.setattr(memory, "_swept", True)  # sweep_once is tested on its own
+    monkeypatch.setattr(memory, "_owner", "")
+    monkeypatch.setattr(memory, "_live_groups", None)
     return shm
 
 
@@ -121,23 +123,26 @@ def test_without_restore_from_memory_nothing_stays_and_restarts_read_storage(tmp
 
 
 def test_the_copies_of_runs_whose_placement_group_is_gone_are_swept(tmp_path, memory_roots, monkeypatch):
-    for owner in ("live-group", "removed-group", ""):
-        storage = StorageRef(raytf.Checkpoint("/").filesystem, str(tmp_path / owner))
-        snap = memory_roots / f"snap-{owner}"
+    owners = [("10.0.0.1:6379", "live"), ("10.0.0.1:6379", "removed"), ("10.0.0.9:6379", "removed"), ("", "")]
+    for cluster, group in owners:
+        storage = StorageRef(raytf.Checkpoint("/").filesystem, str(tmp_path / f"{cluster}-{group}"))
+        snap = memory_roots / f"snap-{cluster}-{group}"
         snap.mkdir()
-        monkeypatch.setattr(memory, "_owner", owner)
+        memory.configure(cluster, group, set)
         memory.keep(storage, "checkpoint_000003", str(snap))
-    monkeypatch.setattr(memory, "_live_owners", lambda: {"live-group"})
     monkeypatch.setattr(memory, "_swept", False)
+    memory.configure("10.0.0.1:6379", "live", lambda: {"live"})
 
-    def owners():
+    def left():
         return sorted(open(memory_roots / d / memory.OWNER).read() for d in copies(memory_roots))
 
     memory.sweep_once()
-    assert owners() == ["", "live-group"]  # a copy without an owner is left for its run (or a person)
-    monkeypatch.setattr(memory, "_live_owners", set)
+    # Another cluster's copy (another ray start on the machine) is not this one's to judge, and one
+    # without an owner is left for its run (or a person).
+    assert left() == ["", "10.0.0.1:6379 live", "10.0.0.9:6379 removed"]
+    memory.configure("10.0.0.1:6379", "live", set)
     memory.sweep_once()  # once per process: the next snapshot does not ask Ray again
-    assert owners() == ["", "live-group"]
+    assert left() == ["", "10.0.0.1:6379 live", "10.0.0.9:6379 removed"]
 
 
 def test_restore_from_memory_is_on_by_default_and_must_be_a_bool():

@@ -65,17 +65,19 @@ def keep(storage: StorageRef, name: str, snapshot: str) -> str:
     return target
 
 
-# Set by the worker actor (the Ray side, worker/actor.py): the placement group it runs in, and
-# how to learn which placement groups still exist.
-_owner = ""
-_live_owners: Optional[Callable[[], set[str]]] = None
+# Set by the worker actor (the Ray side, worker/actor.py): its cluster (the GCS address) and
+# placement group, and how to learn which placement groups of that cluster still exist.
+_owner = ""  # "<cluster> <placement group id>"
+_live_groups: Optional[Callable[[], set[str]]] = None
 _swept = False
 
 
-def configure(owner: str, live_owners: Callable[[], set[str]]) -> None:
-    """This process's placement group, and the placement groups that exist now (for :func:`sweep`)."""
-    global _owner, _live_owners
-    _owner, _live_owners = owner, live_owners
+def configure(cluster: str, placement_group: str, live_groups: Callable[[], set[str]]) -> None:
+    """This process's cluster and placement group, and the cluster's placement groups that exist
+    now (for :func:`sweep`)."""
+    global _owner, _live_groups
+    _owner = f"{cluster} {placement_group}" if placement_group else ""
+    _live_groups = live_groups
 
 
 
@@ -89,8 +91,10 @@ def sweep_once() -> None:
 
 
 def sweep(root: str) -> None:
-    """Remove the copies in ``root`` of runs whose placement group no longer exists: the run ended
-    without its members removing them (its driver died, or its last worker on this node crashed)."""
+    """Remove the copies in ``root`` of runs whose placement group no longer exists in this
+    process's cluster: the run ended without its members removing them (its driver died, or its
+    last worker on this node crashed). Copies owned in another cluster (another ``ray start`` on
+    the same machine) are that cluster's to judge."""
     owners = {}
     for entry in _names(root):
         if entry.startswith(PREFIX):
@@ -99,11 +103,13 @@ def sweep(root: str) -> None:
                     owners[entry] = stream.read().strip()
             except OSError:
                 continue
-    owners = {entry: owner for entry, owner in owners.items() if owner}
-    if not owners or _live_owners is None:
+    cluster = _owner.rpartition(" ")[0]
+    owners = {entry: owner.rpartition(" ")[2] for entry, owner in owners.items()
+              if cluster and owner.rpartition(" ")[0] == cluster}
+    if not owners or _live_groups is None:
         return
     try:
-        live = _live_owners()
+        live = _live_groups()
     except Exception:  # noqa: BLE001 - no answer from Ray: sweep another time
         return
     for entry, owner in owners.items():

@@ -138,7 +138,8 @@ class TrainWorker:
         self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
         _logs.name_in_log_prefix(f"raytf {self._task}" if self._task else f"raytf rank {self._rank}")
         self._payload = PAYLOADS[payload]()
-        memory.configure(ray.get_runtime_context().get_placement_group_id() or "", _live_placement_groups)
+        context = ray.get_runtime_context()
+        memory.configure(context.gcs_address, context.get_placement_group_id() or "", _live_placement_groups)
         self._phase = Phase.STARTING
         self._thread = threading.Thread(target=self._run, args=(run, spec), name="raytf-train", daemon=True)
         self._thread.start()
