@@ -63,6 +63,9 @@ class WorkerSession:
                                       in_memory=restore_from_memory)
         self._restore_from_memory = restore_from_memory
         self._restored: Any = None  # the checkpoint get_checkpoint hands out, once decided
+        # This node's copy of the checkpoint resumed from is checked (every file's CRC32) from the
+        # start, while train_fn builds its model, so that get_checkpoint rarely waits for it.
+        self._copy_check = _Background(self._memory_copy) if restore_from_memory and resume.path else None
         self._upload = CheckpointUpload(upload)
         self._uploads = Uploads()  # CheckpointUpload.ASYNC: the checkpoint on its way to storage
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
@@ -92,18 +95,21 @@ class WorkerSession:
             return None
         if self._restored is None:
             metadata = asdict(self._resume.entry)
-            copy = self._memory_copy()
+            copy = self._copy_check.result() if self._copy_check is not None else None
             self._restored = (Checkpoint(copy, pafs.LocalFileSystem(), metadata) if copy is not None
                               else Checkpoint(self._resume.path, self._storage.filesystem, metadata))
             self._progress["restored_from"] = "memory" if copy is not None else "storage"
         return self._restored
 
     def _memory_copy(self) -> Optional[str]:
-        if not self._restore_from_memory:
-            return None
         name = self._resume.entry.name
-        _memory.drop_older(self._storage, name)
-        copy = _memory.usable(self._storage, name, self._resume.path)
+        try:
+            _memory.drop_older(self._storage, name)
+            copy = _memory.usable(self._storage, name, self._resume.path)
+        except OSError as error:  # storage or memory unreadable: storage decides
+            logger.warning("raytf: checking the copy in host memory of checkpoint %s failed (%s); restoring from "
+                           "storage", name, error)
+            return None
         if copy is not None:
             logger.info("raytf: restoring checkpoint %s from its copy in host memory (%s)", name, copy)
         return copy
@@ -281,6 +287,29 @@ class WorkerSession:
         an earlier one was not). ``train_fn``'s end calls it: a run ends once its last checkpoint is."""
         self._uploads.wait()
         self._uploads.raise_failure()
+
+
+class _Background:
+    """``function()`` run in a thread from now; :meth:`result` waits for it (and raises its error)."""
+
+    def __init__(self, function: Callable[[], Any]):
+        self._outcome: list = []
+
+        def run() -> None:
+            try:
+                self._outcome.append((function(), None))
+            except Exception as error:  # noqa: BLE001 - raised in the caller of result()
+                self._outcome.append((None, error))
+
+        self._thread = threading.Thread(target=run, name="raytf-check-copy", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        value, error = self._outcome[0]
+        if error is not None:
+            raise error
+        return value
 
 
 def to_plain(value: Any, name: str) -> Any:
