@@ -123,7 +123,14 @@ def test_without_restore_from_memory_nothing_stays_and_restarts_read_storage(tmp
 
 
 def test_the_copies_of_runs_whose_placement_group_is_gone_are_swept(tmp_path, memory_roots, monkeypatch):
-    owners = [("10.0.0.1:6379", "live"), ("10.0.0.1:6379", "removed"), ("10.0.0.9:6379", "removed"), ("", "")]
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: a cluster that is gone
+        probe.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{probe.getsockname()[1]}"
+    alive = socket.create_server(("127.0.0.1", 0))  # another cluster's GCS, up
+    other = f"127.0.0.1:{alive.getsockname()[1]}"
+    owners = [("10.0.0.1:6379", "live"), ("10.0.0.1:6379", "removed"), (other, "removed"), (gone, "live"), ("", "")]
     for cluster, group in owners:
         storage = StorageRef(raytf.Checkpoint("/").filesystem, str(tmp_path / f"{cluster}-{group}"))
         snap = memory_roots / f"snap-{cluster}-{group}"
@@ -137,12 +144,13 @@ def test_the_copies_of_runs_whose_placement_group_is_gone_are_swept(tmp_path, me
         return sorted(open(memory_roots / d / memory.OWNER).read() for d in copies(memory_roots))
 
     memory.sweep_once()
-    # Another cluster's copy (another ray start on the machine) is not this one's to judge, and one
-    # without an owner is left for its run (or a person).
-    assert left() == ["", "10.0.0.1:6379 live", "10.0.0.9:6379 removed"]
+    # A live cluster's copy (another ray start on the machine) is not this one's to judge, a cluster
+    # that no longer listens left its copy behind, and one without an owner is left for its run.
+    assert left() == ["", "10.0.0.1:6379 live", f"{other} removed"]
     memory.configure("10.0.0.1:6379", "live", set)
     memory.sweep_once()  # once per process: the next snapshot does not ask Ray again
-    assert left() == ["", "10.0.0.1:6379 live", "10.0.0.9:6379 removed"]
+    assert left() == ["", "10.0.0.1:6379 live", f"{other} removed"]
+    alive.close()
 
 
 def test_restore_from_memory_is_on_by_default_and_must_be_a_bool():

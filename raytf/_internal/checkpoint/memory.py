@@ -14,8 +14,9 @@ changed file, no copy) falls back to storage.
 Copies outlive worker processes on purpose (a crashed worker's node keeps the run's copy), and
 are bounded: one checkpoint per run per node; when the run ends its group's members remove the
 copies on their nodes (``MemoryCopies``, driver/callbacks.py); and a copy whose run's placement
-group is gone (a driver that died, a run whose last worker on the node crashed) is swept by the
-next raytf worker that snapshots a checkpoint on the node (:func:`sweep`).
+group is gone (a driver that died, a run whose last worker on the node crashed), or whose Ray
+cluster is gone, is swept by the next raytf worker that snapshots a checkpoint on the node
+(:func:`sweep`).
 
 Layout: ``<root>/raytf-memory-<run key>/<checkpoint name>/``, the run key a hash of the run's
 storage (filesystem type and path), so runs sharing a node never see each other's copies, and
@@ -28,6 +29,7 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Callable, Optional
 
@@ -104,6 +106,11 @@ def sweep(root: str) -> None:
             except OSError:
                 continue
     cluster = _owner.rpartition(" ")[0]
+    for entry, owner in list(owners.items()):
+        other = owner.rpartition(" ")[0]
+        if other and other != cluster and _cluster_gone(other):
+            logger.info("raytf: removing %s, the checkpoint copy of a Ray cluster that is gone", entry)
+            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
     owners = {entry: owner.rpartition(" ")[2] for entry, owner in owners.items()
               if cluster and owner.rpartition(" ")[0] == cluster}
     if not owners or _live_groups is None:
@@ -163,6 +170,21 @@ def drop(storage: StorageRef, but: Optional[str] = None) -> None:
         for entry in _names(run_dir):
             if entry not in (but, OWNER):
                 shutil.rmtree(os.path.join(run_dir, entry), ignore_errors=True)
+
+
+def _cluster_gone(address: str) -> bool:
+    """Nothing listens at a cluster's GCS address any more (refused; any other answer or error
+    leaves the copy alone: another cluster that may be alive)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _names(run_dir: str) -> list[str]:
