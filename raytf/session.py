@@ -85,10 +85,13 @@ def get_dataset_shard(
 def report(metrics: dict[str, Any], checkpoint: Any = None, *, ranks: str = "chief") -> None:
     """Send metrics to the driver, which logs them and keeps rank 0's as the run's history.
 
-    With ``checkpoint=raytf.Checkpoint.from_directory(d)`` the chief's files are
-    uploaded to the run's storage and committed, and this returns only after
-    the commit: a checkpoint whose report returned is never lost. Include
-    ``epoch`` and ``step`` in ``metrics`` to resume from them.
+    With ``checkpoint=raytf.Checkpoint.from_directory(d)`` (or ``from_state``) the
+    chief's files are uploaded to the run's storage and committed. With
+    ``CheckpointConfig(upload="async")``, the default, this returns once they are
+    in host memory (``d`` may be deleted at once) and the upload and the commit go
+    on in the background, one checkpoint at a time; with ``upload="sync"`` it
+    returns only after the commit, so a checkpoint whose report returned is never
+    lost. Include ``epoch`` and ``step`` in ``metrics`` to resume from them.
 
     What several ranks' checkpoints become depends on ``ranks``:
 
@@ -97,8 +100,9 @@ def report(metrics: dict[str, Any], checkpoint: Any = None, *, ranks: str = "chi
       pass theirs (identical) too, and theirs are not uploaded. A rank other
       than the chief passing the only checkpoint saves nothing: use ``"all"``.
     - ``"all"``: a collective report, as Ray Train's ``report`` is. Every rank
-      calls it at the same points (it returns on each once every rank has
-      reported); each rank's files are uploaded in parallel, and the driver
+      calls it at the same points (synchronous: it returns on each once every
+      rank has reported and the checkpoint is committed; asynchronous: once this
+      rank's files are in host memory); each rank's files are uploaded in parallel, and the driver
       merges them into one checkpoint directory and commits it, if any rank
       passed one. A file two ranks wrote with different contents is an error
       naming it; the same file from several ranks is kept once. For state

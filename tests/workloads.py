@@ -828,9 +828,10 @@ def hidden_shards_to_tf_keras_fit(config: dict) -> None:
 
 
 def per_rank_checkpoints(config: dict) -> None:
-    """Ray Train's report, as code moved to raytf.train makes it: epoch 0, rank 1 alone passes a
-    checkpoint; epoch 1, every rank passes files of its own. Then, on the retry after a kill of
-    rank 1 in epoch 2, each rank reads back what the merged checkpoint holds."""
+    """Ray Train's report, as code moved to raytf.train makes it, with ``checkpoint_upload_mode=
+    ASYNC``: epoch 0, rank 1 alone passes a checkpoint; epoch 1, every rank passes files of its
+    own. Then, on the retry after a kill of rank 1 once epoch 1's merged checkpoint is committed,
+    each rank reads back what it holds."""
     import tempfile
 
     from raytf import train
@@ -853,8 +854,11 @@ def per_rank_checkpoints(config: dict) -> None:
             with open(os.path.join(directory, f"rank{rank}.txt"), "w") as f:
                 f.write(f"rank {rank} epoch {epoch}")
             checkpoint = train.Checkpoint.from_directory(directory)
-        train.report({"epoch": epoch, "rank": rank}, checkpoint=checkpoint)
+        train.report({"epoch": epoch, "rank": rank}, checkpoint=checkpoint, checkpoint_upload_mode="ASYNC")
     if rank == 1:
+        from raytf._internal.worker import session as _session
+
+        _session.current("report").finish_uploads()  # the kill comes once epoch 1's checkpoint is committed
         os._exit(1)  # the retry resumes from the merged checkpoint
     time.sleep(600)
 

@@ -213,16 +213,20 @@ def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, che
     checkpoint any rank passes is committed, with every rank's files merged into one directory
     (``raytf.report(..., ranks="all")``). ``checkpoint_dir_name`` aside: raytf names checkpoints.
 
-    ``checkpoint_upload_mode`` (Ray Train's ``CheckpointUploadMode`` or its name): ``SYNC`` and
-    ``ASYNC`` both return once the checkpoint is committed, since raytf's collective reports are
-    synchronous (``raytf.report`` with ``CheckpointConfig(upload="async")`` is the asynchronous
-    path); as in Ray Train, ``ASYNC`` then deletes the local directory unless
+    ``checkpoint_upload_mode`` (Ray Train's ``CheckpointUploadMode`` or its name), for this report
+    whatever ``CheckpointConfig.upload`` says: ``SYNC`` returns once the merged checkpoint is
+    committed; ``ASYNC`` once this rank's files are in host memory, the upload and the commit going
+    on in the background as for ``raytf.report`` (one checkpoint in flight; a failure raised by
+    the next report), and, as in Ray Train, it then deletes the local directory unless
     ``delete_local_checkpoint_after_upload=False``. ``NO_UPLOAD`` is refused."""
+    from raytf._internal.protocol import CheckpointUpload
+    from raytf._internal.worker import session as _session
+
     mode = str(getattr(checkpoint_upload_mode, "name", checkpoint_upload_mode)).upper()
     if mode not in ("SYNC", "ASYNC"):
         raise _refuse(f"report(checkpoint_upload_mode={mode})", "pass SYNC or ASYNC; raytf commits every "
                       "reported checkpoint to the run's storage")
-    raytf.report(metrics, checkpoint=checkpoint, ranks="all")
+    _session.current("train.report").report(metrics, checkpoint, "all", upload=CheckpointUpload[mode])
     delete = mode == "ASYNC" if delete_local_checkpoint_after_upload is None else delete_local_checkpoint_after_upload
     if delete and checkpoint is not None and isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         import shutil

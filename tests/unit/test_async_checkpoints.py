@@ -236,3 +236,81 @@ def test_an_upload_that_storage_lost_part_of_is_found_before_the_commit_and_trie
     run.session.finish_uploads()
     assert calls == ["checkpoint_000000", "checkpoint_000000"] and run.index() == ["checkpoint_000000"]
     assert "incomplete in storage after its upload" in caplog.text
+
+
+class Ranks:
+    """Two ranks' sessions making collective reports (``ranks="all"``) to the driver's real report
+    handler, which acknowledges each rank once the round's merged checkpoint is committed."""
+
+    def __init__(self, tmp_path, upload=CheckpointUpload.ASYNC):
+        self.storage = RunStorage(str(tmp_path / "results"), "run")
+        self.manager = CheckpointManager(self.storage.filesystem, self.storage.root)
+        self.history = RunHistory(self.storage, ProgressDisplay("run", 0), 0, [])
+        self.on_report = report_handler(self.manager, self.history, 0,
+                                        acknowledge=lambda rank, seq, error: self.sessions[rank].acknowledge(seq, error))
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()  # the controller handles one report at a time
+        storage = StorageRef(self.storage.filesystem, self.storage.root)
+        self.sessions = [
+            WorkerSession(TrainContext(rank, 2, rank, 2, 0, 1, 0, "run", self.storage.uri, "{}"), strategy=None,
+                          sink=self.sink, storage=storage, upload=upload)
+            for rank in (0, 1)
+        ]
+
+    def sink(self, report):
+        if report.stage is ReportStage.UPLOADED:
+            assert self.gate.wait(30)
+        with self.lock:
+            self.on_report(report)
+
+    def report_all(self, metrics, checkpoints, **kw):
+        """Every rank's report, each from its own thread (as on two workers); returns once all have."""
+        threads = [threading.Thread(target=s.report, args=(metrics, c, "all"), kwargs=kw)
+                   for s, c in zip(self.sessions, checkpoints)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return not any(t.is_alive() for t in threads)
+
+    def committed_files(self):
+        with raytf.Checkpoint(self.manager.path_of(self.manager.entries[-1])).as_directory() as files:
+            return {name: open(os.path.join(files, name)).read() for name in sorted(os.listdir(files))
+                    if not name.startswith(".")}
+
+
+def rank_checkpoint(tmp_path, rank, text):
+    source = tmp_path / f"rank-{rank}"
+    source.mkdir(exist_ok=True)
+    (source / f"part-{rank}.txt").write_text(text)
+    return raytf.Checkpoint.from_directory(source), source
+
+
+def test_an_asynchronous_collective_report_returns_before_the_merge_and_commits_every_ranks_files(tmp_path):
+    ranks = Ranks(tmp_path)
+    ranks.gate.clear()  # the uploads wait: the reports must return all the same
+    (zero, zero_dir), (one, one_dir) = rank_checkpoint(tmp_path, 0, "a"), rank_checkpoint(tmp_path, 1, "b")
+    assert ranks.report_all({"epoch": 0}, [zero, one]), "an asynchronous collective report waited for the commit"
+    shutil.rmtree(zero_dir), shutil.rmtree(one_dir)  # the users' directories may go at once
+    [entry] = ranks.history.entries
+    assert entry["epoch"] == 0 and "checkpoint" not in entry and ranks.manager.entries == []
+    ranks.gate.set()
+    for session in ranks.sessions:
+        session.finish_uploads()  # train_fn's end on each rank
+    assert ranks.committed_files() == {"part-0.txt": "a", "part-1.txt": "b"}
+    assert entry["checkpoint"] == "checkpoint_000000" and "committed_at" in entry
+    # A rank without a checkpoint sends its share at once; the round commits rank 0's files alone.
+    again, _ = rank_checkpoint(tmp_path, 0, "c")
+    assert ranks.report_all({"epoch": 1}, [again, None])
+    ranks.sessions[0].finish_uploads()
+    assert ranks.committed_files() == {"part-0.txt": "c"}
+    assert [e.get("checkpoint") for e in ranks.history.entries] == ["checkpoint_000000", "checkpoint_000001"]
+
+
+def test_a_synchronous_collective_report_still_returns_only_after_the_commit(tmp_path):
+    ranks = Ranks(tmp_path)  # the run's upload is async; this report asks for SYNC (raytf.train.report's mode)
+    (zero, _), (one, _) = rank_checkpoint(tmp_path, 0, "a"), rank_checkpoint(tmp_path, 1, "b")
+    assert ranks.report_all({"epoch": 0}, [zero, one], upload=CheckpointUpload.SYNC)
+    assert [e.name for e in ranks.manager.entries] == ["checkpoint_000000"]  # committed before report returned
+    assert ranks.committed_files() == {"part-0.txt": "a", "part-1.txt": "b"}

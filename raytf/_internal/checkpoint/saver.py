@@ -108,6 +108,24 @@ class CheckpointSaver:
                                          parts_name(attempt, round_), rank)
         return CheckpointPart(round_, parties, seq, staging, files)
 
+    def snapshot_part(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> tuple[int, Optional[str]]:
+        """An asynchronous collective report: the round's number (every rank counts it, as in
+        :meth:`save_part`) and this rank's due checkpoint in host memory, or None; every rank's
+        share is kept (it is this rank's part of the merged checkpoint)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        if checkpoint is None or not self._take(metrics, checkpoint, preempted):
+            return seq, None
+        return seq, _snapshot.take(checkpoint, keep=True)
+
+    def upload_part_snapshot(self, directory: str, round_: int, attempt: int, rank: int,
+                             ) -> tuple[str, dict[str, dict[str, int]]]:
+        """Upload a rank's snapshot of its share beside the other ranks' (from a background thread)."""
+        self._check_lease()
+        filesystem = self._storage.filesystem
+        return upload_part(Checkpoint.from_directory(directory), filesystem,
+                           checkpoints_dir(filesystem, self._storage.root), parts_name(attempt, round_), rank)
+
     @contextmanager
     def _local(self, checkpoint: Any) -> Iterator[Optional[Checkpoint]]:
         """The files to upload: a directory checkpoint as it is; a state checkpoint written by every

@@ -159,7 +159,9 @@ class ReportHandler:
 
     A collective report (``ranks="all"``) waits for every rank's share; then the ranks' files are
     merged and committed as one checkpoint, rank 0's report is recorded with it, and every rank is
-    acknowledged here (``acknowledge(rank, seq, error)``), which returns its ``report``. A rank
+    acknowledged here (``acknowledge(rank, seq, error)``), which returns its ``report``. Made
+    asynchronously, a rank's share with files comes after its metrics (PENDING, recorded at once
+    for rank 0) as an UPLOADED report, and its acknowledgement reaches its background upload. A rank
     whose ``train_fn`` returns while the others wait for its share fails the round (``phases``),
     so they raise instead of waiting forever.
     """
@@ -201,7 +203,9 @@ class ReportHandler:
         del self._rounds[key]
         committed, error = self._checkpoints.handle_parts(list(shares.values()), self._driver_start,
                                                           guard=self._guard)
-        if 0 in shares:
+        if 0 in shares and shares[0].stage is ReportStage.UPLOADED:  # recorded when rank 0 made it (PENDING)
+            self._history.attach(shares[0], committed)
+        elif 0 in shares:
             self._history.record(shares[0], committed)
         for share in shares.values():
             self._acknowledge(share.rank, share.seq, error)

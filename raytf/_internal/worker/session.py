@@ -18,11 +18,12 @@ from dataclasses import asdict
 from typing import Any, Callable, Optional, Sequence
 
 from raytf._internal.checkpoint import memory as _memory
+from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import (
-    HISTORY_KEYS, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
+    HISTORY_KEYS, CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
 )
 from raytf._internal.worker.uploads import Uploads
 from raytf.errors import CheckpointError, RaytfError
@@ -212,7 +213,10 @@ class WorkerSession:
             self.preempted = True
         return self.preempted
 
-    def report(self, metrics: dict[str, Any], checkpoint: Any = None, ranks: str = "chief") -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None, ranks: str = "chief",
+               upload: Optional[CheckpointUpload] = None) -> None:
+        """``raytf.report``; ``upload`` overrides the run's ``CheckpointConfig.upload`` for this
+        report (``raytf.train.report``'s ``checkpoint_upload_mode``)."""
         if ranks not in ("chief", "all"):
             raise ValueError(f"raytf.report(ranks=...) must be 'chief' or 'all', got {ranks!r}")
         if not isinstance(metrics, dict):
@@ -233,13 +237,17 @@ class WorkerSession:
         if isinstance(step, int) and not isinstance(step, bool):
             self._progress["global_step"] = step
         self._uploads.raise_failure()  # an asynchronous checkpoint that failed: this report raises it
+        mode = self._upload if upload is None else CheckpointUpload(upload)
         uploaded, part, snapshot = None, None, None
+        if ranks == "all" and mode is CheckpointUpload.ASYNC:
+            self._report_part_async(clean, checkpoint)
+            return
         if ranks == "all":  # collective: every rank's share goes to the driver, which merges them
             parties = 1 if self.parameter_server is not None else self.context.world_size
             part = self._saver.save_part(clean, checkpoint, self._round, self.context.attempt,
                                          self.context.world_rank, parties, self.preempted)
             self._round += 1
-        elif checkpoint is not None and self._upload is CheckpointUpload.ASYNC:
+        elif checkpoint is not None and mode is CheckpointUpload.ASYNC:
             if self._saver.due(clean, self.preempted):
                 self.finish_uploads()  # one in flight (uploads.py): the previous one's commit first
             snapshot = self._saver.snapshot(clean, checkpoint, self.preempted)
@@ -262,6 +270,44 @@ class WorkerSession:
                 self._saver.settle(uploaded.name, committed=error is None)
             if error is not None:
                 raise CheckpointError(f"raytf.report: the checkpoint was not committed: {error}")
+
+    def _report_part_async(self, metrics: dict[str, Any], checkpoint: Any) -> None:
+        """A collective report (``ranks="all"``), asynchronously: a rank with a due checkpoint
+        snapshots its share, reports the metrics at once (PENDING) and uploads its share in the
+        background, which then reaches the driver as its part of the round (UPLOADED) and waits
+        for the merged checkpoint's commit; a rank without one sends its empty share at once.
+        The driver commits the round once every rank's share is in (history.ReportHandler)."""
+        parties = 1 if self.parameter_server is not None else self.context.world_size
+        round_ = self._round
+        self._round += 1
+        if checkpoint is not None and self._saver.due(metrics, self.preempted):
+            self.finish_uploads()  # one in flight (uploads.py): the previous one's commit first
+        seq, directory = self._saver.snapshot_part(metrics, checkpoint, self.preempted)
+        part = CheckpointPart(round_, parties, seq)
+        with self._lock:
+            report = Report(rank=self.context.world_rank, seq=self._seq, metrics=metrics, time=time.time(),
+                            attempt=self.context.attempt, part=part if directory is None else None,
+                            stage=ReportStage.PENDING if directory is not None else None)
+            self._seq += 1
+        self._sink(report)
+        if directory is None:
+            return
+        shared = []
+
+        def upload() -> None:
+            shared.append(self._saver.upload_part_snapshot(directory, round_, self.context.attempt,
+                                                           self.context.world_rank))
+
+        def commit() -> Optional[str]:
+            staging, files = shared[-1]
+            done = self._acks[report.seq] = threading.Event()
+            self._sink(dataclasses.replace(report, part=dataclasses.replace(part, staging=staging, files=files),
+                                           stage=ReportStage.UPLOADED))
+            done.wait()
+            return self._ack_errors.pop(report.seq, None)
+
+        self._uploads.start(f"{checkpoint_name(seq)} (rank {self.context.world_rank}'s part)", upload, commit,
+                            lambda: _snapshot.discard(directory))
 
     def _upload_in_background(self, report: Report, seq: int, directory: str) -> None:
         """Upload the snapshot of ``report``'s checkpoint, send the report again with it, and wait
