@@ -259,7 +259,7 @@ class Ranks:
         ]
 
     def sink(self, report):
-        if report.stage is ReportStage.UPLOADED:
+        if report.stage is ReportStage.UPLOADED and report.part.files is not None:  # an upload's arrival
             assert self.gate.wait(30)
         with self.lock:
             self.on_report(report)
@@ -306,6 +306,16 @@ def test_an_asynchronous_collective_report_returns_before_the_merge_and_commits_
     ranks.sessions[0].finish_uploads()
     assert ranks.committed_files() == {"part-0.txt": "c"}
     assert [e.get("checkpoint") for e in ranks.history.entries] == ["checkpoint_000000", "checkpoint_000001"]
+    # Rank 0 without one: its metrics are the history at once, in order, named once rank 1's commits.
+    ranks.gate.clear()
+    late, _ = rank_checkpoint(tmp_path, 1, "d")
+    assert ranks.report_all({"epoch": 2}, [None, late])
+    assert [(e["epoch"], e.get("checkpoint")) for e in ranks.history.entries][-1] == (2, None)
+    ranks.gate.set()
+    ranks.sessions[1].finish_uploads()
+    assert ranks.committed_files() == {"part-1.txt": "d"}
+    assert [(e["epoch"], e.get("checkpoint")) for e in ranks.history.entries] == [
+        (0, "checkpoint_000000"), (1, "checkpoint_000001"), (2, "checkpoint_000002")]
 
 
 def test_a_synchronous_collective_report_still_returns_only_after_the_commit(tmp_path):

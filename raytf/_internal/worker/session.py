@@ -275,7 +275,8 @@ class WorkerSession:
         """A collective report (``ranks="all"``), asynchronously: a rank with a due checkpoint
         snapshots its share, reports the metrics at once (PENDING) and uploads its share in the
         background, which then reaches the driver as its part of the round (UPLOADED) and waits
-        for the merged checkpoint's commit; a rank without one sends its empty share at once.
+        for the merged checkpoint's commit; a rank without one sends its empty share right after
+        its metrics.
         The driver commits the round once every rank's share is in (history.ReportHandler)."""
         parties = 1 if self.parameter_server is not None else self.context.world_size
         round_ = self._round
@@ -284,13 +285,13 @@ class WorkerSession:
             self.finish_uploads()  # one in flight (uploads.py): the previous one's commit first
         seq, directory = self._saver.snapshot_part(metrics, checkpoint, self.preempted)
         part = CheckpointPart(round_, parties, seq)
-        with self._lock:
+        with self._lock:  # the metrics first (rank 0's are the history, in the order they were made)
             report = Report(rank=self.context.world_rank, seq=self._seq, metrics=metrics, time=time.time(),
-                            attempt=self.context.attempt, part=part if directory is None else None,
-                            stage=ReportStage.PENDING if directory is not None else None)
+                            attempt=self.context.attempt, stage=ReportStage.PENDING)
             self._seq += 1
         self._sink(report)
-        if directory is None:
+        if directory is None:  # this rank's (empty) share of the round, at once
+            self._sink(dataclasses.replace(report, part=part, stage=ReportStage.UPLOADED))
             return
         shared = []
 
