@@ -106,6 +106,7 @@ class Checkpoint:
         new temporary directory (as Ray Train's ``to_directory()`` makes). Only the user's files:
         raytf's manifest stays behind."""
         from raytf._internal.checkpoint.files import MANIFEST
+        from raytf._internal.storage import copy_files
 
         local = tempfile.mkdtemp(prefix="raytf-checkpoint-") if path is None else os.fspath(path)
         os.makedirs(local, exist_ok=True)
@@ -116,8 +117,7 @@ class Checkpoint:
                 continue
             target = os.path.join(local, *relative.replace(os.sep, "/").split("/"))
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            pafs.copy_files(info.path, target, source_filesystem=self.filesystem,
-                            destination_filesystem=pafs.LocalFileSystem())
+            copy_files(info.path, target, self.filesystem, pafs.LocalFileSystem())
         return local
 
     def get_metadata(self) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def _source_files(checkpoint: Any) -> dict[str, dict[str, int]]:
 
 
 def _copy(checkpoint: Any, fs: pafs.FileSystem, target: str) -> None:
-    pafs.copy_files(checkpoint.path, target, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    _storage.copy_files(checkpoint.path, target, checkpoint.filesystem, fs)
 
 
 def _publish(fs: pafs.FileSystem, checkpoints_dir: str, name: str, files: dict[str, dict[str, int]],

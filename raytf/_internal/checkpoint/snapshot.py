@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import pyarrow.fs as pafs
 
 from raytf._internal.checkpoint.files import check_links
+from raytf._internal.storage import copy_files
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,7 @@ def _copy_directory(checkpoint: Any, directory: str) -> None:
     """The files of a directory checkpoint (local or in storage), links checked as an upload checks them."""
     if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         check_links(checkpoint.path)
-    pafs.copy_files(checkpoint.path, directory, source_filesystem=checkpoint.filesystem,
-                    destination_filesystem=pafs.LocalFileSystem())
+    copy_files(checkpoint.path, directory, checkpoint.filesystem, pafs.LocalFileSystem())
 
 
 def discard(directory: Optional[str]) -> None:
