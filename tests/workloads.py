@@ -921,6 +921,9 @@ def slow_directory_checkpoints(config: dict) -> None:
             f.write(f"{config.get('owner', '')} epoch {epoch}")
         raytf.report({"epoch": epoch, "resumed_at": start}, checkpoint=raytf.Checkpoint.from_directory(directory))
         if epoch == start:
+            from raytf._internal.worker import session as _session
+
+            _session.current("report").finish_uploads()  # the upload is asynchronous: its commit first
             _write(config["out_dir"], f"running{ctx.world_rank}.json", {"pid": os.getpid()})
 
 
