@@ -37,7 +37,11 @@ PURE = [
 
 @functools.lru_cache(maxsize=None)
 def parse(path):
-    return ast.parse(path.read_text())
+    source = path.read_text()
+    try:
+        return ast.parse(source)
+    except SystemError:  # CPython gh-106905 (fixed in 3.11.8): a spurious "AST constructor recursion
+        return ast.parse(source)  # depth mismatch" while other threads run (Ray's, in a suite process)
 
 
 def imports(path):
