@@ -74,6 +74,8 @@ def _ready_s(process: dict) -> float:
 
 
 def run(dataset, workdir: str, warm: bool) -> dict:
+    while _workers():  # the previous run's processes, on their way out
+        time.sleep(0.2)
     stop, seen = threading.Event(), {}
     sampler = threading.Thread(target=sample, args=(stop, seen), daemon=True)
     sampler.start()
