@@ -62,7 +62,6 @@ class WorkerSession:
         self._ack_errors: dict[int, str] = {}
         self._saver = CheckpointSaver(storage, resume, context.is_chief, save_every, lease_token,
                                       in_memory=restore_from_memory)
-        self._restore_from_memory = restore_from_memory
         self._restored: Any = None  # the checkpoint get_checkpoint hands out, once decided
         # This node's copy of the checkpoint resumed from is checked (every file's CRC32) from the
         # start, while train_fn builds its model, so that get_checkpoint rarely waits for it.
@@ -301,11 +300,8 @@ class WorkerSession:
 
         def commit() -> Optional[str]:
             staging, files = shared[-1]
-            done = self._acks[report.seq] = threading.Event()
-            self._sink(dataclasses.replace(report, part=dataclasses.replace(part, staging=staging, files=files),
-                                           stage=ReportStage.UPLOADED))
-            done.wait()
-            return self._ack_errors.pop(report.seq, None)
+            return self._send_uploaded(dataclasses.replace(report, part=dataclasses.replace(
+                part, staging=staging, files=files)))
 
         self._uploads.start(f"{checkpoint_name(seq)} (rank {self.context.world_rank}'s part)", upload, commit,
                             lambda: _snapshot.discard(directory))
@@ -319,15 +315,20 @@ class WorkerSession:
             uploaded.append(self._saver.upload_snapshot(seq, directory))
 
         def commit() -> Optional[str]:
-            done = self._acks[report.seq] = threading.Event()
-            self._sink(dataclasses.replace(report, checkpoint=uploaded[-1], stage=ReportStage.UPLOADED))
-            done.wait()
-            refused = self._ack_errors.pop(report.seq, None)
+            refused = self._send_uploaded(dataclasses.replace(report, checkpoint=uploaded[-1]))
             self._saver.settle(name, committed=refused is None)
             return refused
 
         name = checkpoint_name(seq)
         self._uploads.start(name, upload, commit, lambda: self._saver.settle(name, committed=False))
+
+    def _send_uploaded(self, report: Report) -> Optional[str]:
+        """Send ``report`` again, its upload done (UPLOADED), and wait for the driver's answer: why
+        it refused the checkpoint, or None once committed (from an upload's background thread)."""
+        done = self._acks[report.seq] = threading.Event()
+        self._sink(dataclasses.replace(report, stage=ReportStage.UPLOADED))
+        done.wait()
+        return self._ack_errors.pop(report.seq, None)
 
     def finish_uploads(self) -> None:
         """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
