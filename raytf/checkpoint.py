@@ -149,5 +149,12 @@ class StateCheckpoint:
 
         tf.train.Checkpoint(**self.trackables).write(os.path.join(directory, STATE_PREFIX))
 
+    def host_copy(self) -> Any:
+        """A copy of the state in host memory to write in the background (an asynchronous
+        report's), or None where an object cannot copy itself (it is then written at once)."""
+        from raytf._internal.checkpoint import state
+
+        return state.host_copy(self.trackables)
+
     def __repr__(self) -> str:
         return f"Checkpoint.from_state({', '.join(self.trackables)})"

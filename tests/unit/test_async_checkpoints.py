@@ -15,6 +15,7 @@ import pytest
 
 import raytf
 from raytf._internal.checkpoint import snapshot as _snapshot
+from raytf._internal.checkpoint import state as _state
 from raytf._internal.checkpoint.manager import CheckpointManager
 from raytf._internal.driver.history import RunHistory, report_handler
 from raytf._internal.driver.progress import ProgressDisplay
@@ -143,27 +144,39 @@ def test_a_commit_the_driver_refuses_is_raised_by_the_next_report(tmp_path):
         run.session.report({"epoch": 1}, checkpoint=checkpoint)
 
 
-def test_a_state_checkpoint_is_the_state_at_report_time_while_training_goes_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize("updates", ["dense", "sparse"])
+def test_a_state_checkpoint_is_the_state_at_report_time_while_training_goes_on(tmp_path, monkeypatch, updates):
+    # The report returns once the state is copied in host memory; a background thread writes the
+    # files while training updates the variables: in place on a dense variable (TensorFlow copies
+    # on write), and on a table that sparse updates put in copy-on-read mode.
     import tensorflow as tf
 
     run = Run(tmp_path)
     run.gate.clear()
     table = tf.Variable(tf.zeros([256, 64]))
     step = tf.Variable(0, dtype=tf.int64)
+    rows = tf.constant(list(range(256)))
     seen = []
     original = _snapshot.take
 
-    def take(checkpoint, *, keep):
-        seen.append(original(checkpoint, keep=keep))
+    def take(checkpoint, *, keep, background=False):
+        assert background  # an asynchronous report writes the state from a host copy, in the background
+        seen.append(original(checkpoint, keep=keep, background=background))
         return seen[-1]
 
-    monkeypatch.setattr(_snapshot, "take", take)
-    table.assign_add(tf.ones([256, 64]))
-    step.assign(1)
-    run.session.report({"step": 1}, checkpoint=raytf.Checkpoint.from_state(table=table, step=step))
-    for _ in range(3):  # training goes on while the upload waits
-        table.assign_add(tf.ones([256, 64]))
+    def train():
+        if updates == "dense":
+            table.assign_add(tf.ones([256, 64]))
+        else:
+            tf.gather(table, rows)
+            table.scatter_add(tf.IndexedSlices(tf.ones([256, 64]), rows))
         step.assign_add(1)
+
+    monkeypatch.setattr(_snapshot, "take", take)
+    train()
+    run.session.report({"step": 1}, checkpoint=raytf.Checkpoint.from_state(table=table, step=step))
+    for _ in range(3):  # training goes on while the files are written and the upload waits
+        train()
     if _snapshot._roots()[0] == _snapshot.SHARED_MEMORY:
         assert seen[0].startswith(_snapshot.SHARED_MEMORY + "/")  # the snapshot is in memory
     run.gate.set()
@@ -174,6 +187,34 @@ def test_a_state_checkpoint_is_the_state_at_report_time_while_training_goes_on(t
     assert int(restored_step.numpy()) == 1
     np.testing.assert_array_equal(restored_table.numpy(), np.ones([256, 64]))
     assert not os.path.exists(seen[0])  # the snapshot is freed once committed
+
+
+def test_a_state_too_large_for_shared_memory_is_written_to_disk_and_a_failed_write_fails_its_checkpoint(
+        tmp_path, monkeypatch, caplog):
+    import tensorflow as tf
+
+    shm, disk = tmp_path / "shm", tmp_path / "disk"
+    shm.mkdir()
+    disk.mkdir()
+    monkeypatch.setattr(_snapshot, "SHARED_MEMORY", str(shm))
+    monkeypatch.setattr(_snapshot, "_disk_only", False)
+    monkeypatch.setattr(_snapshot.tempfile, "tempdir", str(disk))
+    table = tf.Variable(tf.ones([1024, 256]))  # 1 MiB
+    monkeypatch.setattr(_snapshot, "free_bytes", lambda root: 1 << 20)  # with the index, not enough
+    directory = _snapshot.take(raytf.Checkpoint.from_state(table=table), keep=True, background=True)
+    _snapshot.ready(directory)
+    assert directory.startswith(str(disk)) and os.path.exists(os.path.join(directory, "state.index"))
+    assert "does not fit in" in caplog.text and _snapshot._roots() == [str(disk)]
+    _snapshot.discard(directory)
+
+    def full(checkpoint, copies, prefix):  # the disk fills up after report returned
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_state._tf_hooks, "write_copies", full)
+    directory = _snapshot.take(raytf.Checkpoint.from_state(table=table), keep=True, background=True)
+    with pytest.raises(CheckpointError, match=r"writing the checkpoint's state into .*disk failed .*No space left"):
+        _snapshot.ready(directory)
+    assert not os.path.exists(directory)
 
 
 def test_a_snapshot_that_does_not_fit_in_shared_memory_goes_to_the_temporary_directory(tmp_path, monkeypatch, caplog):

@@ -77,3 +77,16 @@ def test_a_worker_checks_the_hooks_its_settings_stand_on():
     assert {"tensorflow.coordinator_server_def", "tf_keras.callback_batch_hooks"} <= set(ps)
     names = {h.name for h in hooks.all_hooks()}
     assert set(hooks.needed(**{k: True for k in base})) <= names
+
+
+def test_a_tensorflow_without_host_copies_fails_asynchronous_state_checkpoints_naming_the_option(monkeypatch):
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import async_checkpoint_helper
+
+    from raytf._internal.checkpoint import state
+
+    monkeypatch.setattr(state, "_checked", False)
+    monkeypatch.delattr(async_checkpoint_helper, "_get_all_trackables")
+    with pytest.raises(raytf.HookError) as info:
+        state.host_copy({"v": tf.Variable(1.0)})
+    assert "_get_all_trackables" in str(info.value) and 'CheckpointConfig(upload="sync")' in str(info.value)

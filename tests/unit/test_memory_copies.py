@@ -40,6 +40,9 @@ class Files(StateCheckpoint):
         with open(os.path.join(directory, "state.txt"), "w") as out:
             out.write(self.trackables["text"])
 
+    def host_copy(self):
+        return None  # written at once, as the state of an object that cannot copy itself is
+
 
 def copies(shm):
     """{run directory: sorted checkpoint names} of the memory copies in ``shm``."""

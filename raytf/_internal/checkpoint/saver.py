@@ -116,11 +116,12 @@ class CheckpointSaver:
         self._next_seq += 1
         if checkpoint is None or not self._take(metrics, checkpoint, preempted):
             return seq, None
-        return seq, _snapshot.take(checkpoint, keep=True)
+        return seq, _snapshot.take(checkpoint, keep=True, background=True)
 
     def upload_part_snapshot(self, directory: str, round_: int, attempt: int, rank: int,
                              ) -> tuple[str, dict[str, dict[str, int]]]:
         """Upload a rank's snapshot of its share beside the other ranks' (from a background thread)."""
+        _snapshot.ready(directory)
         self._check_lease()
         filesystem = self._storage.filesystem
         return upload_part(Checkpoint.from_directory(directory), filesystem,
@@ -160,10 +161,10 @@ class CheckpointSaver:
         self._unsettled[uploaded.name] = directory
         return uploaded
 
-    def _snapshot(self, checkpoint: Any) -> Optional[str]:
+    def _snapshot(self, checkpoint: Any, background: bool = False) -> Optional[str]:
         if self._in_memory:
             _memory.sweep_once()  # copies of ended runs first: they hold the memory this one needs
-        return _snapshot.take(checkpoint, keep=self._is_chief)
+        return _snapshot.take(checkpoint, keep=self._is_chief, background=background)
 
     def settle(self, name: str, committed: bool) -> None:
         """The driver committed (or refused) checkpoint ``name``: its snapshot becomes this node's
@@ -211,7 +212,7 @@ class CheckpointSaver:
         and hands it to :meth:`settle` once the driver has answered."""
         if not self._take(metrics, checkpoint, preempted):
             return None
-        directory = self._snapshot(checkpoint)
+        directory = self._snapshot(checkpoint, background=True)
         if directory is None:
             return None
         seq = self._next_seq
@@ -221,4 +222,5 @@ class CheckpointSaver:
 
     def upload_snapshot(self, seq: int, directory: str) -> UploadedCheckpoint:
         """Upload a snapshot under the number :meth:`snapshot` gave it (from a background thread)."""
+        _snapshot.ready(directory)
         return self._upload_as(Checkpoint.from_directory(directory), seq)

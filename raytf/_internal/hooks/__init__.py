@@ -8,9 +8,9 @@ versions raytf is tested with, and the option that turns the feature off; never 
 quietly stops working after an upgrade.
 
 The hooks, by library: ``tensorflow.py`` (strategy construction, the parameter-server
-coordinator's cluster, the eager context's device list, tf.data's dataset graph), ``keras.py``
-(Keras 3's optimizer all-reduce, its ``Model.fit``), ``tf_keras.py`` (tf-keras's optimizer
-aggregation, its callbacks' batch hooks).
+coordinator's cluster, the eager context's device list, tf.data's dataset graph, host copies of
+saved state), ``keras.py`` (Keras 3's optimizer all-reduce, its ``Model.fit``), ``tf_keras.py``
+(tf-keras's optimizer aggregation, its callbacks' batch hooks).
 """
 
 from __future__ import annotations

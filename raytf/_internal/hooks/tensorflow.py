@@ -52,6 +52,60 @@ def dataset_functions(dataset: Any) -> list:
     return [f.function for f in dataset._functions()]  # noqa: SLF001
 
 
+def host_copies(checkpoint: Any) -> Any:
+    """A host copy of the state of every object ``checkpoint`` (a ``tf.train.Checkpoint``) saves,
+    found and copied as TensorFlow's own asynchronous checkpoint does (its helper's
+    ``_get_all_trackables``, slot variables, ``_copy_trackable_to_cpu``): {object: its copy}. A
+    variable's copy is a host variable that shares its buffer until training next writes it
+    (TensorFlow's copy on write), so a copy of a host variable costs no memory bandwidth now.
+    Raises NotImplementedError, naming the object, where one cannot copy itself."""
+    from tensorflow.python.checkpoint import async_checkpoint_helper as helper
+    from tensorflow.python.util import object_identity
+
+    saveable, every = helper._get_all_trackables(  # noqa: SLF001
+        root=checkpoint, exclude_set=object_identity.ObjectIdentitySet([checkpoint]))
+    for owner in every:  # an optimizer's slot variables are not its descendants: ask it, as the helper does
+        if "get_slot_names" not in dir(owner):
+            continue
+        for slot_name in owner.get_slot_names():
+            for variable in every:
+                try:
+                    slot = owner.get_slot(variable, slot_name)
+                except (AttributeError, KeyError, TypeError, ValueError):
+                    continue
+                if slot is not None:
+                    saveable.append(slot)
+    copies = object_identity.ObjectIdentityDictionary()
+    for obj in saveable:
+        if obj in copies:
+            continue
+        try:
+            obj._copy_trackable_to_cpu(object_map=copies)  # noqa: SLF001
+        except NotImplementedError as error:
+            raise NotImplementedError(f"{type(obj).__name__} cannot copy its state to the host: {error}") from None
+    return copies
+
+
+def write_copies(checkpoint: Any, copies: Any, prefix: str) -> None:
+    """Write ``checkpoint`` (a ``tf.train.Checkpoint``) with every object in ``copies`` saved from
+    its host copy (the saver's ``_object_map``, which TensorFlow's asynchronous checkpoint sets)."""
+    checkpoint._saver._object_map = copies  # noqa: SLF001
+    checkpoint.write(prefix)
+
+
+def _probe_host_copies() -> None:
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import async_checkpoint_helper as helper
+    from tensorflow.python.checkpoint import checkpoint as checkpoint_module
+    from tensorflow.python.ops import resource_variable_ops
+
+    assert callable(getattr(helper, "_get_all_trackables", None)), "async_checkpoint_helper._get_all_trackables"
+    assert "_copy_trackable_to_cpu" in vars(resource_variable_ops.BaseResourceVariable), \
+        "BaseResourceVariable._copy_trackable_to_cpu"
+    assert "_object_map" in checkpoint_module.TrackableSaver.__init__.__code__.co_names, "TrackableSaver._object_map"
+    assert "_saver" in tf.train.Checkpoint.__init__.__code__.co_names, "tf.train.Checkpoint._saver"
+
+
 def _probe_dataset_graph() -> None:
     # Read off the classes, running nothing: a probe must not initialize TensorFlow's eager
     # context before the strategy configures its collectives.
@@ -96,6 +150,10 @@ HOOKS = [
          _probe_server_def),
     Hook("tensorflow.physical_devices", "tensorflow", "tensorflow.python.eager.context.Context._physical_devices",
          "warm standbys of GPU workers", "FailureConfig.warm_standby", _probe_devices),
+    Hook("tensorflow.host_copies", "tensorflow",
+         "Trackable._copy_trackable_to_cpu, TrackableSaver._object_map (TensorFlow's asynchronous checkpoint)",
+         "asynchronous checkpoints of Checkpoint.from_state (report returns once the state is copied in host memory)",
+         'CheckpointConfig(upload="sync")', _probe_host_copies),
     Hook("tensorflow.dataset_graph", "tensorflow", "tf.data.Dataset._inputs() and ._functions()",
          "recognising a raytf shard inside tf.data (per-worker distribution)",
          "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
