@@ -147,7 +147,9 @@ class StateCheckpoint:
     def write(self, directory: str) -> None:
         import tensorflow as tf
 
-        tf.train.Checkpoint(**self.trackables).write(os.path.join(directory, STATE_PREFIX))
+        from raytf._internal.checkpoint.state import save_options
+
+        tf.train.Checkpoint(**self.trackables).write(os.path.join(directory, STATE_PREFIX), options=save_options())
 
     def host_copy(self) -> Any:
         """A copy of the state in host memory to write in the background (an asynchronous

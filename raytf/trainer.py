@@ -160,7 +160,7 @@ class Trainer:
         # Cross-field checks that need no cluster, before anything starts.
         self.tensorflow.resolve_communication(self.scaling)
         self.data_config.split(list(self.datasets))
-        if self.run.failure_config.warm_standby:
+        if self.run.failure_config.warm_standby is True:
             if not self.warm_standby_works:
                 raise ConfigError(
                     f"FailureConfig.warm_standby: {type(self).__name__} has no warm standby (its workers are "
@@ -279,8 +279,9 @@ class Trainer:
         callbacks: list[Any] = [StartupTiming(), DrainWatch()]
         if run.restore_from_memory:
             callbacks.append(MemoryCopies())
-        if failures.warm_standby:
-            callbacks.append(WarmStandbys(self.datasets, run.split))
+        standbys = failures.standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self.warm_standby_works else None
+        if standbys is not None:
+            callbacks.append(WarmStandbys(self.datasets, run.split, at_start=standbys == "at_start"))
         return WorkerGroup(
             run,
             [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),

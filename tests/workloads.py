@@ -149,7 +149,8 @@ def _process_started_at() -> float:
 
 
 def exit_after_warm_up(config: dict) -> None:
-    """Attempt 0: one report (the driver starts the standbys then); rank 1 waits until the
+    """Attempt 0: one report (the driver starts CPU workers' standbys then; with
+    ``standbys_at_start``, GPU workers', none: they start with the workers); rank 1 waits until the
     ``warm_standbys`` standbys are up, notes the time and kills its own process. Every attempt
     writes, per rank, its pid, when its process was created, its actor's name, and the ``id``
     values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json);
@@ -167,7 +168,8 @@ def exit_after_warm_up(config: dict) -> None:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
     if ctx.attempt == 0:
-        raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now
+        if not config.get("standbys_at_start"):
+            raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now
         if ctx.world_rank == 1:
             if config.get("kill_standby"):
                 _kill_actor(f"raytf:{ctx.run_name}:standby:1")  # one standby dies before it is needed

@@ -28,7 +28,8 @@ def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_le
     result = raytf.Trainer(
         workloads.gpu_worker, config={"out_dir": str(tmp_path)},
         scaling=raytf.ScalingConfig(num_workers=workers, gpus_per_worker=gpus, cpus_per_worker=1),
-        run=raytf.RunConfig(name=f"gpu-{gpus}", storage_path=str(tmp_path / "results"), verbose=0),
+        run=raytf.RunConfig(name=f"gpu-{gpus}", storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=raytf.FailureConfig(warm_standby=False)),  # no restart to warm
     ).fit()
     seen = [json.loads((tmp_path / f"gpu{r}.json").read_text()) for r in range(workers)]
     assert result.metrics["epoch"] == 1 and all(s["trained"] for s in seen)
@@ -52,15 +53,21 @@ def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_le
     assert len(by_node) == 2
 
 
-def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_handed(gpu_nodes, tmp_path, no_leaks):
-    """FailureConfig(warm_standby=True) with a GPU per worker: the standbys reserve no GPU (Ray
-    assigns them none) and the retry runs in them, each seeing exactly the GPU that its bundle's
-    worker had before (CUDA_VISIBLE_DEVICES), so the retry's ranks use the same GPUs, none shared."""
+def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_handed(gpu_nodes, tmp_path, no_leaks,
+                                                                                   monkeypatch):
+    """GPU workers get warm standbys by default (FailureConfig.warm_standby="auto"), started with
+    the attempt's workers: rank 1 fails before any step or report, once they are up (were they
+    started only once the attempt trained, it would wait for ever). The standbys reserve no GPU
+    (Ray assigns them none) and the retry runs in them, each seeing exactly the GPU that its
+    bundle's worker had before (CUDA_VISIBLE_DEVICES), so the retry's ranks use the same GPUs."""
+    from raytf._internal.driver import warm
+
+    monkeypatch.setattr(warm, "_WARM_AFTER_S", 3600.0)  # no standby for a silent loop's sake
     result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "warm_standbys": 2},
+        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "warm_standbys": 2, "standbys_at_start": True},
         scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=1, cpus_per_worker=1),
         run=raytf.RunConfig(name="warm-gpu", storage_path=str(tmp_path / "results"), verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),
+                            failure_config=raytf.FailureConfig(max_failures=1)),
         tensorflow=raytf.TensorflowConfig(communication="ring"),
     ).fit()
     assert result.attempts == 2 and result.history[-1]["epoch"] == 3

@@ -190,15 +190,10 @@ def test_a_state_checkpoint_is_the_state_at_report_time_while_training_goes_on(t
 
 
 def test_a_state_too_large_for_shared_memory_is_written_to_disk_and_a_failed_write_fails_its_checkpoint(
-        tmp_path, monkeypatch, caplog):
+        snapshot_roots, monkeypatch, caplog):
     import tensorflow as tf
 
-    shm, disk = tmp_path / "shm", tmp_path / "disk"
-    shm.mkdir()
-    disk.mkdir()
-    monkeypatch.setattr(_snapshot, "SHARED_MEMORY", str(shm))
-    monkeypatch.setattr(_snapshot, "_disk_only", False)
-    monkeypatch.setattr(_snapshot.tempfile, "tempdir", str(disk))
+    _, disk = snapshot_roots
     table = tf.Variable(tf.ones([1024, 256]))  # 1 MiB
     monkeypatch.setattr(_snapshot, "free_bytes", lambda root: 1 << 20)  # with the index, not enough
     directory = _snapshot.take(raytf.Checkpoint.from_state(table=table), keep=True, background=True)
@@ -207,12 +202,12 @@ def test_a_state_too_large_for_shared_memory_is_written_to_disk_and_a_failed_wri
     assert "does not fit in" in caplog.text and _snapshot._roots() == [str(disk)]
     _snapshot.discard(directory)
 
-    def full(checkpoint, copies, prefix):  # the disk fills up after report returned
+    def full(*args):  # the disk fills up after report returned
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_state._tf_hooks, "write_copies", full)
     directory = _snapshot.take(raytf.Checkpoint.from_state(table=table), keep=True, background=True)
-    with pytest.raises(CheckpointError, match=r"writing the checkpoint's state into .*disk failed .*No space left"):
+    with pytest.raises(CheckpointError, match=r"writing the checkpoint's state into .*tmp failed .*No space left"):
         _snapshot.ready(directory)
     assert not os.path.exists(directory)
 

@@ -151,6 +151,8 @@ INF = float("inf")
         (lambda: FailureConfig(hang_timeout_s=INF), "hang_timeout_s must be a finite number, got inf; pass None"),
         (lambda: FailureConfig(hang_timeout_s=0), "hang_timeout_s must be > 0 seconds or None"),
         (lambda: FailureConfig(retry_on_exception="yes"), "retry_on_exception must be True or False"),
+        (lambda: FailureConfig(warm_standby="yes"), 'warm_standby must be True, False or "auto", got \'yes\''),
+        (lambda: FailureConfig(warm_standby=1), 'warm_standby must be True, False or "auto", got 1'),
         (lambda: TensorflowConfig(collective_timeout_s=INF), "collective_timeout_s must be a finite number"),
         (lambda: TensorflowConfig(gpu_memory_growth="false"), "gpu_memory_growth must be True or False"),
         (lambda: TensorflowConfig(worker_env="A=1"), "worker_env must be a dict, got str"),
@@ -164,6 +166,15 @@ def test_infinite_oversized_and_mistyped_settings_are_config_errors(make, fragme
     with pytest.raises(ConfigError) as info:
         make()
     assert fragment in str(info.value)
+
+
+def test_warm_standbys_by_default_for_gpu_workers_from_their_start_and_for_cpu_workers_only_when_asked():
+    assert FailureConfig().warm_standby == "auto"
+    assert FailureConfig().standbys(gpu_workers=True) == "at_start"
+    assert FailureConfig().standbys(gpu_workers=False) is None
+    assert FailureConfig(warm_standby=True).standbys(gpu_workers=False) == "when_trained"
+    assert FailureConfig(warm_standby=True).standbys(gpu_workers=True) == "at_start"
+    assert FailureConfig(warm_standby=False).standbys(gpu_workers=True) is None
 
 
 def test_none_for_a_mapping_means_empty_as_in_ray_train():

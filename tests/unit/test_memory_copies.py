@@ -17,13 +17,8 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(autouse=True)
-def memory_roots(tmp_path, monkeypatch):
-    shm, disk = tmp_path / "shm", tmp_path / "tmp"
-    shm.mkdir()
-    disk.mkdir()
-    monkeypatch.setattr(snapshot, "SHARED_MEMORY", str(shm))
-    monkeypatch.setattr(snapshot, "_disk_only", False)
-    monkeypatch.setattr(snapshot.tempfile, "tempdir", str(disk))
+def memory_roots(snapshot_roots, monkeypatch):
+    shm, _ = snapshot_roots
     monkeypatch.setattr(memory, "_swept", True)  # sweep_once is tested on its own
     monkeypatch.setattr(memory, "_owner", "")
     monkeypatch.setattr(memory, "_live_groups", None)

@@ -16,6 +16,12 @@ process (the state's size, held for good) and traces its copy into a ``tf.functi
 Keras 3's variables refuse on the second checkpoint (they create a variable in their copy). raytf
 makes fresh copies per checkpoint, eagerly, and drops them once the files are written.
 
+The files are written by this process (``CheckpointOptions(experimental_io_device=...)``, its
+CPU), wherever the variables live: left to itself TensorFlow runs each save on the variables'
+own task, so a parameter server on another node would write its part into a directory that only
+exists on the chief's node, and the merge would miss it. A parameter server's part reaches the
+chief over the cluster's gRPC, each server's at once.
+
 Every rank makes the copy (reading a variable that synchronizes on read runs a collective under
 MultiWorkerMirroredStrategy, which every rank must join); only the rank whose files are kept
 writes them. The copies are plain host variables, so writing runs no collective.
@@ -42,13 +48,17 @@ class HostCopy:
     def __init__(self, checkpoint: Any, copies: Any):
         self._checkpoint = checkpoint  # the tf.train.Checkpoint of the user's objects
         self._copies = copies
+        self._device = this_cpu()  # a new thread has no default device: a ps chief's must be its own
         self.nbytes = sum(_nbytes(copy) for copy in copies.values())
 
     def write_in_background(self, prefix: str) -> "Writing":
         return Writing(self, prefix)
 
     def write(self, prefix: str) -> None:
-        _tf_hooks.write_copies(self._checkpoint, self._copies, prefix)
+        import tensorflow as tf
+
+        with tf.device(self._device):
+            _tf_hooks.write_copies(self._checkpoint, self._copies, prefix, save_options(self._device))
 
     def release(self) -> None:
         self._checkpoint = self._copies = None
@@ -102,3 +112,19 @@ def _nbytes(variable: Any) -> int:
         return int(shape.num_elements()) * int(dtype.size)
     except (AttributeError, TypeError):  # not a variable, or its shape is not known: not counted
         return 0
+
+
+def this_cpu() -> str:
+    """This process's CPU as TensorFlow names it here (``/job:chief/replica:0/task:0/device:CPU:0``
+    on a parameter-server chief, ``/job:localhost/...`` alone)."""
+    import tensorflow as tf
+
+    device = tf.DeviceSpec.from_string(tf.constant(0).device)
+    return device.replace(device_type="CPU", device_index=0).to_string()
+
+
+def save_options(device: Optional[str] = None) -> Any:
+    """Checkpoint options that write every file from this process (see the module docstring)."""
+    import tensorflow as tf
+
+    return tf.train.CheckpointOptions(experimental_io_device=device or this_cpu())

@@ -11,7 +11,6 @@ warm standbys and kept shards, the evaluator's last evaluation) are
 callbacks (callbacks.py, warm.py). What the answers to a poll mean is decided
 in watch.py, how many workers an elastic group asks for in scaling.py, and
 how a dataset is cut per rank in data/split.py; this module does what needs Ray.
-
 The controller (controller.py) sees a group through its ``WorkerGroup`` protocol.
 """
 
@@ -213,9 +212,9 @@ class WorkerGroup:
                           task=task_id(member, self.shape))
 
     def _reserve(self, members: Sequence[Member]) -> None:
-        """Each member's address, once its actor reserved its port. A warm standby that turns out
-        dead (a node's OOM killer, a stray ``ray.kill``) is replaced by a cold actor for its bundle:
-        a slower start, never a lost attempt. Any other actor that dies is a WorkerStartError."""
+        """Each member's address, once its actor reserved its port. A warm standby found dead (an
+        OOM kill, a stray ``ray.kill``) or unable to take its bundle's GPUs is replaced by a cold
+        actor: a slower start, never a lost attempt. Another actor that dies: WorkerStartError."""
         timeout = self._start_timeout_s
         deadline = time.monotonic() + timeout
         pending = {m.actor.reserve.remote(**m.reserve_args): m for m in members}
@@ -232,16 +231,17 @@ class WorkerGroup:
             except ActorUnavailableError:  # a fresh process whose RPC server is not up yet: ask again
                 time.sleep(UNAVAILABLE_RETRY_S)
                 pending[member.actor.reserve.remote(**member.reserve_args)] = member
-            except RayActorError as error:
+            except (RayActorError, RayTaskError) as error:
                 if not member.warm:
-                    raise WorkerStartError(f"a worker actor died while starting: {error}") from None
-                logger.warning("attempt %d: the warm standby for bundle %d is dead; starting a new worker there "
-                               "instead", self._attempt, member.bundle)
+                    why = error if isinstance(error, RayActorError) else error.cause
+                    raise WorkerStartError(f"a worker actor could not start: {why}") from None
+                why = f"cannot take it ({error.cause})" if isinstance(error, RayTaskError) else "is dead"
+                logger.warning("attempt %d: the warm standby for bundle %d %s; starting a new worker there instead",
+                               self._attempt, member.bundle, why)
+                ray.kill(member.actor, no_restart=True)
                 member.warm, member.reserve_args = False, {}
                 member.actor = self._new_actor(member)
                 pending[member.actor.reserve.remote()] = member
-            except RayTaskError as error:  # a warm standby that could not take its bundle's GPUs
-                raise WorkerStartError(f"a worker actor could not start: {error.cause}") from None
 
     def connect(self) -> None:
         """Release the start barrier: every member is ready, so all build the strategy together

@@ -1,6 +1,6 @@
 """Warm restarts' data: each rank's shard, as an attempt read it, kept for the next attempt.
 
-With ``FailureConfig(warm_standby=True)``, once an attempt trains, the driver
+With warm standbys (``FailureConfig.warm_standby``), once an attempt trains, the driver
 asks each rank for the shards it read whole (the cached path of
 ``raytf.get_dataset_shard``). The columns come back as the return value of an
 actor call the driver made, so they sit in Ray's object store on the worker's

@@ -1,9 +1,13 @@
 """Warm standbys: processes with TensorFlow and ``train_fn`` loaded, waiting on each training
-node to take a rank when the group restarts (``FailureConfig(warm_standby=True)``).
+node to take a rank when the group restarts (``FailureConfig.warm_standby``).
 
-Once an attempt trains (its first step or report, so none of this slows its
-start), each training worker's node gets a standby actor that loads TensorFlow
-and ``train_fn`` and waits, with no CPU or GPU of its own; the next attempt
+Each training worker's node gets a standby actor that loads TensorFlow and
+``train_fn`` and waits, with no CPU or GPU of its own: for GPU workers as soon
+as the attempt's workers have started (a GPU node's cores are mostly idle, and
+a failure in the attempt's first seconds should already restart warm), for CPU
+workers once the attempt trains (its first step or report, so that the
+standbys' imports never slow its start). Once it trains, the ranks' shards are
+kept (kept_shards.py). The next attempt
 hands a bundle on that node to it instead of starting a cold actor, on the
 CPUs and GPUs the bundle holds (its GPUs' ids as the bundle's last actor had
 them). The shards the ranks read are kept too (kept_shards.py), and a restart
@@ -36,16 +40,18 @@ class WarmStandbys(GroupCallback):
 
     keeps_placement = True
 
-    def __init__(self, datasets: Collection[str], split: Collection[str]):
+    def __init__(self, datasets: Collection[str], split: Collection[str], at_start: bool = False):
         self._standby: list[tuple[str, Any]] = []  # (node id, actor): warm, waiting for a rank
-        self._made = False  # for this attempt
+        self._at_start = at_start  # start the standbys with the attempt's workers, not once it trains
+        self._made = False  # standbys, for this attempt
+        self._kept = False  # the ranks' shards, for this attempt
         self._count = 0  # names them apart
         self._bundle_gpus: dict[int, tuple[str, ...]] = {}  # bundle index -> its GPUs' ids (standbys take them)
         self._bundle_nodes: Optional[dict[int, str]] = None  # bundle index -> node id, this attempt
         self._keeper = ShardKeeper(datasets, split)
 
     def before_start(self, group: GroupView, attempt: int) -> None:
-        self._made = False
+        self._made = self._kept = False
         self._bundle_nodes = None
 
     def after_placement(self, group: GroupView) -> None:
@@ -72,18 +78,27 @@ class WarmStandbys(GroupCallback):
     def after_start(self, group: GroupView) -> None:
         # Bundle i's GPUs, as its actor named them: a standby handed bundle i later takes these.
         self._bundle_gpus = {m.bundle: m.address.gpu_ids for m in group.members if m.address.gpu_ids}
+        if self._at_start:
+            self._make_standbys(group)
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
-        if not self._made and not status.finished and _trains(group.watch):
-            self._prepare(group)
+        if not self._kept and not status.finished and _trains(group.watch):
+            self._kept = True
+            trained = self._trained(group)
+            self._keeper.ask([m.actor for m in trained], [m.address.node_id for m in trained])
+            self._make_standbys(group)
         return status
 
-    def _prepare(self, group: GroupView) -> None:
-        """Keep the shards the ranks read, and start one standby per training worker on its node,
-        less those still waiting from before."""
+    @staticmethod
+    def _trained(group: GroupView) -> list[Member]:
+        return [m for m in group.members if m.role.name == group.shape.train_role]
+
+    def _make_standbys(self, group: GroupView) -> None:
+        """One standby per training worker on its node, less those still waiting from before."""
+        if self._made:
+            return
         self._made = True
-        trained = [m for m in group.members if m.role.name == group.shape.train_role]
-        self._keeper.ask([m.actor for m in trained], [m.address.node_id for m in trained])
+        trained = self._trained(group)
         waiting: dict[str, int] = {}
         for node, _ in self._standby:
             waiting[node] = waiting.get(node, 0) + 1

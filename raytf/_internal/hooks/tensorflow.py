@@ -86,11 +86,11 @@ def host_copies(checkpoint: Any) -> Any:
     return copies
 
 
-def write_copies(checkpoint: Any, copies: Any, prefix: str) -> None:
+def write_copies(checkpoint: Any, copies: Any, prefix: str, options: Any) -> None:
     """Write ``checkpoint`` (a ``tf.train.Checkpoint``) with every object in ``copies`` saved from
     its host copy (the saver's ``_object_map``, which TensorFlow's asynchronous checkpoint sets)."""
     checkpoint._saver._object_map = copies  # noqa: SLF001
-    checkpoint.write(prefix)
+    checkpoint.write(prefix, options=options)
 
 
 def _probe_host_copies() -> None:
