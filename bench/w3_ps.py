@@ -37,6 +37,11 @@ sys.path.insert(0, HERE)
 from w3 import BATCH, DIM, LR, ROWS_PER_GIB  # noqa: E402
 
 
+def _parts(variable):
+    """A variable's parts, one per parameter server it was split over."""
+    return list(variable.variables) if hasattr(variable, "variables") else [variable]
+
+
 def _train(config):
     import tensorflow as tf
 
@@ -59,12 +64,12 @@ def _train(config):
             target = tf.cast(ids % 2, tf.float32)[:, None]
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.square(tf.nn.embedding_lookup(table, ids) @ head - target))
-            parts = list(table.variables) if hasattr(table, "variables") else [table]
-            *g_parts, g_head = tape.gradient(loss, parts + [head])
-            for part, g in zip(parts, g_parts):  # each server's part takes its rows' updates
-                if g is not None:
+            parts = _parts(table) + _parts(head)
+            for part, g in zip(parts, tape.gradient(loss, parts)):  # each server's part takes its updates
+                if isinstance(g, tf.IndexedSlices):
                     part.scatter_sub(tf.IndexedSlices(LR * g.values, g.indices))
-            head.assign_sub(LR * g_head)
+                elif g is not None:
+                    part.assign_sub(LR * g)
             return loss
 
         return strategy.run(replica)
@@ -88,15 +93,16 @@ def _train(config):
 
 
 def run(config: dict, workdir: str) -> dict:
+    import tensorflow as tf
+
     import raytf
-    from tensorflow.distribute.experimental.partitioners import FixedShardsPartitioner
 
     start = time.perf_counter()
     result = raytf.ParameterServerTrainer(
         _train, config=config,
         scaling=raytf.ParameterServerScaling(num_workers=1, num_ps=config["num_ps"], cpus_per_worker=0.5,
                                              cpus_per_ps=0.5, cpus_per_chief=0.5),
-        variable_partitioner=FixedShardsPartitioner(config["num_ps"]),
+        variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(config["num_ps"]),
         run=raytf.RunConfig(name=f"w3-ps-{config['writer']}-{time.time_ns()}", storage_path=workdir, verbose=0,
                             checkpoint_config=raytf.CheckpointConfig(num_to_keep=2)),
     ).fit()
