@@ -962,7 +962,8 @@ def ps_custom_loop(config: dict) -> None:
     (columns x, y); a checkpoint each epoch; resumes from raytf.get_checkpoint().
 
     ``mark_epochs``: on attempt 0, mark-<epoch>.json is written once each of these epochs' steps are
-    scheduled, for a test to act on while they run.
+    scheduled, for a test to act on while they run; the checkpoint of the epoch before is committed
+    by then (its state is written in the background, beside the next epoch's steps).
     """
     import numpy as np
     import tensorflow as tf
@@ -1017,6 +1018,8 @@ def ps_custom_loop(config: dict) -> None:
              "rows": int(rows.numpy()), "scheduled": (epoch + 1) * steps, "resumed_at": start},
             checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer, rows=rows),
         )
+        if ctx.attempt == 0 and epoch + 1 in config.get("mark_epochs", ()):
+            _wait_for_commit(ctx.run_path, epoch)
     held_out_x, held_out_y = make_data(512, seed=99)
     _write(config["out_dir"], "chief.json", {
         "eval_loss": float(loss_fn(held_out_y, model(held_out_x))),

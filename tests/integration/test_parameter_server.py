@@ -85,20 +85,17 @@ def test_ps_training_matches_mwms_and_the_evaluator_scores_committed_checkpoints
     assert abs(chief["eval_loss"] - reference.metrics["eval_loss"]) <= LOSS_TOLERANCE
 
 
-def signal_at_marks(tmp_path, run, signals, also=(), committed=False):
-    """In a thread: once the workload marks epoch ``e`` as scheduled (and, with ``committed``, the
-    checkpoint of epoch ``e - 1`` is committed: its write runs beside epoch ``e``), send ``signum``
-    to the process of run ``run``'s actor ``label``, for each ``(e, label, signum)`` of ``signals``
-    in turn. Returns the thread and what it saw: ``pids``, the signalled processes, and ``others``,
-    the pids of the actors in ``also`` at the first signal."""
+def signal_at_marks(tmp_path, run, signals, also=()):
+    """In a thread: once the workload marks epoch ``e`` as scheduled, send ``signum`` to the process
+    of run ``run``'s actor ``label``, for each ``(e, label, signum)`` of ``signals`` in turn. Returns
+    the thread and what it saw: ``pids``, the signalled processes, and ``others``, the pids of the
+    actors in ``also`` at the first signal."""
     seen = {"pids": []}
 
     def send():
         for epoch, label, signum in signals:
             wait_for((tmp_path / "out" / f"mark-{epoch}.json").exists, timeout_s=180,
                      message=f"epoch {epoch} to be scheduled")
-            if committed:
-                workloads._wait_for_commit(str(tmp_path / "runs" / run), epoch - 1)
             pid = actor_pid(run, label)
             if "others" not in seen:
                 seen["others"] = {other: actor_pid(run, other) for other in also}
@@ -149,7 +146,6 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_instea
     def kill_and_take_the_port():
         mark = tmp_path / "out" / "mark-1.json"
         wait_for(mark.exists, timeout_s=180, message="epoch 1 to be scheduled")
-        workloads._wait_for_commit(str(tmp_path / "runs" / "ps-moved"), 0)  # written while epoch 1 runs
         port = int(json.loads(mark.read_text())["cluster"]["worker"][1].rsplit(":", 1)[1])
         os.kill(actor_pid("ps-moved", "worker-1"), signal.SIGKILL)
         # Bound as the replacement would bind it (both families, despite lingering connections).
@@ -184,7 +180,7 @@ def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path
     # One more failure than the ps loss: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the ps loss.
     trainer = ps_trainer(tmp_path, "ps-kill-ps", config, failures=raytf.FailureConfig(max_failures=2))
-    signal_at_marks(tmp_path, "ps-kill-ps", [(1, "ps-0", signal.SIGKILL)], committed=True)
+    signal_at_marks(tmp_path, "ps-kill-ps", [(1, "ps-0", signal.SIGKILL)])
     result = trainer.fit()
     assert result.attempts >= 2
     assert result.failures[0].task == "ps 0"
