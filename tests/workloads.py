@@ -175,10 +175,21 @@ def exit_after_warm_up(config: dict) -> None:
                 _kill_actor(f"raytf:{ctx.run_name}:standby:1")  # one standby dies before it is needed
             else:
                 _wait_until_up([f"raytf:{ctx.run_name}:standby:{n}" for n in range(1, config["warm_standbys"] + 1)])
+            if config.get("devices_in_standby"):  # standby 1's TensorFlow lists its devices: it cannot take GPUs
+                standby = _actor(f"raytf:{ctx.run_name}:standby:1", time.monotonic() + 60)
+                ray.get(standby.__ray_call__.remote(_list_devices), timeout=120)
             _write(config["out_dir"], "killed.json", {"time": time.time()})
             os._exit(1)
         time.sleep(600)  # rank 0 waits to be stopped with the group
     small_train(config)
+
+
+def _list_devices(actor) -> int:
+    """Run in an actor (``__ray_call__``): TensorFlow lists the process's devices, as a module that
+    does so when imported would."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices())
 
 
 def _actor(name: str, deadline: float):

@@ -85,3 +85,24 @@ def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_hand
     # The same GPUs on the same nodes, one per rank.
     assert sorted((a["node_id"], a["cuda_visible_devices"]) for a in retry) == sorted(
         (b["node_id"], b["cuda_visible_devices"]) for b in first)
+
+
+def test_a_gpu_standby_whose_tensorflow_listed_its_devices_is_replaced_by_a_cold_worker(gpu_nodes, tmp_path,
+                                                                                        no_leaks):
+    """A standby whose TensorFlow already listed its devices (train_fn's modules do so when
+    imported) cannot take its bundle's GPU: the restart starts a cold worker in that bundle, with a
+    warning, and uses the other standby; no attempt is lost to it."""
+    result = raytf.Trainer(
+        workloads.exit_after_warm_up,
+        config={"out_dir": str(tmp_path), "warm_standbys": 2, "standbys_at_start": True, "devices_in_standby": True},
+        scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=1, cpus_per_worker=1),
+        run=raytf.RunConfig(name="warm-gpu-listed", storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=1)),
+        tensorflow=raytf.TensorflowConfig(communication="ring"),
+    ).fit()
+    assert result.attempts == 2 and len(result.failures) == 1 and result.history[-1]["epoch"] == 3
+    retry = [json.loads((tmp_path / f"attempt1_rank{r}.json").read_text()) for r in range(2)]
+    warm = [":standby:" in r["actor"] for r in retry]
+    assert sorted(warm) == [False, True]  # one bundle's standby was used, the other's replaced
+    cold = retry[warm.index(False)]
+    assert len(cold["ray_gpu_ids"]) == 1 and cold["cuda_visible_devices"] == cold["ray_gpu_ids"][0]

@@ -161,7 +161,7 @@ def adopt_gpus(gpu_ids: Sequence[str]) -> None:
         raise RuntimeError(
             "this warm standby's TensorFlow found its devices before it was handed its GPUs "
             f"({', '.join(gpu_ids)}): train_fn's modules use TensorFlow's devices when imported. Move "
-            "that into train_fn, or leave FailureConfig.warm_standby off"
+            "that into train_fn, or set FailureConfig.warm_standby to False"
         )
     os.environ[_env.CUDA_VISIBLE_DEVICES] = ",".join(gpu_ids)
 
