@@ -6,11 +6,10 @@ Each training worker's node gets a standby actor that loads TensorFlow and
 as the attempt's workers have started (a GPU node's cores are mostly idle, and
 a failure in the attempt's first seconds should already restart warm), for CPU
 workers once the attempt trains (its first step or report, so that the
-standbys' imports never slow its start). Once it trains, the ranks' shards are
-kept (kept_shards.py). The next attempt
-hands a bundle on that node to it instead of starting a cold actor, on the
-CPUs and GPUs the bundle holds (its GPUs' ids as the bundle's last actor had
-them). The shards the ranks read are kept too (kept_shards.py), and a restart
+standbys' imports never slow its start). The next attempt hands a bundle on
+that node to it instead of starting a cold actor, on the CPUs and GPUs the
+bundle holds (its GPUs' ids as the bundle's last actor had them). Once an
+attempt trains, the shards its ranks read are kept too (kept_shards.py), and a restart
 of the same size reads them. The placement group is kept across such restarts
 while its nodes stay: a new one could land on other nodes than the standbys
 and the kept shards.
