@@ -56,8 +56,8 @@ def host_copies(checkpoint: Any) -> Any:
     """A host copy of the state of every object ``checkpoint`` (a ``tf.train.Checkpoint``) saves,
     found and copied as TensorFlow's own asynchronous checkpoint does (its helper's
     ``_get_all_trackables``, slot variables, ``_copy_trackable_to_cpu``): {object: its copy}. A
-    variable's copy is a host variable that shares its buffer until training next writes it
-    (TensorFlow's copy on write), so a copy of a host variable costs no memory bandwidth now.
+    host variable's copy shares its buffer until training next writes it (TensorFlow's copy on
+    write), or is copied at once where sparse updates put the variable in copy-on-read mode.
     Raises NotImplementedError, naming the object, where one cannot copy itself."""
     from tensorflow.python.checkpoint import async_checkpoint_helper as helper
     from tensorflow.python.util import object_identity
