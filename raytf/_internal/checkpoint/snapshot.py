@@ -1,5 +1,5 @@
 """A reported checkpoint's bytes in host memory: written (``Checkpoint.from_state``, every report;
-an asynchronous report's by a background thread from a host copy of the state, state.py) or
+an asynchronous report's by its upload thread, from a host copy of the state, state.py) or
 copied (``Checkpoint.from_directory``, an asynchronous report's, ``CheckpointConfig(
 upload="async")``) into shared memory, from where they are uploaded (by a background thread while
 training goes on, for an asynchronous report).
@@ -34,7 +34,7 @@ SHARED_MEMORY = "/dev/shm"
 PREFIX = "raytf-snapshot-"  # then the process id: a dead process's snapshots are swept away
 _disk_only = False  # /dev/shm refused a snapshot once: use the temporary directory from then on
 _swept = False
-_writing: dict[str, _state.Writing] = {}  # snapshot directory -> its state being written in the background
+_unwritten: dict[str, tuple[_state.HostCopy, str]] = {}  # snapshot directory -> (host copy, prefix) to write
 
 
 def _roots() -> list[str]:
@@ -47,8 +47,8 @@ def take(checkpoint: Any, *, keep: bool, background: bool = False) -> Optional[s
 
     A state checkpoint is written (or, with ``background``, copied in host memory) on every rank,
     kept or not (reading variables under MultiWorkerMirroredStrategy may run collectives, which
-    every rank must join); with ``background`` its files are written by a background thread, and
-    :func:`ready` waits for them. A directory checkpoint is copied only where it is kept, so the
+    every rank must join); with ``background`` :func:`ready` writes its files, called from the
+    upload's background thread. A directory checkpoint is copied only where it is kept, so the
     user may delete or rewrite the directory as soon as ``raytf.report`` returns.
     """
     from raytf.checkpoint import StateCheckpoint
@@ -56,7 +56,7 @@ def take(checkpoint: Any, *, keep: bool, background: bool = False) -> Optional[s
     if isinstance(checkpoint, StateCheckpoint):
         copy = checkpoint.host_copy() if background else None
         if copy is not None:
-            return _write_in_background(copy) if keep else None
+            return _directory_for(copy) if keep else None
         fill: Callable[[str], None] = checkpoint.write
     elif keep:
         fill = lambda directory: _copy_directory(checkpoint, directory)  # noqa: E731
@@ -94,7 +94,7 @@ def _sweep_once() -> list[str]:
     return roots
 
 
-def _write_in_background(copy: _state.HostCopy) -> str:
+def _directory_for(copy: _state.HostCopy) -> str:
     global _disk_only
     roots = _sweep_once()
     if roots[0] == SHARED_MEMORY and len(roots) > 1:
@@ -108,7 +108,7 @@ def _write_in_background(copy: _state.HostCopy) -> str:
     directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=roots[0])
     from raytf.checkpoint import STATE_PREFIX
 
-    _writing[directory] = copy.write_in_background(os.path.join(directory, STATE_PREFIX))
+    _unwritten[directory] = (copy, os.path.join(directory, STATE_PREFIX))
     return directory
 
 
@@ -118,16 +118,21 @@ def free_bytes(root: str) -> int:
 
 
 def ready(directory: str) -> None:
-    """Wait until a snapshot taken with ``background`` is written; raises CheckpointError, naming
-    why, where writing it failed (the snapshot is removed, and later ones skip shared memory)."""
+    """Write the files of a snapshot taken with ``background`` (from the upload's thread, while
+    training goes on); raises CheckpointError, naming why, where writing them failed (the
+    snapshot is removed, and later ones skip shared memory)."""
     global _disk_only
-    writing = _writing.pop(directory, None)
-    if writing is None:
+    pending = _unwritten.pop(directory, None)
+    if pending is None:
         return
-    error = writing.wait()
-    writing.copy.release()  # the host copy's buffers are free once the files are written
-    if error is None:
+    copy, prefix = pending
+    try:
+        copy.write(prefix)
         return
+    except Exception as failure:  # noqa: BLE001 - named in the CheckpointError below
+        error = failure
+    finally:
+        copy.release()  # the host copy's buffers are free once the files are written
     shutil.rmtree(directory, ignore_errors=True)
     if directory.startswith(SHARED_MEMORY + os.sep):
         _disk_only = True
@@ -168,8 +173,7 @@ def _copy_directory(checkpoint: Any, directory: str) -> None:
 def discard(directory: Optional[str]) -> None:
     if directory is None:
         return
-    writing = _writing.pop(directory, None)
-    if writing is not None:  # never remove files a thread is writing
-        writing.wait()
-        writing.copy.release()
+    pending = _unwritten.pop(directory, None)
+    if pending is not None:  # never written: free its host copy
+        pending[0].release()
     shutil.rmtree(directory, ignore_errors=True)

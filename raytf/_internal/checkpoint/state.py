@@ -3,9 +3,9 @@ copy of the state, not its serialization.
 
 ``raytf.report`` (``CheckpointConfig(upload="async")``) asks every object the checkpoint saves for
 a copy of its state in host memory, as TensorFlow's own asynchronous checkpoint does
-(``tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)``), then returns; a
-background thread writes the ``tf.train.Checkpoint`` files from those copies while training goes
-on. TensorFlow keeps such a copy consistent: a host variable's copy shares its buffer and the
+(``tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)``), then returns; the
+upload's background thread writes the ``tf.train.Checkpoint`` files from those copies while
+training goes on (snapshot.ready), then uploads them. TensorFlow keeps such a copy consistent: a host variable's copy shares its buffer and the
 next update of the variable writes into a fresh one (copy on write: that step pays one copy of
 the variable's bytes), and a variable that sparse updates put in copy-on-read mode (an embedding
 table) is copied when read (about 0.1 s per GiB here, inside ``report``). A GPU variable's copy
@@ -30,7 +30,6 @@ writes them. The copies are plain host variables, so writing runs no collective.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Optional
 
 from raytf._internal import hooks as _hooks
@@ -51,9 +50,6 @@ class HostCopy:
         self._device = this_cpu()  # a new thread has no default device: a ps chief's must be its own
         self.nbytes = sum(_nbytes(copy) for copy in copies.values())
 
-    def write_in_background(self, prefix: str) -> "Writing":
-        return Writing(self, prefix)
-
     def write(self, prefix: str) -> None:
         import tensorflow as tf
 
@@ -62,28 +58,6 @@ class HostCopy:
 
     def release(self) -> None:
         self._checkpoint = self._copies = None
-
-
-class Writing:
-    """A host copy being written to ``prefix`` by a background thread."""
-
-    def __init__(self, copy: HostCopy, prefix: str):
-        self.copy = copy
-        self.prefix = prefix
-        self.error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="raytf-state-write", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.copy.write(self.prefix)
-        except BaseException as error:  # noqa: BLE001 - handed to whoever waits (snapshot.ready)
-            self.error = error
-
-    def wait(self) -> Optional[BaseException]:
-        """Wait for the files; the error that stopped them, or None."""
-        self._thread.join()
-        return self.error
 
 
 def host_copy(trackables: dict[str, Any]) -> Optional[HostCopy]:
