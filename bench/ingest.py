@@ -3,16 +3,18 @@
 
     python bench/ingest.py [--batch-size 128] [--epochs 5] [--repeats 3]
 
-Reads W1's 60,000 rows (784 float32 features, int64 label) through one
-``streaming_split`` shard, the way a raytf worker does, with one TensorFlow
-thread. For each path it times full passes over the data (no training) and
-prints one JSON line, then a line of ratios against ``from_tensor_slices``.
-Target: raytf's cached path >= 1.0x.
+Reads W1's 60,000 rows (784 float32 features, int64 label) the ways a raytf worker does,
+with one TensorFlow thread: a planned shard (``DataConfig(exactly_once=True)``, the default:
+the dataset materialized in order, each pass's rows gathered from the blocks), and one
+``streaming_split`` shard (``exactly_once=False``). For each path it times full passes over
+the data (no training) and prints one JSON line, then a line of ratios against
+``from_tensor_slices``. Target: raytf's cached paths >= 1.0x.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -67,7 +69,23 @@ def main() -> None:
     def record(name: str, rates: list[float], **extra) -> None:
         results.setdefault(name, []).extend(rates)
 
+    from raytf._internal.data import planned, position
+    from raytf._internal.driver.plans import materialize
+
+    blocks = planned.Blocks(planned.PlannedShard("train", materialize(dataset), 0))
+
+    def planned_pass(cache: bool, shuffle: bool):
+        """Rank 0 of 1's planned shard, from epoch 0."""
+        cursor = planned.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows), 7, shuffle, 0, 1,
+                                args.batch_size, True)
+        return planned.planned_dataset(blocks, cursor, dataclasses.replace(request, shuffle=shuffle), cache)
+
     for _ in range(args.repeats):
+        # raytf, planned (exactly_once=True): a pass's rows gathered from the blocks once per epoch.
+        record("raytf_planned_cached", epochs_per_second(planned_pass(True, False), args.epochs))
+        record("raytf_planned_cached_shuffled", epochs_per_second(planned_pass(True, True), args.epochs))
+        record("raytf_planned_streaming", epochs_per_second(planned_pass(False, False), args.epochs))
+
         # raytf, cached: read the shard once, then every epoch runs inside tf.data.
         (shard,) = dataset.streaming_split(1, equal=True)
         start = time.perf_counter()
@@ -76,6 +94,8 @@ def main() -> None:
         rows = len(arrays["y"])
         cached = tfdata.dataset_from_arrays(arrays, request, rows, seed=None)
         record("raytf_cached", epochs_per_second(cached, args.epochs))
+        shuffled = tfdata.dataset_from_arrays(arrays, dataclasses.replace(request, shuffle=True), rows, seed=7)
+        record("raytf_cached_shuffled", epochs_per_second(shuffled, args.epochs))
         results.setdefault("raytf_cached_read_rows_per_s", []).append(rows / read_s)
 
         # The anchor: the same arrays, from_tensor_slices(...).batch(...).

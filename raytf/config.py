@@ -342,15 +342,31 @@ class RunConfig:
 class DataConfig:
     """Which of ``Trainer(datasets=...)`` are split across workers.
 
-    A split dataset gives each worker its own equal share (``streaming_split``
-    with ``equal=True`` and locality hints, so a worker reads blocks on its own
-    node where it can); any other dataset is given whole to every worker.
-    ``"all"`` splits every dataset, as Ray Train does.
+    A split dataset gives each worker its own equal share; any other dataset is
+    given whole to every worker. ``"all"`` splits every dataset, as Ray Train does.
+
+    ``exactly_once=True`` (default): every row of an epoch is trained exactly
+    once, whatever happens to the group. Each split dataset is materialized
+    once per run, in order (``preserve_order``), into Ray's object store, and
+    every checkpoint raytf commits records where each one stands (a few
+    integers); a restart after a kill or a preemption, on fewer or more
+    workers, or from a new driver, trains the rest of the interrupted epoch,
+    spread over the new group, and then whole epochs. With ``shuffle=True``
+    each epoch is one permutation of the whole dataset (seeded by
+    ``get_dataset_shard(seed=...)``, else by a seed the run keeps in its
+    checkpoints). The cost: the dataset stays in the object store for the run
+    (spilled to disk past it), and every node reads every block a shuffle
+    gives its workers. ``False``: ``streaming_split`` per attempt, as Ray
+    Train does (no copy kept; a pipeline too large to materialize), where a
+    resume in mid-epoch trains some rows twice and some never.
     """
 
     datasets_to_split: Union[str, tuple[str, ...]] = "all"
+    exactly_once: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exactly_once, bool):
+            raise ConfigError(f"DataConfig.exactly_once must be True or False, got {self.exactly_once!r}")
         value = self.datasets_to_split
         if isinstance(value, str):
             if value != "all":

@@ -282,6 +282,14 @@ class Trainer:
         standbys = failures.standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self.warm_standby_works else None
         if standbys is not None:
             callbacks.append(WarmStandbys(self.datasets, run.split, at_start=standbys == "at_start"))
+        if self.scaling.min_workers < self.scaling.max_workers:
+            from raytf._internal.driver.growth import GrowBack
+
+            callbacks.append(GrowBack())
+        if self.data_config.exactly_once and run.split:
+            from raytf._internal.driver.plans import ExactData
+
+            callbacks.append(ExactData(self.datasets, run.split))
         return WorkerGroup(
             run,
             [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),

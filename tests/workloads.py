@@ -1256,3 +1256,85 @@ def gpu_train(config: dict) -> None:
         history = model.fit(strategy.distribute_datasets_from_function(lambda _: data.repeat()), epochs=1,
                             steps_per_epoch=4096 // 128, verbose=0)
         raytf.report({"epoch": epoch, "loss": float(history.history["loss"][-1])})
+
+
+def counted_rows(batch: dict) -> dict:
+    """Rows for counted_keras_train: ``x`` is the row's id, then 4 features; ``y`` a class of 2."""
+    import numpy as np
+
+    ids = batch["id"].astype("float32")
+    features = np.stack([np.sin(ids * k) for k in (0.1, 0.2, 0.3, 0.4)], axis=1)
+    return {"x": np.concatenate([ids[:, None], features], axis=1).astype("float32"),
+            "y": (features[:, 0] > 0).astype("int64")}
+
+
+def counted_keras_train(config: dict) -> None:
+    """Keras through ``raytf.keras.fit`` with ``ReportCallback``, the way the README trains, on
+    rows whose first feature is their id. Every training step writes the ids it trained (a
+    ``py_function`` inside the model's call, so only batches a step really took), with the
+    optimizer's iteration and the epoch, to ``steps-<driver>-<attempt>-<rank>.jsonl``; the
+    first line is the attempt's start (the restored iteration, the group's size, the node). Test
+    hooks: ``mark`` ({epoch, batch}, attempt 0): each rank writes running-<driver>-<rank>.json
+    with its pid and node, then each of its steps sleeps ``step_sleep``; ``kill`` ({attempt,
+    rank, epoch, batch}): exit."""
+    import ray
+    import tensorflow as tf
+
+    import raytf.keras
+
+    keras = tf.keras
+    ctx = raytf.get_context()
+    train = raytf.get_dataset_shard("train", batch_size=config["batch"], features="x", label="y", shuffle=True)
+    name = f"steps-{config['driver']}-{ctx.attempt}-{ctx.world_rank}.jsonl"
+    log = open(os.path.join(config["out_dir"], name), "a")
+    state = {"epoch": None, "steps": 0, "start": None, "batch_ends": 0}
+
+    def record(ids):
+        log.write(json.dumps({"it": state["start"] + state["steps"], "epoch": state["epoch"],
+                              "ids": [int(i) for i in ids.numpy()]}) + "\n")
+        log.flush()
+        state["steps"] += 1
+        return 0
+
+    class Counted(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x, training=False):
+            if training:
+                tf.py_function(record, [x[:, 0]], tf.int64)
+            return self.head(self.hidden(x[:, 1:]))
+
+    with raytf.strategy().scope():
+        model = Counted()
+        model(tf.zeros((1, 5)))  # its weights, for restore
+        model.compile(optimizer=keras.optimizers.SGD(0.05), jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    class Hooks(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            state["start"] = int(self.model.optimizer.iterations.numpy())
+            log.write(json.dumps({"start": state["start"], "world_size": ctx.world_size,
+                                  "node_id": ray.get_runtime_context().get_node_id()}) + "\n")
+            log.flush()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            state["epoch"], state["batch_ends"] = epoch, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            state["batch_ends"] += 1
+            at = {"epoch": state["epoch"], "batch": state["batch_ends"]}
+            mark, kill = config.get("mark"), config.get("kill")
+            if ctx.attempt == 0 and mark and (at == mark or state.get("marked")):
+                if at == mark:
+                    _write(config["out_dir"], f"running-{config['driver']}-{ctx.world_rank}.json",
+                           {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
+                    state["marked"] = True
+                time.sleep(config.get("step_sleep", 0))
+            if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
+                os._exit(1)
+
+    raytf.keras.fit(model, train, epochs=config["epochs"],
+                    callbacks=[raytf.keras.ReportCallback(preemption_check_every=2), Hooks()])

@@ -145,6 +145,7 @@ class Report:
     checkpoint: Optional[UploadedCheckpoint] = None
     part: Optional[CheckpointPart] = None  # a collective report (ranks="all"): this rank's share
     stage: Optional[ReportStage] = None  # an asynchronous checkpoint's report; None: synchronous
+    data: Optional[dict[str, Any]] = None  # with a checkpoint: each split dataset's position (data/planned.py)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,17 @@ once per epoch across every worker, and drives the usual Keras callbacks.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional, Sequence
 
 import raytf.session as session
+from raytf._internal.data.planned import cursor_of
 from raytf._internal.worker.session import current
 from raytf.errors import RaytfError
 from raytf.keras._local_sgd import average_weights
 from raytf.keras._model import build_optimizer, check_accumulation_window, distribute, keras_of, restore
+
+logger = logging.getLogger(__name__)
 
 
 def _metrics(model: Any) -> dict[str, float]:
@@ -145,11 +149,22 @@ def fit(
         initial_epoch = restore(model)
     else:
         build_optimizer(model)
+    cursor = cursor_of(dataset)
     if steps_per_epoch is None:
-        steps_per_epoch = _known_length(dataset)
+        steps_per_epoch = _known_length(dataset) if cursor is None else cursor.full_steps()
+    elif cursor is not None and steps_per_epoch != cursor.full_steps():
+        logger.warning("raytf.keras.fit: steps_per_epoch=%d is not the %d steps of an epoch of dataset %r; "
+                       "an epoch is then not one pass over it, and a resume cannot be exact", steps_per_epoch,
+                       cursor.full_steps(), cursor.name)
     check_accumulation_window(model, steps_per_epoch)
-    # A checkpoint taken mid-epoch (a preemption) records the steps done: skip their batches.
-    skip = _steps_done_in_epoch(model, initial_epoch, steps_per_epoch) if resuming else 0
+    if cursor is not None:
+        # A planned shard (DataConfig(exactly_once=True)) starts where the checkpoint's position says:
+        # an interrupted epoch's first pass holds only what that epoch has not trained.
+        skip, offset, first_steps = 0, 0, cursor.steps(initial_epoch)
+    else:
+        # A checkpoint taken mid-epoch (a preemption) records the steps done: skip their batches.
+        skip = offset = _steps_done_in_epoch(model, initial_epoch, steps_per_epoch) if resuming else 0
+        first_steps = None if steps_per_epoch is None else steps_per_epoch - skip
     if validation_steps is None and validation_data is not None:
         validation_steps = _known_length(validation_data)
     train_data = _Feed(dataset, steps_per_epoch, distribute_fn)
@@ -162,27 +177,30 @@ def fit(
     model.stop_training = False
     logs: dict[str, Any] = {}
     state = current("keras.fit")
+    state.exact_resume = True  # it runs an interrupted epoch's rest as its first epoch
     callback_list.on_train_begin()
+    epoch_steps = first_steps
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
-        state.note_progress(epoch=epoch, epochs=epochs, step=skip, steps=steps_per_epoch)
+        state.note_progress(epoch=epoch, epochs=epochs, step=offset, steps=steps_per_epoch)
         callback_list.on_epoch_begin(epoch)
         iterator = train_data.iterator()
         if skip:
             steps.skip(iterator, skip)
 
-        def batch_end(step: int, epoch: int = epoch, skip: int = skip) -> None:
-            callback_list.on_train_batch_end(step + skip, {})
-            done = step + skip + 1
+        def batch_end(step: int, epoch: int = epoch, offset: int = offset) -> None:
+            callback_list.on_train_batch_end(step + offset, {})
+            done = step + offset + 1
             state.note_progress(step=done, global_step=None if steps_per_epoch is None
                                   else epoch * steps_per_epoch + done)
 
         steps.epoch(
-            steps.train, iterator, None if steps_per_epoch is None else steps_per_epoch - skip,
-            lambda step: callback_list.on_train_batch_begin(step + skip), batch_end,
+            steps.train, iterator, epoch_steps,
+            lambda step: callback_list.on_train_batch_begin(step + offset), batch_end,
         )
         average_weights(model)  # local SGD: validation, callbacks and checkpoints see one model
-        skip = 0
+        skip = offset = 0
+        epoch_steps = steps_per_epoch
         if state.preempted:
             break  # a checkpoint of this step was reported; raytf restarts the group from it
         logs = _metrics(model)

@@ -20,9 +20,11 @@ RAY_MODULES = {
     "_internal/driver/group.py",
     "_internal/driver/shapes.py",  # a parameter-server chief's shard manifests, a placement error's figures
     "_internal/driver/warm.py",
+    "_internal/driver/growth.py",  # the missing workers' placement group
     "_internal/driver/relay.py",  # an answer's Ray errors, read where the relay polls
     "_internal/driver/kept_shards.py",
     "_internal/data/shard.py",  # a kept shard is read with ray.get
+    "_internal/data/planned.py",  # a planned shard's blocks are read with ray.get
     "_internal/worker/actor.py",
     "_internal/worker/payloads.py",
     "_internal/worker/logs.py",

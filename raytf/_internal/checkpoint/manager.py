@@ -54,6 +54,7 @@ class CheckpointEntry:
     step: Optional[int] = None
     metrics: dict[str, Any] = field(default_factory=dict)
     driver_start: int = 0  # which start of a driver for this run committed it (0: the first)
+    data: dict[str, Any] = field(default_factory=dict)  # split datasets' positions (data/planned.py)
 
 
 def _is_int(value: Any) -> bool:
@@ -82,8 +83,9 @@ def parse_entry(raw: Any) -> CheckpointEntry:
     for key in ("epoch", "step", "driver_start"):
         if raw.get(key) is not None and not _is_int(raw[key]):
             raise ValueError(f"its {key!r} is {raw[key]!r}, not an int")
-    if not isinstance(raw.get("metrics", {}), dict):
-        raise ValueError(f"its 'metrics' is {raw['metrics']!r}, not an object")
+    for key in ("metrics", "data"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise ValueError(f"its {key!r} is {raw[key]!r}, not an object")
     fields = {k: v for k, v in raw.items() if k in CheckpointEntry.__dataclass_fields__}
     fields["driver_start"] = fields.get("driver_start") or 0
     return CheckpointEntry(**fields)
@@ -271,7 +273,7 @@ class CheckpointManager:
         """
         if report.checkpoint is None:
             return None, None
-        entry = new_entry(report.checkpoint.seq, report.attempt, report.metrics, driver_start)
+        entry = new_entry(report.checkpoint.seq, report.attempt, report.metrics, driver_start, report.data)
         return self._commit_reported(entry, guard)
 
     def _commit_reported(self, entry: CheckpointEntry, guard: Callable[[], None],
@@ -299,7 +301,7 @@ class CheckpointManager:
         staging = _join(self.fs, self.dir, parts_name(first.attempt, first.part.round))
         if not parts:
             return None, None
-        entry = new_entry(first.part.seq, first.attempt, first.metrics, driver_start)
+        entry = new_entry(first.part.seq, first.attempt, first.metrics, driver_start, first.data)
         try:
             return self._commit_reported(entry, guard, lambda: merge_parts(self.fs, self.dir, entry.name, parts))
         finally:
@@ -343,7 +345,8 @@ class CheckpointManager:
         return None
 
 
-def new_entry(seq: int, attempt: int, metrics: dict[str, Any], driver_start: int = 0) -> CheckpointEntry:
+def new_entry(seq: int, attempt: int, metrics: dict[str, Any], driver_start: int = 0,
+              data: Optional[dict[str, Any]] = None) -> CheckpointEntry:
     epoch, step = metrics.get("epoch"), metrics.get("step")
     return CheckpointEntry(
         name=checkpoint_name(seq),
@@ -354,4 +357,5 @@ def new_entry(seq: int, attempt: int, metrics: dict[str, Any], driver_start: int
         step=int(step) if _is_number(step) and math.isfinite(step) else None,
         metrics=dict(metrics),
         driver_start=driver_start,
+        data=dict(data or {}),
     )

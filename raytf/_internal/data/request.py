@@ -55,3 +55,19 @@ def check_request(request: ShardRequest) -> None:
                 f"raytf.get_dataset_shard({request.name!r}): features must be a column name or a "
                 f"non-empty list of them, got {request.features!r}"
             )
+
+
+class KeptShardLost(Exception):
+    """The object holding a kept shard, or a planned shard's block, is gone (its node went away):
+    a loss, retried with a new split."""
+
+
+def check_rows(dataset: str, rows: int, world_size: int) -> None:
+    """An empty shard is an error that says why, not a missing-column error further on."""
+    if rows > 0:
+        return
+    raise DatasetShardError(
+        f"raytf.get_dataset_shard({dataset!r}): a worker's shard has no rows: the dataset is empty, "
+        f"or has fewer rows than the {world_size} workers it is split across. Pass more data, fewer "
+        "workers, or leave it out of DataConfig(datasets_to_split=...) so every worker gets all of it"
+    )

@@ -16,13 +16,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from raytf._internal.data.request import Features, ShardRequest, check_request  # noqa: F401 - named here too
+from raytf._internal.data.planned import PlannedShard
+from raytf._internal.data.request import (  # noqa: F401 - named here too
+    Features, KeptShardLost, ShardRequest, check_request, check_rows,
+)
 from raytf.errors import DatasetShardError
 
 logger = logging.getLogger(__name__)
-
-class KeptShardLost(Exception):
-    """The object holding a kept shard is gone (its node went away): a loss, retried with a new split."""
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,6 @@ class KeptShard:
         except ray.exceptions.ObjectLostError as error:
             raise KeptShardLost(f"the kept copy of this worker's shard was lost: {error}") from None
 
-
-def check_rows(dataset: str, rows: int, world_size: int) -> None:
-    """An empty shard is an error that says why, not a missing-column error further on."""
-    if rows > 0:
-        return
-    raise DatasetShardError(
-        f"raytf.get_dataset_shard({dataset!r}): a worker's shard has no rows: the dataset is empty, "
-        f"or has fewer rows than the {world_size} workers it is split across. Pass more data, fewer "
-        "workers, or leave it out of DataConfig(datasets_to_split=...) so every worker gets all of it"
-    )
 
 def shuffle_seed(seed: Optional[int], name: str, world_rank: int, call: int) -> Optional[int]:
     """A per-worker, per-dataset shuffle seed derived from the user's seed, stable across runs."""
@@ -81,8 +71,12 @@ class ShardReader:
     """
 
     def __init__(self, datasets: Mapping[str, Any], world_rank: int, world_size: int,
-                 strategy: Callable[[], Any], first_epoch: int = 0):
+                 strategy: Callable[[], Any], first_epoch: int = 0,
+                 positions: Optional[Mapping[str, Any]] = None):
         self._datasets = dict(datasets)
+        self._positions = dict(positions or {})  # the resumed checkpoint's record of each planned dataset
+        self._blocks: dict[str, Any] = {}  # planned datasets' blocks, read once (data/planned.py)
+        self.cursors: dict[str, Any] = {}  # name -> the Cursor of its planned shard's passes
         self._world_rank = world_rank
         self._world_size = world_size
         self._strategy = strategy  # called only when the workers must agree on a shard's rows
@@ -143,6 +137,8 @@ class ShardReader:
         self._calls[name] = call + 1
         seed_here = shuffle_seed(seed, name, self._world_rank, call)
         iterator = self._datasets[name]
+        if isinstance(iterator, PlannedShard):
+            return self._planned(request, iterator, cache)
         kept = isinstance(iterator, KeptShard)
         if not cache and not kept:
             schema = iterator.schema()
@@ -169,3 +165,25 @@ class ShardReader:
                 "lower batch_size or pass more data"
             )
         return tfdata.dataset_from_arrays(arrays, request, rows, seed_here, first_epoch=self._first_epoch)
+
+    def _planned(self, request: ShardRequest, shard: PlannedShard, cache: bool) -> Any:
+        """A planned shard (data/planned.py): this rank's rows by the group's position. A second
+        call for the same dataset and batches (one call per epoch, as Ray Train's examples make)
+        goes on from the passes the first one planned."""
+        from raytf._internal.data import planned
+        from raytf._internal.data import position as _position
+
+        name = request.name
+        if name not in self._blocks:
+            self._blocks[name] = planned.Blocks(shard)
+        blocks = self._blocks[name]
+        seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
+        start, seed = planned.resume_point(name, self._positions.get(name), blocks.rows, self._first_epoch, seed,
+                                           request.shuffle)
+        cursor = self.cursors.get(name)
+        if cursor is None or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
+                request.shuffle, request.batch_size, request.drop_remainder, start):
+            cursor = planned.Cursor(name, blocks.rows, start, seed, request.shuffle, self._world_rank,
+                                    self._world_size, request.batch_size, request.drop_remainder)
+            self.cursors[name] = cursor
+        return planned.planned_dataset(blocks, cursor, request, cache)

@@ -21,6 +21,8 @@ from raytf._internal.checkpoint import memory as _memory
 from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name
 from raytf._internal.checkpoint.saver import CheckpointSaver
+from raytf._internal.background import Background
+from raytf._internal.data.planned import positions_at
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import (
     HISTORY_KEYS, CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
@@ -65,18 +67,20 @@ class WorkerSession:
         self._restored: Any = None  # the checkpoint get_checkpoint hands out, once decided
         # This node's copy of the checkpoint resumed from is checked (every file's CRC32) from the
         # start, while train_fn builds its model, so that get_checkpoint rarely waits for it.
-        self._copy_check = _Background(self._memory_copy) if restore_from_memory and resume.path else None
+        self._copy_check = Background(self._memory_copy, "raytf-check-copy") if restore_from_memory and resume.path else None
         self._upload = CheckpointUpload(upload)
         self._uploads = Uploads()  # CheckpointUpload.ASYNC: the checkpoint on its way to storage
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
         # checkpoint's, so a resumed run sees the orders a run without a failure saw.
         self.first_epoch = self._saver.last_saved["epoch"] + 1
         self._shards = ShardReader(datasets or {}, context.world_rank, context.world_size,
-                                   lambda: self.strategy, self.first_epoch)
+                                   lambda: self.strategy, self.first_epoch,
+                                   resume.entry.data if resume.entry is not None else None)
         # The run's last completed epoch as raytf.keras.ReportCallback numbers them,
         # across every model.fit call and from the resumed checkpoint on.
         self.keras_epoch = self._saver.last_saved["epoch"]
         self._split = frozenset(split)  # names of the datasets split across the workers
+        self.exact_resume = False  # the training loop resumes a planned shard in mid-epoch (raytf.keras.fit)
         self._progress: dict[str, Any] = {}  # fields of Progress, as last noted
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
@@ -230,6 +234,10 @@ class WorkerSession:
                     f"carries {', '.join(HISTORY_KEYS)}); rename the metric, e.g. to 'my_{key}'"
                 )
             clean[key] = to_plain(value, key)
+        # Where each planned dataset stands (data/planned.py), for the checkpoint to record.
+        data = None if checkpoint is None else positions_at(
+            self._shards.cursors, clean.get("epoch"), self._progress.get("epoch"), self._progress.get("step") or 0,
+            self.exact_resume)
         epoch, step = clean.get("epoch"), clean.get("step")
         if isinstance(epoch, int) and not isinstance(epoch, bool):  # the epoch ended: the next is in progress
             self._progress.update(epoch=epoch + 1, step=0)
@@ -239,7 +247,7 @@ class WorkerSession:
         mode = self._upload if upload is None else CheckpointUpload(upload)
         uploaded, part, snapshot = None, None, None
         if ranks == "all" and mode is CheckpointUpload.ASYNC:
-            self._report_part_async(clean, checkpoint)
+            self._report_part_async(clean, checkpoint, data)
             return
         if ranks == "all":  # collective: every rank's share goes to the driver, which merges them
             parties = 1 if self.parameter_server is not None else self.context.world_size
@@ -255,7 +263,7 @@ class WorkerSession:
         with self._lock:
             report = Report(rank=self.context.world_rank, seq=self._seq, metrics=clean, time=time.time(),
                             attempt=self.context.attempt, checkpoint=uploaded, part=part,
-                            stage=ReportStage.PENDING if snapshot is not None else None)
+                            stage=ReportStage.PENDING if snapshot is not None else None, data=data)
             self._seq += 1
             if uploaded is not None or part is not None:
                 done = self._acks[report.seq] = threading.Event()
@@ -270,7 +278,7 @@ class WorkerSession:
             if error is not None:
                 raise CheckpointError(f"raytf.report: the checkpoint was not committed: {error}")
 
-    def _report_part_async(self, metrics: dict[str, Any], checkpoint: Any) -> None:
+    def _report_part_async(self, metrics: dict[str, Any], checkpoint: Any, data: Optional[dict[str, Any]]) -> None:
         """A collective report (``ranks="all"``), asynchronously: a rank with a due checkpoint
         snapshots its share, reports the metrics at once (PENDING) and uploads its share in the
         background, which then reaches the driver as its part of the round (UPLOADED) and waits
@@ -286,7 +294,7 @@ class WorkerSession:
         part = CheckpointPart(round_, parties, seq)
         with self._lock:  # the metrics first (rank 0's are the history, in the order they were made)
             report = Report(rank=self.context.world_rank, seq=self._seq, metrics=metrics, time=time.time(),
-                            attempt=self.context.attempt, stage=ReportStage.PENDING)
+                            attempt=self.context.attempt, stage=ReportStage.PENDING, data=data)
             self._seq += 1
         self._sink(report)
         if directory is None:  # this rank's (empty) share of the round, at once
@@ -335,29 +343,6 @@ class WorkerSession:
         an earlier one was not). ``train_fn``'s end calls it: a run ends once its last checkpoint is."""
         self._uploads.wait()
         self._uploads.raise_failure()
-
-
-class _Background:
-    """``function()`` run in a thread from now; :meth:`result` waits for it (and raises its error)."""
-
-    def __init__(self, function: Callable[[], Any]):
-        self._outcome: list = []
-
-        def run() -> None:
-            try:
-                self._outcome.append((function(), None))
-            except Exception as error:  # noqa: BLE001 - raised in the caller of result()
-                self._outcome.append((None, error))
-
-        self._thread = threading.Thread(target=run, name="raytf-check-copy", daemon=True)
-        self._thread.start()
-
-    def result(self) -> Any:
-        self._thread.join()
-        value, error = self._outcome[0]
-        if error is not None:
-            raise error
-        return value
 
 
 def to_plain(value: Any, name: str) -> Any:

@@ -1,0 +1,239 @@
+"""Split datasets read by position: every row of an epoch trained exactly once, whatever
+happens to the group.
+
+With ``DataConfig(exactly_once=True)`` (the default) the driver materializes each split
+dataset once per run, in order, into Ray's object store (driver/plans.py) and hands every
+rank a :class:`PlannedShard`: the blocks, and the run's data seed. A rank reads the blocks
+(zero-copy on their node) and trains, each pass, the rows its :class:`~raytf._internal.data.position.Position`
+gives it (position.py): the rest of an interrupted epoch first, cut over this group, then
+whole epochs. Each checkpoint raytf commits records every split dataset's position
+(:meth:`Cursor.position_after`), so a restart, of any size and on any nodes, trains what
+the interrupted epoch has not trained, once.
+
+Two tf.data pipelines, as for streamed shards (tfdata.py): ``cache=True`` gathers a pass's
+rows into one array per column when the pass starts (one Python call per pass) and slices
+batches from them; ``cache=False`` gathers them a stack of batches at a time, so a worker
+never holds more than a few dozen batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from raytf._internal.data import position as _position
+from raytf._internal.data.request import KeptShardLost, ShardRequest, check_rows
+from raytf._internal.data.tfdata import _STACK_BATCHES, _finish, stack_column
+from raytf.errors import DatasetShardError
+
+logger = logging.getLogger(__name__)
+
+_PLANNED_MARK = "_raytf_planned"  # on a planned shard's tf.data: the Cursor behind it
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """A split dataset as every rank of an attempt gets it: the materialized blocks, in order."""
+
+    name: str
+    blocks: tuple  # ObjectRefs of Ray Data blocks, owned by the driver
+    seed: int  # the run's data seed: orders the epochs of a shuffle without a seed of its own
+
+
+class Blocks:
+    """A materialized dataset's columns, block by block, as read on this worker."""
+
+    def __init__(self, shard: PlannedShard):
+        import ray
+        from ray.data.block import BlockAccessor
+
+        try:
+            tables = ray.get(list(shard.blocks))  # zero-copy where the block is on this node
+        except ray.exceptions.ObjectLostError as error:
+            raise KeptShardLost(f"a block of dataset {shard.name!r} was lost: {error}") from None
+        self.columns: list[dict[str, np.ndarray]] = []
+        for table in tables:
+            accessor = BlockAccessor.for_block(table)
+            if accessor.num_rows() == 0:
+                continue
+            arrays = accessor.to_numpy()
+            if not isinstance(arrays, dict):
+                arrays = {"data": arrays}
+            self.columns.append({c: stack_column(c, shard.name, v) for c, v in arrays.items()})
+        lengths = [len(next(iter(b.values()))) for b in self.columns]
+        self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.rows = int(self.starts[-1])
+        self.names = list(self.columns[0]) if self.columns else []
+
+    def gather(self, rows: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
+        """The given rows (indices into the dataset) of ``columns``, in that order."""
+        out = {c: np.empty((len(rows), *self.columns[0][c].shape[1:]), self.columns[0][c].dtype) for c in columns}
+        which = np.searchsorted(self.starts, rows, side="right") - 1
+        for block in np.unique(which):
+            here = np.nonzero(which == block)[0]
+            offsets = rows[here] - self.starts[block]
+            for c in columns:
+                out[c][here] = self.columns[block][c][offsets]
+        return out
+
+
+class Cursor:
+    """One rank's passes over a planned shard, and where the group stands in them."""
+
+    def __init__(self, name: str, rows: int, start: _position.Position, seed: int, shuffle: bool,
+                 world_rank: int, world_size: int, batch: int, drop_remainder: bool):
+        self.name, self.rows, self.start, self.seed, self.shuffle = name, rows, start, seed, shuffle
+        self.world_rank, self.world_size, self.batch, self.drop = world_rank, world_size, batch, drop_remainder
+        self._passes = 0
+        self._lock = threading.Lock()
+
+    def epoch_start(self, epoch: int) -> _position.Position:
+        """Where the group started ``epoch`` in this attempt."""
+        return self.start if epoch == self.start.epoch else _position.Position.fresh(epoch, self.rows)
+
+    def steps(self, epoch: int) -> int:
+        """The steps each rank takes in ``epoch`` (what is left of it, for the one resumed)."""
+        runs = _position.cut(self.epoch_start(epoch).remaining, self.world_size)
+        return _position.steps([sum(e - s for s, e in r) for r in runs], self.batch, self.drop)
+
+    def full_steps(self) -> int:
+        """The steps each rank takes in a whole epoch."""
+        return self.steps(self.start.epoch + 1)
+
+    def next_pass(self) -> _position.Pass:
+        with self._lock:
+            epoch = self.start.epoch + self._passes
+            self._passes += 1
+        return _position.plan_pass(self.epoch_start(epoch), self.rows, self.shuffle, self.seed, self.world_rank,
+                                   self.world_size, self.batch, self.drop)
+
+    def position_after(self, epoch: int, done: int) -> _position.Position:
+        """The group's position once it trained ``done`` steps of ``epoch``."""
+        return _position.advance(self.epoch_start(epoch), self.rows, self.world_size, self.batch, self.drop, done)
+
+    def record(self, position: _position.Position) -> dict[str, Any]:
+        return {**position.to_json(), "rows": self.rows, "seed": self.seed, "shuffle": self.shuffle}
+
+
+def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], step: int, exact: bool,
+                 ) -> Optional[dict[str, Any]]:
+    """Each planned dataset's record for a checkpoint: ``done`` is the report's ``epoch`` metric
+    (the last epoch completed); ``epoch`` and ``step`` the epoch in progress and the steps of its
+    pass done, as the training loop noted them. A checkpoint at an epoch's end records the next
+    epoch whole. One in mid-epoch (a preemption, ``every_n_steps``) records the rest of that
+    epoch when the loop resumes from it exactly (``exact``: ``raytf.keras.fit``, which runs the
+    rest as its first epoch); for any other loop (tf-keras's own ``model.fit`` restarts the
+    interrupted epoch, a custom loop skips what it counts) the start of the epoch's pass."""
+    if not cursors:
+        return None
+    done = done if isinstance(done, int) and not isinstance(done, bool) else None
+    records = {}
+    for name, cursor in cursors.items():
+        if epoch is not None and (done is None or epoch == done + 1):
+            position = cursor.position_after(epoch, step if exact else 0)
+        elif done is not None:
+            position = _position.Position.fresh(done + 1, cursor.rows)
+        else:
+            continue
+        records[name] = cursor.record(position)
+    return records
+
+
+def resume_point(name: str, recorded: Any, rows: int, first_epoch: int, seed: int, shuffle: bool,
+                 ) -> tuple[_position.Position, int]:
+    """(where this attempt starts, the seed of the orders) from the checkpoint's record of
+    ``name``, or a fresh ``first_epoch`` when there is none or it does not fit this dataset."""
+    if recorded is None:
+        return _position.Position.fresh(first_epoch, rows), seed
+    try:
+        if recorded.get("rows") != rows:
+            raise ValueError(f"it was recorded for {recorded.get('rows')} rows, the dataset has {rows}")
+        if bool(recorded.get("shuffle")) != shuffle:
+            raise ValueError(f"it was recorded with shuffle={bool(recorded.get('shuffle'))}")
+        position = _position.Position.from_json(recorded, rows)
+        recorded_seed = int(recorded["seed"])
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        logger.warning("dataset %r: the checkpoint's data position is not usable (%s); epoch %d starts over",
+                       name, error, first_epoch)
+        return _position.Position.fresh(first_epoch, rows), seed
+    return position, recorded_seed
+
+
+def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache: bool) -> Any:
+    """This rank's tf.data over a planned shard: one pass per iteration, as ``cursor`` plans them."""
+    import tensorflow as tf
+
+    if blocks.rows == 0:
+        check_rows(request.name, 0, cursor.world_size)
+    features, label = request.columns(blocks.names)
+    needed = features + ([label] if label is not None else [])
+    first = blocks.columns[0]
+    specs = {c: (tf.as_dtype(first[c].dtype) if first[c].dtype != object else tf.string, first[c].shape[1:])
+             for c in needed}
+    full = cursor.full_steps()
+    share = blocks.rows // cursor.world_size
+    if share < request.batch_size:
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({request.name!r}): batch_size={request.batch_size} is larger than the "
+            f"worker's shard ({share} rows, the smallest across {cursor.world_size} workers); lower batch_size or "
+            "pass more data"
+        )
+    single = isinstance(request.features, str)
+
+    def split(columns: dict[str, Any]) -> Any:
+        x = columns[features[0]] if single else {c: columns[c] for c in features}
+        return x if label is None else (x, columns[label])
+
+    if cache:
+        def pass_columns() -> list:
+            planned = cursor.next_pass()
+            columns = blocks.gather(planned.rows, needed)
+            return [columns[c] for c in needed] + [planned.bounds]
+
+        def one_pass(_: Any) -> Any:
+            out = tf.py_function(pass_columns, [], Tout=[specs[c][0] for c in needed] + [tf.int64])
+            columns = {c: tf.ensure_shape(t, (None, *specs[c][1])) for c, t in zip(needed, out)}
+            bounds = tf.ensure_shape(out[-1], (None,))
+            count = tf.size(bounds, out_type=tf.int64) - 1
+            batch_dim = request.batch_size if request.drop_remainder else None
+            return tf.data.Dataset.range(count).map(lambda i: split({
+                c: tf.ensure_shape(v[bounds[i]:bounds[i + 1]], (batch_dim, *specs[c][1])) for c, v in columns.items()}))
+
+        dataset = tf.data.Dataset.range(1).flat_map(one_pass)
+    else:
+        def stacks() -> Iterator[dict[str, np.ndarray]]:
+            planned = cursor.next_pass()
+            b, bounds = request.batch_size, planned.bounds
+            full_batches = planned.steps if planned.steps == 0 or bounds[-1] - bounds[-2] == b else planned.steps - 1
+            for first_batch in range(0, full_batches, _STACK_BATCHES):
+                last = min(full_batches, first_batch + _STACK_BATCHES)
+                columns = blocks.gather(planned.rows[bounds[first_batch]:bounds[last]], needed)
+                yield {c: v.reshape(last - first_batch, b, *v.shape[1:]) for c, v in columns.items()}
+            if full_batches < planned.steps:
+                columns = blocks.gather(planned.rows[bounds[-2]:bounds[-1]], needed)
+                yield {c: v[None] for c, v in columns.items()}
+
+        batch_dim = request.batch_size if request.drop_remainder else None
+        signature = {c: tf.TensorSpec((None, batch_dim, *shape), dtype) for c, (dtype, shape) in specs.items()}
+        dataset = tf.data.Dataset.from_generator(stacks, output_signature=signature).unbatch().map(split)
+    if cursor.start.remaining == _position.Position.fresh(cursor.start.epoch, cursor.rows).remaining:
+        # Every pass is a whole epoch: Keras can count steps and size its progress without a pass.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(full))
+    dataset = _finish(dataset.prefetch(tf.data.AUTOTUNE))
+    setattr(dataset, _PLANNED_MARK, cursor)
+    return dataset
+
+
+def cursor_of(dataset: Any) -> Optional[Cursor]:
+    """The cursor of the planned shard ``dataset`` is (or is made from), if any."""
+    from raytf._internal.worker.strategy import lineage
+
+    for current in lineage(dataset):
+        cursor = getattr(current, _PLANNED_MARK, None)
+        if cursor is not None:
+            return cursor
+    return None

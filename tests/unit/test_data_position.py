@@ -1,0 +1,75 @@
+"""Data positions (raytf/_internal/data/position.py): an epoch interrupted and resumed by groups
+of any size trains every row exactly once."""
+
+import numpy as np
+import pytest
+
+from raytf._internal.data import position as P
+
+pytestmark = pytest.mark.unit
+
+
+def _train(start, rows, world, batch, drop, done, shuffle=True, seed=7):
+    """The rows each rank trains in ``done`` steps from ``start`` (all of the pass if None)."""
+    passes = [P.plan_pass(start, rows, shuffle, seed, r, world, batch, drop) for r in range(world)]
+    counts = {p.steps for p in passes}
+    assert len(counts) == 1, f"ranks would take different numbers of steps: {counts}"
+    steps = counts.pop() if done is None else done
+    used = []
+    for p in passes:
+        for i in range(steps):
+            batch_rows = p.rows[p.bounds[i]:p.bounds[i + 1]]
+            assert len(batch_rows) <= batch + (0 if drop else 1)
+            used.extend(batch_rows.tolist())
+    return used, steps
+
+
+@pytest.mark.parametrize("rows,batch", [(1000, 16), (997, 10), (64, 8), (7, 4), (5, 1)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_epoch_interrupted_by_resizes_trains_every_row_once(rows, batch, shuffle):
+    rng = np.random.default_rng(rows * batch)
+    for trial in range(20):
+        position = P.Position.fresh(3, rows)
+        seen = []
+        while position.epoch == 3:
+            world = int(rng.integers(1, 6))
+            _, whole = _train(position, rows, world, batch, False, None, shuffle, 11)
+            # Train part of the rest with this group (a kill, a preemption, a resize), or all of it.
+            done = int(rng.integers(0, whole + 1)) if trial % 3 else whole
+            used, _ = _train(position, rows, world, batch, False, done, shuffle, 11)
+            seen.extend(used)
+            after = P.advance(position, rows, world, batch, False, done)
+            assert after.rows_left == (rows if after.epoch == 4 else position.rows_left - len(used))
+            position = after
+        assert sorted(seen) == list(range(rows))
+        assert position == P.Position.fresh(4, rows)
+
+
+def test_drop_remainder_trains_full_batches_and_drops_fewer_than_one_global_batch():
+    used, steps = _train(P.Position.fresh(0, 103), 103, 3, 8, True, None)
+    assert steps == 4 and len(used) == 96 and len(set(used)) == 96
+    assert P.advance(P.Position.fresh(0, 103), 103, 3, 8, True, steps) == P.Position.fresh(1, 103)
+
+
+def test_a_seeded_epoch_order_is_the_same_in_every_attempt_and_differs_by_epoch():
+    a = P.order(100, True, P.dataset_seed(5, "train"), 2)
+    assert np.array_equal(a, P.order(100, True, P.dataset_seed(5, "train"), 2))
+    assert not np.array_equal(a, P.order(100, True, P.dataset_seed(5, "train"), 3))
+    assert not np.array_equal(a, P.order(100, True, P.dataset_seed(5, "eval"), 2))
+    assert np.array_equal(P.order(5, False, 0, 9), np.arange(5))
+
+
+def test_fewer_rows_left_than_ranks_gives_some_ranks_an_empty_last_batch():
+    start = P.Position(0, ((10, 12),))
+    passes = [P.plan_pass(start, 12, False, 0, r, 4, 8, False) for r in range(4)]
+    assert [p.steps for p in passes] == [1, 1, 1, 1]
+    assert [len(p.rows) for p in passes] == [1, 1, 0, 0]
+
+
+def test_positions_round_trip_and_refuse_what_does_not_fit():
+    position = P.Position(2, ((0, 5), (9, 20)))
+    assert P.Position.from_json(position.to_json(), 20) == position
+    with pytest.raises(ValueError, match="does not fit"):
+        P.Position.from_json(position.to_json(), 15)
+    with pytest.raises(ValueError, match="not a data position"):
+        P.Position.from_json({"remaining": []}, 15)
