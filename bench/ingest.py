@@ -76,7 +76,7 @@ def main() -> None:
 
     def planned_pass(cache: bool, shuffle: bool):
         """Rank 0 of 1's planned shard, from epoch 0."""
-        cursor = planned.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows), 7, shuffle, 0, 1,
+        cursor = planned.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows, 1), 7, shuffle, 0, 1,
                                 args.batch_size, True)
         return planned.planned_dataset(blocks, cursor, dataclasses.replace(request, shuffle=shuffle), cache)
 

@@ -177,7 +177,8 @@ def fit(
     model.stop_training = False
     logs: dict[str, Any] = {}
     state = current("keras.fit")
-    state.exact_resume = True  # it runs an interrupted epoch's rest as its first epoch
+    if cursor is not None:
+        state.exact_resume.add(cursor.name)  # it runs an interrupted epoch's rest as its first epoch
     callback_list.on_train_begin()
     epoch_steps = first_steps
     for epoch in range(initial_epoch, epochs):

@@ -10,10 +10,13 @@ whole epochs. Each checkpoint raytf commits records every split dataset's positi
 (:meth:`Cursor.position_after`), so a restart, of any size and on any nodes, trains what
 the interrupted epoch has not trained, once.
 
-Two tf.data pipelines, as for streamed shards (tfdata.py): ``cache=True`` gathers a pass's
-rows into one array per column when the pass starts (one Python call per pass) and slices
-batches from them; ``cache=False`` gathers them a stack of batches at a time, so a worker
-never holds more than a few dozen batches.
+Two tf.data pipelines, as for streamed shards (tfdata.py). ``cache=True``: a group that keeps
+its size trains the same run of rows on each rank every epoch (position.py), so the rank
+converts its run to tensors once, and every batch is one ``tf.gather`` per column by the
+epoch's order (one Python call per pass, none per batch); the rest of an interrupted epoch,
+whose rows come from other ranks' runs, is gathered from the blocks for that pass alone.
+``cache=False`` gathers a pass a stack of batches at a time, so a worker never holds more than
+a few dozen batches.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional
 
 import numpy as np
 
@@ -93,11 +96,11 @@ class Cursor:
 
     def epoch_start(self, epoch: int) -> _position.Position:
         """Where the group started ``epoch`` in this attempt."""
-        return self.start if epoch == self.start.epoch else _position.Position.fresh(epoch, self.rows)
+        return self.start if epoch == self.start.epoch else _position.Position.fresh(epoch, self.rows, self.world_size)
 
     def steps(self, epoch: int) -> int:
         """The steps each rank takes in ``epoch`` (what is left of it, for the one resumed)."""
-        runs = _position.cut(self.epoch_start(epoch).remaining, self.world_size)
+        runs = _position.runs_of(self.epoch_start(epoch).remaining, self.world_size)
         return _position.steps([sum(e - s for s, e in r) for r in runs], self.batch, self.drop)
 
     def full_steps(self) -> int:
@@ -119,24 +122,25 @@ class Cursor:
         return {**position.to_json(), "rows": self.rows, "seed": self.seed, "shuffle": self.shuffle}
 
 
-def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], step: int, exact: bool,
+def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], step: int, exact: Collection[str],
                  ) -> Optional[dict[str, Any]]:
     """Each planned dataset's record for a checkpoint: ``done`` is the report's ``epoch`` metric
     (the last epoch completed); ``epoch`` and ``step`` the epoch in progress and the steps of its
     pass done, as the training loop noted them. A checkpoint at an epoch's end records the next
     epoch whole. One in mid-epoch (a preemption, ``every_n_steps``) records the rest of that
-    epoch when the loop resumes from it exactly (``exact``: ``raytf.keras.fit``, which runs the
-    rest as its first epoch); for any other loop (tf-keras's own ``model.fit`` restarts the
-    interrupted epoch, a custom loop skips what it counts) the start of the epoch's pass."""
+    epoch for the datasets the loop trains and resumes exactly (``exact``: ``raytf.keras.fit``'s
+    training data, whose rest it runs as its first epoch); for any other dataset (validation
+    data) or loop (tf-keras's own ``model.fit`` restarts the interrupted epoch, a custom loop
+    skips what it counts), the start of the epoch's pass."""
     if not cursors:
         return None
     done = done if isinstance(done, int) and not isinstance(done, bool) else None
     records = {}
     for name, cursor in cursors.items():
         if epoch is not None and (done is None or epoch == done + 1):
-            position = cursor.position_after(epoch, step if exact else 0)
+            position = cursor.position_after(epoch, step if name in exact else 0)
         elif done is not None:
-            position = _position.Position.fresh(done + 1, cursor.rows)
+            position = _position.Position.fresh(done + 1, cursor.rows, cursor.world_size)
         else:
             continue
         records[name] = cursor.record(position)
@@ -144,11 +148,11 @@ def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], st
 
 
 def resume_point(name: str, recorded: Any, rows: int, first_epoch: int, seed: int, shuffle: bool,
-                 ) -> tuple[_position.Position, int]:
+                 world_size: int) -> tuple[_position.Position, int]:
     """(where this attempt starts, the seed of the orders) from the checkpoint's record of
     ``name``, or a fresh ``first_epoch`` when there is none or it does not fit this dataset."""
     if recorded is None:
-        return _position.Position.fresh(first_epoch, rows), seed
+        return _position.Position.fresh(first_epoch, rows, world_size), seed
     try:
         if recorded.get("rows") != rows:
             raise ValueError(f"it was recorded for {recorded.get('rows')} rows, the dataset has {rows}")
@@ -159,7 +163,9 @@ def resume_point(name: str, recorded: Any, rows: int, first_epoch: int, seed: in
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         logger.warning("dataset %r: the checkpoint's data position is not usable (%s); epoch %d starts over",
                        name, error, first_epoch)
-        return _position.Position.fresh(first_epoch, rows), seed
+        return _position.Position.fresh(first_epoch, rows, world_size), seed
+    if position.is_fresh(rows):  # a whole epoch: cut for this group
+        position = _position.Position.fresh(position.epoch, rows, world_size)
     return position, recorded_seed
 
 
@@ -189,19 +195,31 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
         return x if label is None else (x, columns[label])
 
     if cache:
+        held: dict[str, Any] = {}  # the rank's run of rows as tensors, for every whole epoch cut for this group
+
         def pass_columns() -> list:
+            """A pass's columns, the order to take their rows in, and the batches' bounds."""
             planned = cursor.next_pass()
-            columns = blocks.gather(planned.rows, needed)
-            return [columns[c] for c in needed] + [planned.bounds]
+            if planned.local is None:  # the rest of an interrupted epoch: this pass's rows, gathered
+                columns = blocks.gather(planned.rows, needed)
+                return [columns[c] for c in needed] + [np.arange(len(planned.rows)), planned.bounds]
+            start, end = planned.local
+            if held.get("run") != planned.local:
+                columns = blocks.gather(np.arange(start, end), needed)
+                with tf.device("/cpu:0"):
+                    held["tensors"] = [tf.convert_to_tensor(columns[c]) for c in needed]
+                held["run"] = planned.local
+            return held["tensors"] + [planned.rows - start, planned.bounds]
 
         def one_pass(_: Any) -> Any:
-            out = tf.py_function(pass_columns, [], Tout=[specs[c][0] for c in needed] + [tf.int64])
+            out = tf.py_function(pass_columns, [], Tout=[specs[c][0] for c in needed] + [tf.int64, tf.int64])
             columns = {c: tf.ensure_shape(t, (None, *specs[c][1])) for c, t in zip(needed, out)}
-            bounds = tf.ensure_shape(out[-1], (None,))
+            take, bounds = tf.ensure_shape(out[-2], (None,)), tf.ensure_shape(out[-1], (None,))
             count = tf.size(bounds, out_type=tf.int64) - 1
             batch_dim = request.batch_size if request.drop_remainder else None
             return tf.data.Dataset.range(count).map(lambda i: split({
-                c: tf.ensure_shape(v[bounds[i]:bounds[i + 1]], (batch_dim, *specs[c][1])) for c, v in columns.items()}))
+                c: tf.ensure_shape(tf.gather(v, take[bounds[i]:bounds[i + 1]]), (batch_dim, *specs[c][1]))
+                for c, v in columns.items()}))
 
         dataset = tf.data.Dataset.range(1).flat_map(one_pass)
     else:
@@ -220,7 +238,7 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
         batch_dim = request.batch_size if request.drop_remainder else None
         signature = {c: tf.TensorSpec((None, batch_dim, *shape), dtype) for c, (dtype, shape) in specs.items()}
         dataset = tf.data.Dataset.from_generator(stacks, output_signature=signature).unbatch().map(split)
-    if cursor.start.remaining == _position.Position.fresh(cursor.start.epoch, cursor.rows).remaining:
+    if cursor.start.is_fresh(cursor.rows):
         # Every pass is a whole epoch: Keras can count steps and size its progress without a pass.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(full))
     dataset = _finish(dataset.prefetch(tf.data.AUTOTUNE))

@@ -179,7 +179,7 @@ class ShardReader:
         blocks = self._blocks[name]
         seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
         start, seed = planned.resume_point(name, self._positions.get(name), blocks.rows, self._first_epoch, seed,
-                                           request.shuffle)
+                                           request.shuffle, self._world_size)
         cursor = self.cursors.get(name)
         if cursor is None or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
                 request.shuffle, request.batch_size, request.drop_remainder, start):

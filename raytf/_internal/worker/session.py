@@ -80,7 +80,7 @@ class WorkerSession:
         # across every model.fit call and from the resumed checkpoint on.
         self.keras_epoch = self._saver.last_saved["epoch"]
         self._split = frozenset(split)  # names of the datasets split across the workers
-        self.exact_resume = False  # the training loop resumes a planned shard in mid-epoch (raytf.keras.fit)
+        self.exact_resume: set[str] = set()  # planned shards the loop resumes in mid-epoch (raytf.keras.fit's)
         self._progress: dict[str, Any] = {}  # fields of Progress, as last noted
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
