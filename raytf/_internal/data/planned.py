@@ -44,44 +44,57 @@ class PlannedShard:
 
     name: str
     blocks: tuple  # ObjectRefs of Ray Data blocks, owned by the driver
+    block_rows: tuple[int, ...]  # each block's row count
     seed: int  # the run's data seed: orders the epochs of a shuffle without a seed of its own
 
 
 class Blocks:
-    """A materialized dataset's columns, block by block, as read on this worker."""
+    """A materialized dataset's columns, block by block, read on this worker as its passes need
+    them (zero-copy from the object store where the block is on this node)."""
 
     def __init__(self, shard: PlannedShard):
-        import ray
-        from ray.data.block import BlockAccessor
+        self._shard = shard
+        self._read: dict[int, dict[str, np.ndarray]] = {}
+        self.starts = np.concatenate([[0], np.cumsum(shard.block_rows)]).astype(np.int64)
+        self.rows = int(self.starts[-1])
+        first = next((i for i, n in enumerate(shard.block_rows) if n), None)
+        self.names = list(self.block(first)) if first is not None else []
 
-        try:
-            tables = ray.get(list(shard.blocks))  # zero-copy where the block is on this node
-        except ray.exceptions.ObjectLostError as error:
-            raise KeptShardLost(f"a block of dataset {shard.name!r} was lost: {error}") from None
-        self.columns: list[dict[str, np.ndarray]] = []
-        for table in tables:
-            accessor = BlockAccessor.for_block(table)
-            if accessor.num_rows() == 0:
-                continue
-            arrays = accessor.to_numpy()
+    def block(self, index: int) -> dict[str, np.ndarray]:
+        if index not in self._read:
+            import ray
+            from ray.data.block import BlockAccessor
+
+            try:
+                table = ray.get(self._shard.blocks[index])
+            except ray.exceptions.ObjectLostError as error:
+                raise KeptShardLost(f"a block of dataset {self._shard.name!r} was lost: {error}") from None
+            arrays = BlockAccessor.for_block(table).to_numpy()
             if not isinstance(arrays, dict):
                 arrays = {"data": arrays}
-            self.columns.append({c: stack_column(c, shard.name, v) for c, v in arrays.items()})
-        lengths = [len(next(iter(b.values()))) for b in self.columns]
-        self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self.rows = int(self.starts[-1])
-        self.names = list(self.columns[0]) if self.columns else []
+            self._read[index] = {c: stack_column(c, self._shard.name, v) for c, v in arrays.items()}
+        return self._read[index]
 
     def gather(self, rows: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
         """The given rows (indices into the dataset) of ``columns``, in that order."""
-        out = {c: np.empty((len(rows), *self.columns[0][c].shape[1:]), self.columns[0][c].dtype) for c in columns}
         which = np.searchsorted(self.starts, rows, side="right") - 1
-        for block in np.unique(which):
+        blocks = np.unique(which)
+        sample = self.block(int(blocks[0]) if len(blocks) else next(i for i in range(len(self.starts) - 1)
+                                                                       if self.starts[i + 1] > self.starts[i]))
+        out = {c: np.empty((len(rows), *sample[c].shape[1:]), sample[c].dtype) for c in columns}
+        for block in blocks:
             here = np.nonzero(which == block)[0]
             offsets = rows[here] - self.starts[block]
+            read = self.block(int(block))
             for c in columns:
-                out[c][here] = self.columns[block][c][offsets]
+                out[c][here] = read[c][offsets]
         return out
+
+    def spec(self, column: str) -> tuple[np.dtype, tuple[int, ...]]:
+        """A column's dtype and per-row shape."""
+        first = next(i for i in range(len(self.starts) - 1) if self.starts[i + 1] > self.starts[i])
+        values = self.block(first)[column]
+        return values.dtype, values.shape[1:]
 
 
 class Cursor:
@@ -177,9 +190,10 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
         check_rows(request.name, 0, cursor.world_size)
     features, label = request.columns(blocks.names)
     needed = features + ([label] if label is not None else [])
-    first = blocks.columns[0]
-    specs = {c: (tf.as_dtype(first[c].dtype) if first[c].dtype != object else tf.string, first[c].shape[1:])
-             for c in needed}
+    specs = {}
+    for c in needed:
+        dtype, shape = blocks.spec(c)
+        specs[c] = (tf.string if dtype == object else tf.as_dtype(dtype), shape)
     full = cursor.full_steps()
     share = blocks.rows // cursor.world_size
     if share < request.batch_size:

@@ -28,8 +28,11 @@ from raytf._internal.driver.members import GroupView
 logger = logging.getLogger(__name__)
 
 
-def materialize(dataset: Any) -> tuple:
-    """``dataset``'s blocks in order, in Ray's object store (owned by this process)."""
+def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...]]:
+    """``dataset``'s blocks in order, in Ray's object store (owned by this process), and each
+    one's row count (counted where the block is: nothing crosses to the driver)."""
+    import ray
+
     options = dataset.context.execution_options
     before = options.preserve_order
     options.preserve_order = True  # the same order in every driver, for a deterministic pipeline
@@ -37,7 +40,15 @@ def materialize(dataset: Any) -> tuple:
         materialized = dataset.materialize()
     finally:
         options.preserve_order = before
-    return tuple(materialized.to_arrow_refs())
+    blocks = tuple(materialized.to_arrow_refs())
+    count = ray.remote(num_cpus=0)(_block_rows)
+    return blocks, tuple(ray.get([count.remote(block) for block in blocks]))
+
+
+def _block_rows(block: Any) -> int:
+    from ray.data.block import BlockAccessor
+
+    return BlockAccessor.for_block(block).num_rows()
 
 
 class ExactData(GroupCallback):
@@ -47,14 +58,14 @@ class ExactData(GroupCallback):
         self._seed = secrets.randbits(62)  # orders unseeded shuffles; a checkpoint's positions keep theirs
         self._making = {name: Background(lambda d=datasets[name]: materialize(d), "raytf-materialize")
                         for name in sorted(split)}
-        self._blocks: dict[str, tuple] = {}
+        self._blocks: dict[str, tuple[tuple, tuple[int, ...]]] = {}  # name -> (blocks, their row counts)
 
     def kept_shards(self, group: GroupView) -> Mapping[str, Any]:
         for name, making in list(self._making.items()):
             self._blocks[name] = making.result()
             del self._making[name]
-        return {name: [PlannedShard(name, blocks, self._seed)] * group.num_workers
-                for name, blocks in self._blocks.items()}
+        return {name: [PlannedShard(name, blocks, rows, self._seed)] * group.num_workers
+                for name, (blocks, rows) in self._blocks.items()}
 
     def on_close(self, group: GroupView) -> None:
         self._blocks = {}
