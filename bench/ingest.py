@@ -72,7 +72,7 @@ def main() -> None:
     from raytf._internal.data import planned, position
     from raytf._internal.driver.plans import materialize
 
-    blocks = planned.Blocks(planned.PlannedShard("train", *materialize(dataset), 0))
+    blocks = planned.Blocks(planned.PlannedShard("train", *materialize(dataset), seed=0))
 
     def planned_pass(cache: bool, shuffle: bool):
         """Rank 0 of 1's planned shard, from epoch 0."""

@@ -44,6 +44,7 @@ from raytf.session import (
     strategy,
 )
 from raytf.trainer import Trainer
+from raytf import data  # noqa: F401 - raytf.data.read_tfrecords
 
 __all__ = [
     "Checkpoint",

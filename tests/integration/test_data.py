@@ -130,6 +130,34 @@ def test_training_from_parquet_files(cluster, tmp_path, no_leaks):
     assert {h["steps"] for h in result.history} == {1024 // 32}  # 2048 rows / 2 workers / batch 32
 
 
+def test_training_from_tfrecord_files_with_a_feature_spec(cluster, tmp_path, no_leaks):
+    """jobs/train_tfrecords.py's files and reader (raytf.data.read_tfrecords): tf.train.Examples parsed
+    by a FixedLenFeature spec into a tensor column, trained from with shuffled, streamed shards."""
+    import importlib.util
+    import pathlib
+
+    jobs = pathlib.Path(__file__).resolve().parents[2] / "jobs"
+    spec = importlib.util.spec_from_file_location("train_tfrecords", jobs / "train_tfrecords.py")
+    job = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.path.insert(0, str(jobs))
+    try:
+        spec.loader.exec_module(job)
+    finally:
+        sys.path.remove(str(jobs))
+    (tmp_path / "tfrecords").mkdir()
+    job.write_demo_tfrecords(str(tmp_path / "tfrecords"), files=2, rows=1024, dim=32, classes=4)
+    data = job.read(str(tmp_path / "tfrecords"), 32)
+    first = data.take_batch(2, batch_format="numpy")
+    assert first["x"].shape == (2, 32) and first["x"].dtype == np.float32 and first["y"].dtype == np.int64
+    result = fit(workloads.train_from_shards, tmp_path, "tfrecord", {"features": "x", "dim": 32, "cache": False},
+                 {"train": data})
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert {h["steps"] for h in result.history} == {1024 // 32}  # 2048 rows / 2 workers / batch 32
+
+
 def test_training_from_csv_streaming(cluster, tmp_path, no_leaks):
     import ray
 

@@ -14,6 +14,7 @@ RAY_MODULES = {
     "trainer.py",  # connects to Ray, and takes ray.data Datasets
     "launch.py",  # pickles the command for the workers
     "parameter_server.py",  # pickles train_fn, evaluate_fn and the partitioner for the actors
+    "data.py",  # read_tfrecords is Ray Data's, with a feature spec
     "_internal/driver/cluster.py",
     "_internal/driver/placement.py",
     "_internal/driver/actors.py",
@@ -21,7 +22,6 @@ RAY_MODULES = {
     "_internal/driver/shapes.py",  # a parameter-server chief's shard manifests, a placement error's figures
     "_internal/driver/warm.py",
     "_internal/driver/growth.py",  # the missing workers' placement group
-    "_internal/driver/plans.py",  # the blocks' row counts, counted where they are
     "_internal/driver/relay.py",  # an answer's Ray errors, read where the relay polls
     "_internal/driver/kept_shards.py",
     "_internal/data/shard.py",  # a kept shard is read with ray.get

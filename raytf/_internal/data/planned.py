@@ -44,7 +44,8 @@ class PlannedShard:
 
     name: str
     blocks: tuple  # ObjectRefs of Ray Data blocks, owned by the driver
-    block_rows: tuple[int, ...]  # each block's row count
+    block_rows: tuple[int, ...]  # the rows of each block the dataset uses
+    block_offsets: tuple[int, ...]  # where in its block they start
     seed: int  # the run's data seed: orders the epochs of a shuffle without a seed of its own
 
 
@@ -69,7 +70,12 @@ class Blocks:
                 table = ray.get(self._shard.blocks[index])
             except ray.exceptions.ObjectLostError as error:
                 raise KeptShardLost(f"a block of dataset {self._shard.name!r} was lost: {error}") from None
-            arrays = BlockAccessor.for_block(table).to_numpy()
+            start = self._shard.block_offsets[index]
+            end = start + self._shard.block_rows[index]
+            accessor = BlockAccessor.for_block(table)
+            if (start, end) != (0, accessor.num_rows()):
+                accessor = BlockAccessor.for_block(accessor.slice(start, end, copy=False))
+            arrays = accessor.to_numpy()
             if not isinstance(arrays, dict):
                 arrays = {"data": arrays}
             self._read[index] = {c: stack_column(c, self._shard.name, v) for c, v in arrays.items()}

@@ -28,11 +28,10 @@ from raytf._internal.driver.members import GroupView
 logger = logging.getLogger(__name__)
 
 
-def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...]]:
-    """``dataset``'s blocks in order, in Ray's object store (owned by this process), and each
-    one's row count (counted where the block is: nothing crosses to the driver)."""
-    import ray
-
+def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
+    """``dataset``'s blocks in order, in Ray's object store (owned by this process): their
+    references, the rows of each the dataset uses, and where in the block those start (a block
+    Ray Data shares with another dataset, after ``limit`` or a split, is used in part)."""
     options = dataset.context.execution_options
     before = options.preserve_order
     options.preserve_order = True  # the same order in every driver, for a deterministic pipeline
@@ -40,15 +39,18 @@ def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...]]:
         materialized = dataset.materialize()
     finally:
         options.preserve_order = before
-    blocks = tuple(materialized.to_arrow_refs())
-    count = ray.remote(num_cpus=0)(_block_rows)
-    return blocks, tuple(ray.get([count.remote(block) for block in blocks]))
-
-
-def _block_rows(block: Any) -> int:
-    from ray.data.block import BlockAccessor
-
-    return BlockAccessor.for_block(block).num_rows()
+    refs, rows, offsets = [], [], []
+    for bundle in materialized.iter_internal_ref_bundles():
+        slices = getattr(bundle, "slices", None) or (None,) * len(bundle.blocks)  # Ray < 2.60: whole blocks
+        for entry, part in zip(bundle.blocks, slices):
+            ref, metadata = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # Ray < 2.60: a pair
+            start, end = (0, metadata.num_rows) if part is None else (part.start_offset, part.end_offset)
+            if end is None:
+                raise RuntimeError(f"Ray Data did not record the row count of a block of {dataset}")
+            refs.append(ref)
+            rows.append(end - start)
+            offsets.append(start)
+    return tuple(refs), tuple(rows), tuple(offsets)
 
 
 class ExactData(GroupCallback):
@@ -58,14 +60,14 @@ class ExactData(GroupCallback):
         self._seed = secrets.randbits(62)  # orders unseeded shuffles; a checkpoint's positions keep theirs
         self._making = {name: Background(lambda d=datasets[name]: materialize(d), "raytf-materialize")
                         for name in sorted(split)}
-        self._blocks: dict[str, tuple[tuple, tuple[int, ...]]] = {}  # name -> (blocks, their row counts)
+        self._blocks: dict[str, tuple] = {}  # name -> (blocks, their rows used, where those start)
 
     def kept_shards(self, group: GroupView) -> Mapping[str, Any]:
         for name, making in list(self._making.items()):
             self._blocks[name] = making.result()
             del self._making[name]
-        return {name: [PlannedShard(name, blocks, rows, self._seed)] * group.num_workers
-                for name, (blocks, rows) in self._blocks.items()}
+        return {name: [PlannedShard(name, *blocks, seed=self._seed)] * group.num_workers
+                for name, blocks in self._blocks.items()}
 
     def on_close(self, group: GroupView) -> None:
         self._blocks = {}
