@@ -351,12 +351,12 @@ class DataConfig:
     every checkpoint raytf commits records where each one stands (a few
     integers); a restart after a kill or a preemption, on fewer or more
     workers, or from a new driver, trains the rest of the interrupted epoch,
-    spread over the new group, and then whole epochs. With ``shuffle=True``
-    each epoch is one permutation of the whole dataset (seeded by
+    spread over the new group, and then whole epochs. The group that starts
+    an epoch cuts the rows into one run per worker; with ``shuffle=True`` each
+    worker's run is permuted anew every epoch (seeded by
     ``get_dataset_shard(seed=...)``, else by a seed the run keeps in its
     checkpoints). The cost: the dataset stays in the object store for the run
-    (spilled to disk past it), and every node reads every block a shuffle
-    gives its workers. ``False``: ``streaming_split`` per attempt, as Ray
+    (spilled to disk past it). ``False``: ``streaming_split`` per attempt, as Ray
     Train does (no copy kept; a pipeline too large to materialize), where a
     resume in mid-epoch trains some rows twice and some never.
     """
