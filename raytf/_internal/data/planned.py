@@ -58,8 +58,8 @@ class Blocks:
         self._read: dict[int, dict[str, np.ndarray]] = {}
         self.starts = np.concatenate([[0], np.cumsum(shard.block_rows)]).astype(np.int64)
         self.rows = int(self.starts[-1])
-        first = next((i for i, n in enumerate(shard.block_rows) if n), None)
-        self.names = list(self.block(first)) if first is not None else []
+        self._first = next((i for i, n in enumerate(shard.block_rows) if n), None)  # a block with rows
+        self.names = list(self.block(self._first)) if self._first is not None else []
 
     def block(self, index: int) -> dict[str, np.ndarray]:
         if index not in self._read:
@@ -84,11 +84,8 @@ class Blocks:
     def gather(self, rows: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
         """The given rows (indices into the dataset) of ``columns``, in that order."""
         which = np.searchsorted(self.starts, rows, side="right") - 1
-        blocks = np.unique(which)
-        sample = self.block(int(blocks[0]) if len(blocks) else next(i for i in range(len(self.starts) - 1)
-                                                                       if self.starts[i + 1] > self.starts[i]))
-        out = {c: np.empty((len(rows), *sample[c].shape[1:]), sample[c].dtype) for c in columns}
-        for block in blocks:
+        out = {c: np.empty((len(rows), *self.spec(c)[1]), self.spec(c)[0]) for c in columns}
+        for block in np.unique(which):
             here = np.nonzero(which == block)[0]
             offsets = rows[here] - self.starts[block]
             read = self.block(int(block))
@@ -98,8 +95,7 @@ class Blocks:
 
     def spec(self, column: str) -> tuple[np.dtype, tuple[int, ...]]:
         """A column's dtype and per-row shape."""
-        first = next(i for i in range(len(self.starts) - 1) if self.starts[i + 1] > self.starts[i])
-        values = self.block(first)[column]
+        values = self.block(self._first)[column]
         return values.dtype, values.shape[1:]
 
 
