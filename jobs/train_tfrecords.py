@@ -1,5 +1,6 @@
 """Train a classifier from a directory of TFRecord files of ``tf.train.Example``, parsed by a
-TensorFlow feature spec (``raytf.data.read_tfrecords``).
+TensorFlow feature spec: read by each worker directly (``raytf.data.tfrecord_files``), or
+through Ray Data (``--reader ray-data``: ``raytf.data.read_tfrecords``).
 
     python jobs/train_tfrecords.py --data /path/to/tfrecords --dim 784
     python jobs/train_tfrecords.py                      # writes a generated directory first
@@ -8,7 +9,8 @@ Each Example holds ``x`` (``--dim`` floats) and ``y`` (an int64 class id), read 
 ``{"x": tf.io.FixedLenFeature([dim], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}``.
 With no --data, the job first writes 4 files of generated rows to a temporary directory, so it
 runs anywhere. Training is train_files.py's custom loop, a checkpoint per epoch; every row
-trains once per epoch whatever happens to the workers (DataConfig(exactly_once=True)).
+trains once per epoch whatever happens to the workers (both readers record the data position
+in every checkpoint).
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ def write_demo_tfrecords(directory: str, files: int = 4, rows: int = 4096, dim: 
                 })).SerializeToString())
 
 
-def read(path: str, dim: int):
+def read(path: str, dim: int, reader: str = "files"):
+    """The files as a dataset for ``Trainer(datasets=...)``: each worker reads its files with
+    TensorFlow's reader (``files``), or Ray Data reads them into its object store (``ray-data``)."""
     import tensorflow as tf
 
-    return raytf.data.read_tfrecords(path, features={
-        "x": tf.io.FixedLenFeature([dim], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64),
-    })
+    features = {"x": tf.io.FixedLenFeature([dim], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+    if reader == "files":
+        return raytf.data.tfrecord_files(path, features)
+    return raytf.data.read_tfrecords(path, features=features)
 
 
 def build_parser():
@@ -56,6 +61,9 @@ def build_parser():
     p.add_argument("--dim", type=int, default=784, help="floats per row in feature x")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--reader", choices=("files", "ray-data"), default="files",
+                   help="files: each worker reads its files directly (larger than memory, exactly once by file and "
+                        "record); ray-data: through Ray Data's object store")
     return p
 
 
@@ -71,7 +79,7 @@ def main(argv=None) -> None:
             train_files.train_fn,
             config={"features": ["x"], "label": "y", "classes": args.classes, "epochs": args.epochs,
                     "batch_size": args.batch_size, "lr": args.lr},
-            datasets={"train": read(path, args.dim)},
+            datasets={"train": read(path, args.dim, args.reader)},
             scaling=common.scaling(args),
             run=common.run_config(args),
         ).fit()

@@ -14,7 +14,53 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["read_tfrecords"]
+__all__ = ["parquet_files", "read_tfrecords", "tfrecord_files"]
+
+
+def tfrecord_files(paths: Union[str, Sequence[str]], features: Mapping[str, Any], *, chunk_rows: int = 256,
+                   shuffle_rows: int = 8192) -> Any:
+    """A directory (or list) of uncompressed TFRecord files of ``tf.train.Example``, read by each
+    worker directly with TensorFlow's reader, for ``Trainer(datasets={name: ...})``; parsed by
+    ``features`` as in :func:`read_tfrecords`. Every row of an epoch is trained once, whatever
+    happens to the group: each checkpoint records the position by file and record.
+
+    The driver counts the records once per run (reading their headers) while the workers start.
+    ``get_dataset_shard(shuffle=True)`` orders the chunks of ``chunk_rows`` records anew every
+    epoch and permutes the rows within windows of about ``shuffle_rows`` (at most 64 MiB; a worker
+    holds a few windows at a time), seeded as for any dataset. Paths are local (on every node) or
+    URIs TensorFlow opens (``gs://``; ``s3://`` needs tensorflow-io)."""
+    from raytf._internal.data.files import FileSource
+
+    return FileSource("tfrecord", _paths(paths, "tfrecord_files"), features=feature_spec(features),
+                      chunk_rows=_positive("tfrecord_files", "chunk_rows", chunk_rows),
+                      shuffle_rows=_positive("tfrecord_files", "shuffle_rows", shuffle_rows))
+
+
+def parquet_files(paths: Union[str, Sequence[str]], columns: Optional[Sequence[str]] = None) -> Any:
+    """A directory (or list) of Parquet files, read by each worker directly with pyarrow, row group
+    by row group, for ``Trainer(datasets={name: ...})``: numbers, strings and fixed-size lists
+    (tensor columns) of ``columns`` (default: all). Every row of an epoch is trained once, as
+    with :func:`tfrecord_files`; with ``shuffle=True`` the row groups are ordered anew every epoch
+    and each one's rows permuted. Paths are local (on every node) or URIs pyarrow opens
+    (``s3://``, ``gs://``)."""
+    from raytf._internal.data.files import FileSource
+
+    if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
+        raise ValueError(f"raytf.data.parquet_files(columns=...) takes a list of column names, got {columns!r}")
+    return FileSource("parquet", _paths(paths, "parquet_files"), columns=tuple(columns) if columns else None)
+
+
+def _paths(paths: Union[str, Sequence[str]], function: str) -> tuple[str, ...]:
+    found = (paths,) if isinstance(paths, str) else tuple(paths)
+    if not found or not all(isinstance(p, str) and p for p in found):
+        raise ValueError(f"raytf.data.{function}(paths=...) takes a path or a list of paths, got {paths!r}")
+    return found
+
+
+def _positive(function: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"raytf.data.{function}({name}=...) must be an int >= 1, got {value!r}")
+    return value
 
 
 def read_tfrecords(paths: Union[str, Sequence[str]], features: Mapping[str, Any], **read_args: Any) -> Any:
@@ -36,7 +82,7 @@ def feature_spec(features: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...]
     """``features`` as (shape, NumPy dtype, default or None) per name; a ValueError names any
     entry that is not a ``tf.io.FixedLenFeature`` of a fixed shape."""
     if not isinstance(features, Mapping) or not features:
-        raise ValueError("raytf.data.read_tfrecords(features=...) takes a dict of feature names to "
+        raise ValueError("raytf.data.read_tfrecords / tfrecord_files(features=...) takes a dict of feature names to "
                          f"tf.io.FixedLenFeature, got {features!r}")
     spec = {}
     for name, feature in features.items():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from raytf._internal.driver import cluster
-from raytf._internal.driver.preflight import fits, too_few_rows
+from raytf._internal.driver.preflight import file_sources, fits, too_few_rows
 from raytf._internal.driver.progress import ProgressDisplay
 from raytf._internal.protocol import PayloadKind, RoleSpec, RunSpec, UserCode
 from raytf._internal.storage import RunStorage
@@ -195,6 +195,11 @@ class ParameterServerTrainer(Trainer):
     def _preflight(self, display: ProgressDisplay) -> None:
         from ray.data.dataset import MaterializedDataset
 
+        for dataset_name in file_sources(self.datasets):
+            raise ConfigError(
+                f"ParameterServerTrainer(datasets={{{dataset_name!r}: ...}}): file sources are read by raytf.Trainer's "
+                "workers; for parameter servers read the files through Ray Data (raytf.data.read_tfrecords, "
+                "ray.data.read_parquet)")
         split = self.data_config.split(list(self.datasets))
         for dataset_name, dataset in self.datasets.items():
             if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything

@@ -21,7 +21,7 @@ from raytf._internal.driver import cluster
 from raytf._internal.driver.controller import Controller
 from raytf._internal.driver.failure import FailurePolicy
 from raytf._internal.driver.history import RunHistory, load_history, record_start, report_handler
-from raytf._internal.driver.preflight import check_group, too_few_rows, unseen_storage
+from raytf._internal.driver.preflight import check_group, file_sources, too_few_rows, unreadable_files, unseen_storage
 from raytf._internal.driver.progress import ProgressDisplay, format_metrics
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.tensorboard import EventWriter
@@ -94,13 +94,16 @@ def _check_datasets(datasets: Optional[dict[str, Any]]) -> dict[str, Any]:
         )
     from ray.data import Dataset
 
+    from raytf._internal.data.files import FileSource
+
     for name, dataset in datasets.items():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Trainer(datasets=...): dataset names must be non-empty str, got {name!r}")
-        if not isinstance(dataset, Dataset):
+        if not isinstance(dataset, (Dataset, FileSource)):
             raise ConfigError(
-                f"Trainer(datasets={{{name!r}: ...}}) must be a ray.data.Dataset, got "
-                f"{type(dataset).__name__}; wrap in-memory data with ray.data.from_numpy or from_pandas"
+                f"Trainer(datasets={{{name!r}: ...}}) must be a ray.data.Dataset or raytf.data.tfrecord_files / "
+                f"parquet_files, got {type(dataset).__name__}; wrap in-memory data with ray.data.from_numpy or "
+                "from_pandas"
             )
     return dict(datasets)
 
@@ -221,7 +224,8 @@ class Trainer:
         if self.scaling.check_resources:
             problem, waits_for = check_group(
                 bundle, self.scaling.min_workers, cluster.live_node_resources(), cluster.node_types(),
-                [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)],
+                [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)
+                 and n not in file_sources(self.datasets)],
                 cluster.cluster_cpus(),
             )
             if problem:
@@ -235,6 +239,10 @@ class Trainer:
                 problem = too_few_rows(dataset_name, dataset.count(), self.scaling.max_workers, dataset_name in split)
                 if problem:
                     raise ConfigError(problem)
+        for dataset_name, source in file_sources(self.datasets).items():
+            problem = unreadable_files(dataset_name, source)
+            if problem:
+                raise ConfigError(problem)
 
     def _check_storage_is_shared(self, storage: RunStorage) -> None:
         """On a multi-node cluster, refuse a local storage path that some worker node cannot see."""
@@ -286,10 +294,10 @@ class Trainer:
             from raytf._internal.driver.growth import GrowBack
 
             callbacks.append(GrowBack())
-        if self.data_config.exactly_once and run.split:
+        if (self.data_config.exactly_once and run.split) or file_sources(self.datasets):
             from raytf._internal.driver.plans import ExactData
 
-            callbacks.append(ExactData(self.datasets, run.split))
+            callbacks.append(ExactData(self.datasets, run.split, self.data_config.exactly_once))
         return WorkerGroup(
             run,
             [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),

@@ -132,7 +132,7 @@ def test_data_config_names_must_be_passed_datasets():
 def test_trainer_rejects_datasets_that_are_not_ray_datasets():
     import raytf
 
-    with pytest.raises(ConfigError, match=r"datasets=\{'train': ...\}\) must be a ray.data.Dataset, got ndarray"):
+    with pytest.raises(ConfigError, match=r"datasets=\{'train': ...\}\) must be a ray.data.Dataset or raytf.data.tfrecord_files / parquet_files, got ndarray"):
         raytf.Trainer(lambda: None, datasets={"train": np.zeros(3)})
     with pytest.raises(ConfigError, match="datasets_to_split names 'val'"):
         raytf.Trainer(lambda: None, datasets={}, data_config=DataConfig(datasets_to_split=["val"]))

@@ -191,15 +191,20 @@ class Pass:
         return len(self.bounds) - 1
 
 
+def plan_run(start: Position, world_rank: int, world_size: int, batch: int,
+             drop_remainder: bool) -> tuple[Ranges, np.ndarray]:
+    """Rank ``world_rank``'s run of positions from ``start``, and its batches' bounds in it."""
+    runs = runs_of(start.remaining, world_size)
+    count = steps([_length(r) for r in runs], batch, drop_remainder)
+    return runs[world_rank], batch_bounds(_length(runs[world_rank]), batch, count, drop_remainder)
+
+
 def plan_pass(start: Position, rows: int, shuffle: bool, seed: int, world_rank: int, world_size: int,
               batch: int, drop_remainder: bool, epoch_order: Optional[np.ndarray] = None) -> Pass:
     """Rank ``world_rank``'s pass from ``start``."""
-    runs = runs_of(start.remaining, world_size)
-    count = steps([_length(r) for r in runs], batch, drop_remainder)
-    mine = runs[world_rank]
+    mine, bounds = plan_run(start, world_rank, world_size, batch, drop_remainder)
     where = positions(mine)
     epoch_order = order(rows, shuffle, seed, start.epoch, start.cut) if epoch_order is None else epoch_order
-    bounds = batch_bounds(len(where), batch, count, drop_remainder)
     local = None
     if start.is_fresh(rows) and start.cut == world_size:
         local = mine[0] if mine else (0, 0)

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from raytf._internal.data.files import FileShard
 from raytf._internal.data.planned import PlannedShard
 from raytf._internal.data.request import (  # noqa: F401 - named here too
     Features, KeptShardLost, ShardRequest, check_request, check_rows,
@@ -139,6 +140,8 @@ class ShardReader:
         iterator = self._datasets[name]
         if isinstance(iterator, PlannedShard):
             return self._planned(request, iterator, cache)
+        if isinstance(iterator, FileShard):
+            return self._files(request, iterator)
         kept = isinstance(iterator, KeptShard)
         if not cache and not kept:
             schema = iterator.schema()
@@ -187,3 +190,26 @@ class ShardReader:
                                     self._world_size, request.batch_size, request.drop_remainder)
             self.cursors[name] = cursor
         return planned.planned_dataset(blocks, cursor, request, cache)
+
+    def _files(self, request: ShardRequest, shard: FileShard) -> Any:
+        """A file source (data/files.py): this rank's rows by the group's position, read from the
+        files every epoch (``cache`` does not apply)."""
+        from raytf._internal.data import files_tf, planned
+        from raytf._internal.data import position as _position
+
+        name, plan = request.name, shard.plan
+        rank, size = (0, 1) if shard.whole else (self._world_rank, self._world_size)
+        seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
+        recorded = self._positions.get(name)
+        if recorded is not None and recorded.get("files") != files_tf.files_digest(plan):
+            logger.warning("dataset %r: the checkpoint's data position is for other files; epoch %d starts over",
+                           name, self._first_epoch)
+            recorded = None
+        start, seed = planned.resume_point(name, recorded, plan.rows, self._first_epoch, seed, request.shuffle, size)
+        cursor = self.cursors.get(name)
+        if not isinstance(cursor, files_tf.FileCursor) or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
+                request.shuffle, request.batch_size, request.drop_remainder, start):
+            cursor = files_tf.FileCursor(plan, name, plan.rows, start, seed, request.shuffle, rank, size,
+                                         request.batch_size, request.drop_remainder)
+            self.cursors[name] = cursor
+        return files_tf.file_dataset(plan, cursor, request)

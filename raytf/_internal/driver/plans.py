@@ -24,6 +24,7 @@ from raytf._internal.background import Background
 from raytf._internal.data.planned import PlannedShard
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView
+from raytf.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -54,20 +55,40 @@ def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
 
 
 class ExactData(GroupCallback):
-    """Every split dataset, materialized once, handed to every attempt's ranks."""
+    """Every split dataset materialized once, and every file source (data/files.py) counted
+    once, handed to every attempt's ranks."""
 
-    def __init__(self, datasets: Mapping[str, Any], split: Collection[str]):
+    def __init__(self, datasets: Mapping[str, Any], split: Collection[str], exactly_once: bool = True):
+        from raytf._internal.data.files import FileSource, plan_files
+
         self._seed = secrets.randbits(62)  # orders unseeded shuffles; a checkpoint's positions keep theirs
-        self._making = {name: Background(lambda d=datasets[name]: materialize(d), "raytf-materialize")
-                        for name in sorted(split)}
-        self._blocks: dict[str, tuple] = {}  # name -> (blocks, their rows used, where those start)
+        self._split = frozenset(split)
+        self._making = {}
+        for name in sorted(datasets):
+            dataset = datasets[name]
+            if isinstance(dataset, FileSource):
+                self._making[name] = Background(lambda d=dataset: plan_files(d), "raytf-plan-files")
+            elif exactly_once and name in self._split:
+                self._making[name] = Background(lambda d=dataset: materialize(d), "raytf-materialize")
+        self._made: dict[str, Any] = {}  # name -> (blocks, their rows used, where those start), or a FilePlan
 
     def kept_shards(self, group: GroupView) -> Mapping[str, Any]:
+        from raytf._internal.data.files import FilePlan, FileShard
+
         for name, making in list(self._making.items()):
-            self._blocks[name] = making.result()
+            try:
+                self._made[name] = making.result()
+            except ValueError as error:  # a file source that cannot be read as it says
+                raise ConfigError(f"Trainer(datasets={{{name!r}: ...}}): {error}") from None
             del self._making[name]
-        return {name: [PlannedShard(name, *blocks, seed=self._seed)] * group.num_workers
-                for name, blocks in self._blocks.items()}
+        shards = {}
+        for name, made in self._made.items():
+            if isinstance(made, FilePlan):
+                whole = name not in self._split
+                shards[name] = [FileShard(name, made, self._seed, whole)] * (1 if whole else group.num_workers)
+            else:
+                shards[name] = [PlannedShard(name, *made, seed=self._seed)] * group.num_workers
+        return shards
 
     def on_close(self, group: GroupView) -> None:
-        self._blocks = {}
+        self._made = {}

@@ -175,3 +175,22 @@ def check_group(bundle: Mapping[str, float], min_workers: int, live: Sequence[No
             lazy_datasets, cluster_cpus, min_workers * bundle.get("CPU", 0.0))
         return problem, []
     return launchable(bundle, min_workers, live, node_types)
+
+
+def file_sources(datasets: Mapping[str, Any]) -> dict[str, Any]:
+    """The datasets that are raytf.data file sources (read by the workers, not by Ray Data)."""
+    from raytf._internal.data.files import FileSource
+
+    return {name: d for name, d in datasets.items() if isinstance(d, FileSource)}
+
+
+def unreadable_files(name: str, source: Any) -> Optional[str]:
+    """Why a file source names no files to read, if it does not (they are counted later, while
+    the workers start)."""
+    from raytf._internal.data.files import list_files
+
+    try:
+        list_files(source)
+    except (ValueError, OSError) as error:
+        return f"Trainer(datasets={{{name!r}: ...}}): {error}"
+    return None

@@ -1,0 +1,243 @@
+"""A worker's tf.data over its run of a file source (files.py): TensorFlow's own readers,
+interleave, parse and prefetch, in the order the group's position gives.
+
+Each pass asks its :class:`FileCursor` for the rank's run and the batches' bounds (one Python
+call per pass), and reads it as pieces (files.py): a piece's chunks are read by a deterministic
+parallel interleave whose ``block_length`` is the largest chunk, so its output is the chunks
+one after the other while several are read at once; then its rows are taken in the window's
+order and, for TFRecord, parsed by ``tf.io.parse_example`` in one call per piece. A TFRecord
+chunk is opened at its byte offset (TensorFlow's ``TFRecordDatasetV2`` op, which the public
+``TFRecordDataset`` does not expose; where it is missing, the reader skips to the chunk's first
+record). A Parquet piece is read by pyarrow, one row group at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from raytf._internal.data import planned
+from raytf._internal.data import position as _position
+from raytf._internal.data.files import FilePlan, Layout, run_slice
+from raytf._internal.data.request import ShardRequest, check_rows
+from raytf._internal.data.tfdata import _finish
+from raytf.errors import DatasetShardError
+
+_PIECES_IN_FLIGHT = 4  # pieces read at once (each up to a shuffle window)
+_READERS = 4  # chunks of one piece read at once
+
+
+class FileCursor(planned.Cursor):
+    """A rank's passes over a file source: runs of positions, not rows, since the rows are read
+    from the files in the epoch's :class:`Layout`."""
+
+    def __init__(self, plan: FilePlan, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.plan = plan
+        self._layout: Optional[Layout] = None
+
+    def next_run(self) -> tuple[Layout, _position.Ranges, np.ndarray]:
+        """The next pass: the epoch's layout, the rank's run in it, the batches' bounds."""
+        with self._lock:
+            epoch = self.start.epoch + self._passes
+            self._passes += 1
+            if self._layout is None or self._layout.epoch != epoch:
+                self._layout = Layout(self.plan, self.shuffle, self.seed, epoch)
+            layout = self._layout
+        run, bounds = _position.plan_run(self.epoch_start(epoch), self.world_rank, self.world_size, self.batch,
+                                         self.drop)
+        return layout, run, bounds
+
+    def record(self, position: _position.Position) -> dict[str, Any]:
+        return {**super().record(position), "files": files_digest(self.plan)}
+
+
+def files_digest(plan: FilePlan) -> str:
+    """The files and their rows, in a few bytes: a checkpoint's position fits only these."""
+    return hashlib.sha256(repr(plan.signature()).encode()).hexdigest()[:16]
+
+
+def column_specs(plan: FilePlan) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """column -> (NumPy dtype, per-row shape), in the source's order."""
+    if plan.source.format == "parquet":
+        return dict(plan.schema)
+    return {name: (dtype, shape) for name, (shape, dtype, _) in plan.source.features.items()}
+
+
+def _records_at(filename: Any, offset: Any, first: Any) -> Any:
+    """A TFRecord file's records from the one at byte ``offset`` (record number ``first``)."""
+    import tensorflow as tf
+
+    source = _offset_source()
+    if source is None:
+        return tf.data.TFRecordDataset(filename, buffer_size=1 << 20).skip(first)
+    return source(filename, offset)
+
+
+_SOURCE: list = []
+
+
+def _offset_source() -> Any:
+    """TensorFlow's TFRecord reader opened at a byte offset, as a Dataset class, or None."""
+    if _SOURCE:
+        return _SOURCE[0]
+    try:
+        import tensorflow as tf
+        from tensorflow.python.data.ops import dataset_ops
+        from tensorflow.python.ops import gen_dataset_ops
+
+        make = gen_dataset_ops.tf_record_dataset_v2
+
+        class RecordsAt(dataset_ops.DatasetSource):
+            def __init__(self, filename: Any, offset: Any):
+                self._name = None
+                variant = make(tf.reshape(filename, [1]), "", tf.constant(1 << 20, tf.int64),
+                               tf.reshape(tf.cast(offset, tf.int64), [1]), metadata=self._metadata.SerializeToString())
+                super().__init__(variant)
+
+            @property
+            def element_spec(self) -> Any:
+                return tf.TensorSpec([], tf.string)
+
+        _SOURCE.append(RecordsAt)
+    except (ImportError, AttributeError, TypeError):
+        _SOURCE.append(None)
+    return _SOURCE[0]
+
+
+class _ParquetReader:
+    """Row groups of a plan's Parquet files, as NumPy columns. Each of tf.data's threads opens
+    the files it reads once (a pyarrow ParquetFile must not be read by two threads at once)."""
+
+    def __init__(self, plan: FilePlan, columns: list[str]):
+        self.plan, self.columns = plan, columns
+        self._local = threading.local()
+
+    def _file(self, index: int) -> Any:
+        opened = self._local.__dict__.setdefault("files", {})
+        if index not in opened:
+            import pyarrow.parquet as pq
+
+            from raytf._internal.data.files import filesystem_of
+
+            filesystem, path = filesystem_of(self.plan.files[index])
+            opened[index] = pq.ParquetFile(filesystem.open_input_file(path))
+        return opened[index]
+
+    def read(self, chunks: np.ndarray, take: np.ndarray) -> list[np.ndarray]:
+        import pyarrow as pa
+
+        tables = [self._file(int(self.plan.chunk_file[c])).read_row_group(int(self.plan.chunk_first[c]),
+                                                                           columns=self.columns)
+                  for c in chunks]
+        table = pa.concat_tables(tables).take(pa.array(take))
+        out = []
+        for name in self.columns:
+            dtype, shape = self.plan.schema[name]
+            values = table.column(name).combine_chunks()
+            for _ in shape:
+                values = values.flatten()
+            array = values.to_numpy(zero_copy_only=False)
+            out.append(array.reshape(len(take), *shape) if shape else array)
+        return out
+
+
+def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> Any:
+    """This rank's tf.data over a file source: one pass per iteration, as ``cursor`` plans them."""
+    import tensorflow as tf
+
+    if plan.rows == 0:
+        check_rows(request.name, 0, cursor.world_size)
+    specs = column_specs(plan)
+    features, label = request.columns(list(specs))
+    needed = features + ([label] if label is not None else [])
+    share = plan.rows // cursor.world_size
+    if share < request.batch_size:
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({request.name!r}): batch_size={request.batch_size} is larger than the "
+            f"worker's shard ({share} rows, the smallest across {cursor.world_size} workers); lower batch_size or "
+            "pass more data")
+    tf_dtype = {c: tf.string if specs[c][0] == object else tf.as_dtype(specs[c][0]) for c in needed}
+
+    def tables() -> list[np.ndarray]:
+        """The pass's pieces, as flat arrays and their splits: whole batches, then the last."""
+        layout, run, bounds = cursor.next_run()
+        count = len(bounds) - 1
+        cut = int(bounds[-1] if request.drop_remainder or count == 0 else bounds[-2])
+        out = []
+        for part in (run_slice(run, 0, cut), run_slice(run, cut, int(bounds[-1]) if count else 0)):
+            pieces = layout.pieces(part)
+            for arrays in ([p.chunks for p in pieces], [p.take for p in pieces]):
+                out.append(np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64))
+                out.append(np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64))
+        return out
+
+    read_piece = _tfrecord_piece(plan, needed, tf_dtype) if plan.source.format == "tfrecord" else \
+        _parquet_piece(plan, needed, tf_dtype, specs)
+    batch = request.batch_size
+
+    def one_pass(_: Any) -> Any:
+        out = [tf.ensure_shape(t, (None,)) for t in tf.py_function(tables, [], Tout=[tf.int64] * 8)]
+        parts = []
+        for first in (0, 4):
+            chunks = tf.RaggedTensor.from_row_splits(out[first], out[first + 1], validate=False)
+            take = tf.RaggedTensor.from_row_splits(out[first + 2], out[first + 3], validate=False)
+            rows = tf.data.Dataset.from_tensor_slices((chunks, take)).map(
+                read_piece, num_parallel_calls=_PIECES_IN_FLIGHT, deterministic=True).unbatch()
+            # Whole batches, then the last: what the run has left (request.batch_size + 1 rows at most).
+            parts.append(rows.batch(batch, drop_remainder=True) if first == 0 else rows.batch(2 * batch + 2))
+        return parts[0].concatenate(parts[1])
+
+    single = isinstance(request.features, str)
+    batch_dim = batch if request.drop_remainder else None
+
+    def split(columns: dict[str, Any]) -> Any:
+        columns = {c: tf.ensure_shape(v, (batch_dim, *specs[c][1])) for c, v in columns.items()}
+        x = columns[features[0]] if single else {c: columns[c] for c in features}
+        return x if label is None else (x, columns[label])
+
+    dataset = tf.data.Dataset.range(1).flat_map(one_pass).map(split)
+    if cursor.start.is_fresh(cursor.rows):
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(cursor.full_steps()))
+    dataset = _finish(dataset.prefetch(tf.data.AUTOTUNE))
+    setattr(dataset, planned._PLANNED_MARK, cursor)
+    return dataset
+
+
+def _tfrecord_piece(plan: FilePlan, needed: list[str], tf_dtype: dict) -> Any:
+    import tensorflow as tf
+
+    files = tf.constant(list(plan.files))
+    chunk_file, chunk_offset = tf.constant(plan.chunk_file), tf.constant(plan.chunk_offset)
+    chunk_rows, chunk_first = tf.constant(plan.chunk_rows), tf.constant(plan.chunk_first)
+    spec = {name: tf.io.FixedLenFeature(shape, tf_dtype[name], default_value=default)
+            for name, (shape, _, default) in plan.source.features.items() if name in needed}
+    longest = int(plan.chunk_rows.max()) if len(plan.chunk_rows) else 1
+
+    def read(chunks: Any, take: Any) -> dict[str, Any]:
+        rows = tf.gather(chunk_rows, chunks)
+        records = tf.data.Dataset.from_tensor_slices((
+            tf.gather(files, tf.gather(chunk_file, chunks)), tf.gather(chunk_offset, chunks), rows,
+            tf.gather(chunk_first, chunks),
+        )).interleave(lambda f, o, n, first: _records_at(f, o, first).take(n), cycle_length=_READERS,
+                      block_length=longest, num_parallel_calls=_READERS, deterministic=True)
+        serialized = records.batch(tf.reduce_sum(rows)).get_single_element()
+        return tf.io.parse_example(tf.gather(serialized, take), spec)
+
+    return read
+
+
+def _parquet_piece(plan: FilePlan, needed: list[str], tf_dtype: dict, specs: dict) -> Any:
+    import tensorflow as tf
+
+    reader = _ParquetReader(plan, needed)
+
+    def read(chunks: Any, take: Any) -> dict[str, Any]:
+        out = tf.py_function(lambda c, t: reader.read(c.numpy(), t.numpy()), [chunks, take],
+                             Tout=[tf_dtype[c] for c in needed])
+        return {c: tf.ensure_shape(v, (None, *specs[c][1])) for c, v in zip(needed, out)}
+
+    return read
