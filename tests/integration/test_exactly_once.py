@@ -105,3 +105,65 @@ def test_every_row_trains_once_per_epoch_through_preemption_shrink_kill_new_driv
     assert result.history[-1]["epoch"] == EPOCHS - 1
     wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
     assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"
+
+
+def write_counted_tfrecords(directory, rows, files):
+    """counted_rows' rows (``x``: the id, then 4 features; ``y``) as TFRecord files of Examples."""
+    import tensorflow as tf
+
+    columns = workloads.counted_rows({"id": np.arange(rows)})
+    for part, index in enumerate(np.array_split(np.arange(rows), files)):
+        with tf.io.TFRecordWriter(str(directory / f"part-{part}.tfrecord")) as writer:
+            for i in index:
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=columns["x"][i])),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[columns["y"][i]])),
+                })).SerializeToString())
+
+
+def test_tfrecord_files_read_by_the_workers_train_every_row_once_through_a_preemption_shrink_and_kill(
+        cluster, tmp_path, no_leaks):
+    """raytf.data.tfrecord_files, shuffled, 3 files: in epoch 1 rank 2's node is drained and the
+    group resumes that epoch on 2 workers, where rank 1 is killed mid-epoch and the group restarts
+    from the preemption's checkpoint. Every row of every epoch trains the final model once."""
+    import ray
+    import tensorflow as tf
+    from ray._private.state import state
+    from ray.core.generated import autoscaler_pb2
+
+    (tmp_path / "data").mkdir()
+    write_counted_tfrecords(tmp_path / "data", ROWS, 3)
+    nodes = [cluster.add_node(num_cpus=1, resources={"files": 1}) for _ in range(3)]
+    data = raytf.data.tfrecord_files(str(tmp_path / "data"), {
+        "x": tf.io.FixedLenFeature([5], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}, chunk_rows=16,
+        shuffle_rows=64)
+    trainer = raytf.Trainer(
+        workloads.counted_keras_train,
+        config={"out_dir": str(tmp_path), "batch": BATCH, "epochs": EPOCHS, "driver": 1, "step_sleep": 0.3,
+                "mark": {"epoch": 1, "batch": 3}, "kill": {"attempt": 1, "rank": 1, "epoch": 1, "batch": 3}},
+        datasets={"train": data},
+        scaling=raytf.ScalingConfig(num_workers=(2, 3), resources_per_worker={"files": 1}, resize_timeout_s=3),
+        run=raytf.RunConfig(name="files", storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=1)),
+    )
+    try:
+        join = in_background(trainer)
+        running = wait_for(lambda: (tmp_path / "running-1-2.json").exists() and tmp_path / "running-1-2.json", 120,
+                           "training")
+        node_id = json.loads(running.read_text())["node_id"]
+        accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
+            node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "spot instance reclaimed", int((time.time() + 60) * 1000),
+        )
+        assert accepted, why
+        wait_for(lambda: node_id in state.get_draining_nodes(), 10, "Ray listing the node as draining")
+        result = join()
+    finally:
+        for node in nodes:
+            cluster.remove_node(node)
+    counts, attempts = trained_counts(tmp_path)
+    assert [size for _, size, _ in attempts.values()] == [3, 2, 2], attempts
+    assert [f.kind for f in result.failures] == ["preempted", "died"], result.failures
+    assert attempts[(1, 1)][0] == attempts[(1, 2)][0] > ROWS // 3 // BATCH  # both resumed in epoch 1
+    wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
+    assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"
