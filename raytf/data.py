@@ -17,7 +17,7 @@ import numpy as np
 __all__ = ["parquet_files", "read_tfrecords", "tfrecord_files"]
 
 
-def tfrecord_files(paths: Union[str, Sequence[str]], features: Mapping[str, Any], *, chunk_rows: int = 256,
+def tfrecord_files(paths: Union[str, Sequence[str]], features: Mapping[str, Any], *, chunk_rows: int = 1024,
                    shuffle_rows: int = 8192) -> Any:
     """A directory (or list) of uncompressed TFRecord files of ``tf.train.Example``, read by each
     worker directly with TensorFlow's reader, for ``Trainer(datasets={name: ...})``; parsed by

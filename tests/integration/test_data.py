@@ -120,10 +120,8 @@ def write_parquet(directory, files=4, rows=512, dim=32):
 
 
 def test_training_from_parquet_files(cluster, tmp_path, no_leaks):
-    import ray
-
     write_parquet(tmp_path / "parquet")
-    data = ray.data.read_parquet(str(tmp_path / "parquet"))
+    data = raytf.data.parquet_files(str(tmp_path / "parquet"))  # each worker reads its row groups
     result = fit(workloads.train_from_shards, tmp_path, "parquet", {"features": "x", "dim": 32}, {"train": data})
     losses = [h["loss"] for h in result.history]
     assert losses[-1] < 0.6 * losses[0], losses
@@ -131,8 +129,9 @@ def test_training_from_parquet_files(cluster, tmp_path, no_leaks):
 
 
 def test_training_from_tfrecord_files_with_a_feature_spec(cluster, tmp_path, no_leaks):
-    """jobs/train_tfrecords.py's files and reader (raytf.data.read_tfrecords): tf.train.Examples parsed
-    by a FixedLenFeature spec into a tensor column, trained from with shuffled, streamed shards."""
+    """jobs/train_tfrecords.py's files and readers: tf.train.Examples parsed by a FixedLenFeature spec
+    into a tensor column through Ray Data (raytf.data.read_tfrecords), and trained from with each
+    worker reading its files (raytf.data.tfrecord_files, the job's default), shuffled."""
     import importlib.util
     import pathlib
 
@@ -148,11 +147,10 @@ def test_training_from_tfrecord_files_with_a_feature_spec(cluster, tmp_path, no_
         sys.path.remove(str(jobs))
     (tmp_path / "tfrecords").mkdir()
     job.write_demo_tfrecords(str(tmp_path / "tfrecords"), files=2, rows=1024, dim=32, classes=4)
-    data = job.read(str(tmp_path / "tfrecords"), 32)
-    first = data.take_batch(2, batch_format="numpy")
+    first = job.read(str(tmp_path / "tfrecords"), 32, "ray-data").take_batch(2, batch_format="numpy")
     assert first["x"].shape == (2, 32) and first["x"].dtype == np.float32 and first["y"].dtype == np.int64
-    result = fit(workloads.train_from_shards, tmp_path, "tfrecord", {"features": "x", "dim": 32, "cache": False},
-                 {"train": data})
+    result = fit(workloads.train_from_shards, tmp_path, "tfrecord", {"features": "x", "dim": 32},
+                 {"train": job.read(str(tmp_path / "tfrecords"), 32)})
     losses = [h["loss"] for h in result.history]
     assert losses[-1] < 0.6 * losses[0], losses
     assert {h["steps"] for h in result.history} == {1024 // 32}  # 2048 rows / 2 workers / batch 32

@@ -38,7 +38,7 @@ class FileSource:
     paths: tuple[str, ...]
     features: Optional[dict] = None  # TFRecord: name -> (shape, NumPy dtype, default), see raytf.data.feature_spec
     columns: Optional[tuple[str, ...]] = None  # Parquet: the columns read (None: all)
-    chunk_rows: int = 256
+    chunk_rows: int = 1024
     shuffle_rows: int = 8192
 
     def describe(self) -> str:

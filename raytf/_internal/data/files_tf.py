@@ -2,13 +2,15 @@
 interleave, parse and prefetch, in the order the group's position gives.
 
 Each pass asks its :class:`FileCursor` for the rank's run and the batches' bounds (one Python
-call per pass), and reads it as pieces (files.py): a piece's chunks are read by a deterministic
-parallel interleave whose ``block_length`` is the largest chunk, so its output is the chunks
-one after the other while several are read at once; then its rows are taken in the window's
-order and, for TFRecord, parsed by ``tf.io.parse_example`` in one call per piece. A TFRecord
-chunk is opened at its byte offset (TensorFlow's ``TFRecordDatasetV2`` op, which the public
-``TFRecordDataset`` does not expose; where it is missing, the reader skips to the chunk's first
-record). A Parquet piece is read by pyarrow, one row group at a time.
+call per pass), and reads it as pieces (files.py), several at once: a piece's chunks are read
+by a deterministic parallel interleave, each chunk whole as one element (a read buffer of the
+chunk's size), so its output is the chunks one after the other while several are read at once;
+then its rows are taken in the window's order (no copy where it takes them all in order) and,
+for TFRecord, parsed by ``tf.io.parse_example`` in one call per piece; ``rebatch`` cuts the
+pieces into the pass's batches. A TFRecord chunk is opened at its byte offset (TensorFlow's
+``TFRecordDatasetV2`` op, which the public ``TFRecordDataset`` does not expose; where it is
+missing, the reader skips to the chunk's first record). A Parquet piece is read by pyarrow, one
+row group at a time.
 """
 
 from __future__ import annotations
@@ -67,14 +69,15 @@ def column_specs(plan: FilePlan) -> dict[str, tuple[Any, tuple[int, ...]]]:
     return {name: (dtype, shape) for name, (shape, dtype, _) in plan.source.features.items()}
 
 
-def _records_at(filename: Any, offset: Any, first: Any) -> Any:
-    """A TFRecord file's records from the one at byte ``offset`` (record number ``first``)."""
+def _records_at(filename: Any, offset: Any, size: Any, first: Any) -> Any:
+    """A TFRecord file's records from the one at byte ``offset`` (record number ``first``), read
+    with a buffer of the chunk's ``size`` in bytes."""
     import tensorflow as tf
 
     source = _offset_source()
     if source is None:
         return tf.data.TFRecordDataset(filename, buffer_size=1 << 20).skip(first)
-    return source(filename, offset)
+    return source(filename, offset, size)
 
 
 _SOURCE: list = []
@@ -92,9 +95,9 @@ def _offset_source() -> Any:
         make = gen_dataset_ops.tf_record_dataset_v2
 
         class RecordsAt(dataset_ops.DatasetSource):
-            def __init__(self, filename: Any, offset: Any):
+            def __init__(self, filename: Any, offset: Any, size: Any):
                 self._name = None
-                variant = make(tf.reshape(filename, [1]), "", tf.constant(1 << 20, tf.int64),
+                variant = make(tf.reshape(filename, [1]), "", tf.cast(size, tf.int64),
                                tf.reshape(tf.cast(offset, tf.int64), [1]), metadata=self._metadata.SerializeToString())
                 super().__init__(variant)
 
@@ -170,14 +173,16 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         out = []
         for part in (run_slice(run, 0, cut), run_slice(run, cut, int(bounds[-1]) if count else 0)):
             pieces = layout.pieces(part)
-            for arrays in ([p.chunks for p in pieces], [p.take for p in pieces]):
+            for arrays in ([p.chunks for p in pieces], [_take(p, plan) for p in pieces]):
                 out.append(np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64))
                 out.append(np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64))
         return out
 
-    read_piece = _tfrecord_piece(plan, needed, tf_dtype) if plan.source.format == "tfrecord" else \
-        _parquet_piece(plan, needed, tf_dtype, specs)
     batch = request.batch_size
+    if plan.source.format == "tfrecord":
+        read_piece = _tfrecord_piece(plan, needed, tf_dtype)
+    else:
+        read_piece = _parquet_piece(plan, needed, tf_dtype, specs)
 
     def one_pass(_: Any) -> Any:
         out = [tf.ensure_shape(t, (None,)) for t in tf.py_function(tables, [], Tout=[tf.int64] * 8)]
@@ -185,10 +190,10 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         for first in (0, 4):
             chunks = tf.RaggedTensor.from_row_splits(out[first], out[first + 1], validate=False)
             take = tf.RaggedTensor.from_row_splits(out[first + 2], out[first + 3], validate=False)
-            rows = tf.data.Dataset.from_tensor_slices((chunks, take)).map(
-                read_piece, num_parallel_calls=_PIECES_IN_FLIGHT, deterministic=True).unbatch()
+            pieces = tf.data.Dataset.from_tensor_slices((chunks, take)).map(
+                read_piece, num_parallel_calls=_PIECES_IN_FLIGHT, deterministic=True)
             # Whole batches, then the last: what the run has left (request.batch_size + 1 rows at most).
-            parts.append(rows.batch(batch, drop_remainder=True) if first == 0 else rows.batch(2 * batch + 2))
+            parts.append(pieces.rebatch(batch, drop_remainder=True) if first == 0 else pieces.rebatch(2 * batch + 2))
         return parts[0].concatenate(parts[1])
 
     single = isinstance(request.features, str)
@@ -207,25 +212,39 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
     return dataset
 
 
+def _take(piece: Any, plan: FilePlan) -> np.ndarray:
+    """A piece's rows to take from its chunks; none where it takes every row in order (TFRecord:
+    the records go on as read, without a copy)."""
+    if plan.source.format == "tfrecord" and len(piece.take) == plan.chunk_rows[piece.chunks].sum() and (
+            piece.take == np.arange(len(piece.take))).all():
+        return piece.take[:0]
+    return piece.take
+
+
 def _tfrecord_piece(plan: FilePlan, needed: list[str], tf_dtype: dict) -> Any:
+    """A piece's rows, parsed in one ``tf.io.parse_example`` call: each chunk read whole (one
+    element per chunk, several chunks at once), the chunks concatenated, the piece's records
+    taken in its order."""
     import tensorflow as tf
 
     files = tf.constant(list(plan.files))
     chunk_file, chunk_offset = tf.constant(plan.chunk_file), tf.constant(plan.chunk_offset)
     chunk_rows, chunk_first = tf.constant(plan.chunk_rows), tf.constant(plan.chunk_first)
+    chunk_bytes = tf.constant(plan.chunk_bytes)
     spec = {name: tf.io.FixedLenFeature(shape, tf_dtype[name], default_value=default)
             for name, (shape, _, default) in plan.source.features.items() if name in needed}
-    longest = int(plan.chunk_rows.max()) if len(plan.chunk_rows) else 1
 
-    def read(chunks: Any, take: Any) -> dict[str, Any]:
-        rows = tf.gather(chunk_rows, chunks)
+    def read_chunk(filename: Any, offset: Any, size: Any, first: Any, rows: Any) -> Any:
+        return _records_at(filename, offset, size, first).take(rows).batch(rows)
+
+    def read(chunks: Any, take: Any) -> Any:
         records = tf.data.Dataset.from_tensor_slices((
-            tf.gather(files, tf.gather(chunk_file, chunks)), tf.gather(chunk_offset, chunks), rows,
-            tf.gather(chunk_first, chunks),
-        )).interleave(lambda f, o, n, first: _records_at(f, o, first).take(n), cycle_length=_READERS,
-                      block_length=longest, num_parallel_calls=_READERS, deterministic=True)
-        serialized = records.batch(tf.reduce_sum(rows)).get_single_element()
-        return tf.io.parse_example(tf.gather(serialized, take), spec)
+            tf.gather(files, tf.gather(chunk_file, chunks)), tf.gather(chunk_offset, chunks),
+            tf.gather(chunk_bytes, chunks), tf.gather(chunk_first, chunks), tf.gather(chunk_rows, chunks),
+        )).interleave(read_chunk, cycle_length=_READERS, num_parallel_calls=_READERS, deterministic=True)
+        serialized = records.ragged_batch(tf.size(chunks, out_type=tf.int64)).get_single_element().flat_values
+        serialized = tf.cond(tf.size(take) > 0, lambda: tf.gather(serialized, take), lambda: serialized)
+        return tf.io.parse_example(serialized, spec)
 
     return read
 
