@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import time
+from typing import Any
 
 import raytf
 import raytf.keras
@@ -435,15 +436,15 @@ def resumable_train(config: dict) -> None:
     ``Checkpoint.from_state`` per epoch (CheckpointConfig decides which are
     kept); ``raytf.preemption_requested()`` every ``check_every`` steps, which
     saves at the current step and returns. On resume it restores the model
-    and optimizer and skips what the checkpoint's step says was done.
+    and optimizer and goes on from the epoch after the last completed one:
+    after a mid-epoch checkpoint the shard's first pass is the rest of that
+    epoch (raytf counted the batches the loop took), so nothing is skipped.
     Metrics name ``epoch`` the last *completed* epoch and ``step`` the global step.
 
     Test hooks, on attempt 0 only: ``mark_step`` (write running<rank>.json with
     the pid and node; with ``hold_after_mark``, then wait there), ``step_sleep``
     (seconds per step), ``kill`` ({rank, step}: that rank exits at that step).
     """
-    import itertools
-
     import numpy as np
     import ray
     import tensorflow as tf
@@ -458,7 +459,6 @@ def resumable_train(config: dict) -> None:
         drop_remainder=True,
     )
     per_worker = global_batch // ctx.world_size
-    steps_per_epoch = (config["rows"] // ctx.world_size) // per_worker
     distributed = strategy.distribute_datasets_from_function(lambda _: dataset)
     with strategy.scope():
         model = tf.keras.Sequential(
@@ -486,8 +486,7 @@ def resumable_train(config: dict) -> None:
     first_attempt = ctx.attempt == 0
     for epoch in range(start_epoch, config["epochs"]):
         losses = []
-        skip = step - epoch * steps_per_epoch  # steps of this epoch done before a mid-epoch checkpoint
-        for batch in itertools.islice(distributed, skip, None):
+        for batch in distributed:
             losses.append(float(train_step(batch)))
             step += 1
             if first_attempt and step == config.get("mark_step"):
@@ -1268,6 +1267,84 @@ def counted_rows(batch: dict) -> dict:
             "y": (features[:, 0] > 0).astype("int64")}
 
 
+def _counted_log(config: dict, ctx: Any, start: int) -> Any:
+    """counted_keras_train's step log, its first line written: the attempt's start."""
+    import ray
+
+    log = open(os.path.join(config["out_dir"], f"steps-{config['driver']}-{ctx.attempt}-{ctx.world_rank}.jsonl"), "a")
+    log.write(json.dumps({"start": start, "world_size": ctx.world_size,
+                          "node_id": ray.get_runtime_context().get_node_id()}) + "\n")
+    log.flush()
+    return log
+
+
+def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
+    """counted_keras_train's test hooks after a step; ``at`` is {epoch, batch} (the batches of this pass)."""
+    import ray
+
+    mark, kill = config.get("mark"), config.get("kill")
+    if ctx.attempt == 0 and mark and (at == mark or state.get("marked")):
+        if at == mark:
+            _write(config["out_dir"], f"running-{config['driver']}-{ctx.world_rank}.json",
+                   {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
+            state["marked"] = True
+        time.sleep(config.get("step_sleep", 0))
+    if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
+        os._exit(1)
+
+
+def counted_custom_loop(config: dict) -> None:
+    """counted_keras_train's rows, step log and test hooks, trained by a custom loop the way the
+    README writes one: the strategy's distributed iterator in a Python ``for``, a checkpoint at
+    each epoch's end and where a preemption asks for one (checked every 2 steps), and on resume
+    the epoch after the last completed one, nothing skipped (raytf hands the rest of an
+    interrupted epoch as the shard's first pass)."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    train = raytf.get_dataset_shard("train", batch_size=config["batch"], features="x", label="y", shuffle=True)
+    distributed = strategy.distribute_datasets_from_function(lambda _: train)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+        optimizer = keras.optimizers.SGD(0.05)
+        optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    first_epoch = 0
+    if (resumed := raytf.get_checkpoint()) is not None:
+        resumed.restore_state(model=model, optimizer=optimizer)
+        first_epoch = resumed.epoch + 1
+    iteration = int(optimizer.iterations.numpy())
+    log = _counted_log(config, ctx, iteration)
+    state: dict = {}
+
+    @tf.function
+    def train_step(x, y):
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(x[:, 1:])),
+                                                  global_batch_size=config["batch"] * ctx.world_size)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        strategy.run(step, args=(x, y))
+
+    for epoch in range(first_epoch, config["epochs"]):
+        for batch, (x, y) in enumerate(distributed, start=1):
+            train_step(x, y)
+            ids = strategy.experimental_local_results(x)[0][:, 0]
+            log.write(json.dumps({"it": iteration, "epoch": epoch, "ids": [int(i) for i in ids.numpy()]}) + "\n")
+            log.flush()
+            iteration += 1
+            _counted_hooks(config, ctx, state, {"epoch": epoch, "batch": batch})
+            if batch % 2 == 0 and raytf.preemption_requested():
+                raytf.report({"epoch": epoch - 1, "step": iteration},
+                             checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer))
+                return
+        raytf.report({"epoch": epoch, "step": iteration},
+                     checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer))
+
+
 def counted_keras_train(config: dict) -> None:
     """Keras through ``raytf.keras.fit`` with ``ReportCallback``, the way the README trains, on
     rows whose first feature is their id. Every training step writes the ids it trained (a
@@ -1277,7 +1354,6 @@ def counted_keras_train(config: dict) -> None:
     hooks: ``mark`` ({epoch, batch}, attempt 0): each rank writes running-<driver>-<rank>.json
     with its pid and node, then each of its steps sleeps ``step_sleep``; ``kill`` ({attempt,
     rank, epoch, batch}): exit."""
-    import ray
     import tensorflow as tf
 
     import raytf.keras
@@ -1285,9 +1361,8 @@ def counted_keras_train(config: dict) -> None:
     keras = tf.keras
     ctx = raytf.get_context()
     train = raytf.get_dataset_shard("train", batch_size=config["batch"], features="x", label="y", shuffle=True)
-    name = f"steps-{config['driver']}-{ctx.attempt}-{ctx.world_rank}.jsonl"
-    log = open(os.path.join(config["out_dir"], name), "a")
     state = {"epoch": None, "steps": 0, "start": None, "batch_ends": 0}
+    log = None
 
     def record(ids):
         log.write(json.dumps({"it": state["start"] + state["steps"], "epoch": state["epoch"],
@@ -1315,26 +1390,16 @@ def counted_keras_train(config: dict) -> None:
 
     class Hooks(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
+            nonlocal log
             state["start"] = int(self.model.optimizer.iterations.numpy())
-            log.write(json.dumps({"start": state["start"], "world_size": ctx.world_size,
-                                  "node_id": ray.get_runtime_context().get_node_id()}) + "\n")
-            log.flush()
+            log = _counted_log(config, ctx, state["start"])
 
         def on_epoch_begin(self, epoch, logs=None):
             state["epoch"], state["batch_ends"] = epoch, 0
 
         def on_train_batch_end(self, batch, logs=None):
             state["batch_ends"] += 1
-            at = {"epoch": state["epoch"], "batch": state["batch_ends"]}
-            mark, kill = config.get("mark"), config.get("kill")
-            if ctx.attempt == 0 and mark and (at == mark or state.get("marked")):
-                if at == mark:
-                    _write(config["out_dir"], f"running-{config['driver']}-{ctx.world_rank}.json",
-                           {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
-                    state["marked"] = True
-                time.sleep(config.get("step_sleep", 0))
-            if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
-                os._exit(1)
+            _counted_hooks(config, ctx, state, {"epoch": state["epoch"], "batch": state["batch_ends"]})
 
     raytf.keras.fit(model, train, epochs=config["epochs"],
                     callbacks=[raytf.keras.ReportCallback(preemption_check_every=2), Hooks()])

@@ -264,12 +264,18 @@ class DatasetShard:
     def iter_tf_batches(self, *, batch_size: int = 256, dtypes: Any = None, drop_last: bool = False,
                         local_shuffle_buffer_size: Optional[int] = None, local_shuffle_seed: Optional[int] = None,
                         prefetch_batches: int = 1, device: Any = None) -> Iterator[dict[str, Any]]:
-        """This worker's shard as dicts of column name to a batch tensor."""
+        """This worker's shard as dicts of column name to a batch tensor. Each batch handed out counts
+        as trained for the data position a checkpoint records (every row once per epoch)."""
         import tensorflow as tf
+
+        from raytf._internal.data.planned import cursor_of
 
         dataset = raytf.get_dataset_shard(self._name, batch_size=batch_size, drop_remainder=drop_last,
                                           shuffle=local_shuffle_buffer_size is not None, seed=local_shuffle_seed)
+        cursor = cursor_of(dataset)
         for batch in dataset:
+            if cursor is not None:
+                cursor.took(1)
             if dtypes is not None:
                 batch = {k: tf.cast(v, dtypes[k] if isinstance(dtypes, Mapping) else dtypes) for k, v in batch.items()}
             yield batch

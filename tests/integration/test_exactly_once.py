@@ -121,11 +121,14 @@ def write_counted_tfrecords(directory, rows, files):
                 })).SerializeToString())
 
 
-def test_tfrecord_files_read_by_the_workers_train_every_row_once_through_a_preemption_shrink_and_kill(
+def test_a_custom_loop_over_tfrecord_files_trains_every_row_once_through_a_preemption_shrink_and_kill(
         cluster, tmp_path, no_leaks):
-    """raytf.data.tfrecord_files, shuffled, 3 files: in epoch 1 rank 2's node is drained and the
-    group resumes that epoch on 2 workers, where rank 1 is killed mid-epoch and the group restarts
-    from the preemption's checkpoint. Every row of every epoch trains the final model once."""
+    """raytf.data.tfrecord_files, shuffled, 3 files, read by each worker, trained by a custom loop
+    (the strategy's iterator in a Python for, nothing skipped on resume): in epoch 1 rank 2's node is
+    drained and the group resumes that epoch on 2 workers, where rank 1 is killed mid-epoch and the
+    group restarts from the preemption's checkpoint. Every row of every epoch trains the final model
+    once. Without counting the batches the loop took, the preemption's checkpoint would record the
+    start of epoch 1 and its first batches would train twice."""
     import ray
     import tensorflow as tf
     from ray._private.state import state
@@ -138,7 +141,7 @@ def test_tfrecord_files_read_by_the_workers_train_every_row_once_through_a_preem
         "x": tf.io.FixedLenFeature([5], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}, chunk_rows=16,
         shuffle_rows=64)
     trainer = raytf.Trainer(
-        workloads.counted_keras_train,
+        workloads.counted_custom_loop,
         config={"out_dir": str(tmp_path), "batch": BATCH, "epochs": EPOCHS, "driver": 1, "step_sleep": 0.3,
                 "mark": {"epoch": 1, "batch": 3}, "kill": {"attempt": 1, "rank": 1, "epoch": 1, "batch": 3}},
         datasets={"train": data},

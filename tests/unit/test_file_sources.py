@@ -154,3 +154,45 @@ def test_a_worker_reads_its_files_and_a_resume_on_another_group_size_reads_the_r
     assert sorted(np.concatenate(trained + rest)) == list(range(ROWS))
     steps = {len(pass_of(plan, start, r, 2, shuffle)[1]) for r in range(2)}
     assert len(steps) == 1
+
+
+def test_batches_a_custom_loop_takes_from_the_strategys_iterator_are_its_position(sources):
+    """What a loop takes from a distributed iterator outside tf.function (next, a for loop,
+    get_next_as_optional) is counted, over passes; what a tf.function takes is not; the
+    checkpoint's record follows the count, not the report's epoch metric."""
+    import tensorflow as tf
+
+    from raytf._internal.data import files_tf, planned
+    from raytf._internal.data.request import ShardRequest
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
+    plan = plan_files(sources["tfrecord"])
+    cursor = files_tf.FileCursor(plan, "train", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
+    dataset = files_tf.file_dataset(plan, cursor, ShardRequest("train", 16, "x", "id", True, None, False))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    distributed = tf_hooks.count_batches_taken(strategy.distribute_datasets_from_function(lambda _: dataset),
+                                               cursor.took)
+    steps = cursor.full_steps()
+    iterator = iter(distributed)
+    next(iterator)
+    assert iterator.get_next_as_optional().has_value()
+    for i, _ in enumerate(iterator):
+        if i == 2:
+            break
+    assert cursor.taken_position() == cursor.position_after(0, 5)
+    tf.function(lambda it: next(it))(iterator)  # inside a function: not counted
+    assert cursor.taken_position() == cursor.position_after(0, 5)
+    for _ in iterator:
+        pass
+    assert cursor.taken_position() == cursor.position_after(0, steps - 1)  # the pass, less the one not counted
+    next(iter(distributed))  # a loop that counts every batch it takes: passes follow each other
+    assert cursor.taken_position() == P.Position.fresh(1, ROWS, 3)
+    second = iter(distributed)
+    next(second)
+    position = cursor.taken_position()
+    assert position == cursor.position_after(1, 1) and position.rows_left == ROWS - 3 * 16
+    record = planned.positions_at({"train": cursor}, 0, 1, 0, exact=set())
+    assert record["train"]["remaining"] == [list(r) for r in position.remaining]
+    plain = files_tf.FileCursor(plan, "train", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
+    assert plain.taken_position() is None  # nothing counted: the report's epoch and step decide
+    assert planned.positions_at({"train": plain}, 0, 1, 0, exact=set())["train"]["remaining"] == [[0, ROWS]]

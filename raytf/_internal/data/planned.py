@@ -31,11 +31,12 @@ import numpy as np
 from raytf._internal.data import position as _position
 from raytf._internal.data.request import KeptShardLost, ShardRequest, check_rows
 from raytf._internal.data.tfdata import _STACK_BATCHES, _finish, stack_column
+from raytf._internal.worker.strategy import PLANNED_MARK as _PLANNED_MARK
+from raytf._internal.worker.strategy import cursor_of  # noqa: F401 - where the data modules find it
 from raytf.errors import DatasetShardError
 
 logger = logging.getLogger(__name__)
 
-_PLANNED_MARK = "_raytf_planned"  # on a planned shard's tf.data: the Cursor behind it
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class Cursor:
         self.name, self.rows, self.start, self.seed, self.shuffle = name, rows, start, seed, shuffle
         self.world_rank, self.world_size, self.batch, self.drop = world_rank, world_size, batch, drop_remainder
         self._passes = 0
+        self._taken = 0  # batches a training loop took from the strategy's iterators, eagerly (took)
         self._lock = threading.Lock()
 
     def epoch_start(self, epoch: int) -> _position.Position:
@@ -133,6 +135,27 @@ class Cursor:
         """The group's position once it trained ``done`` steps of ``epoch``."""
         return _position.advance(self.epoch_start(epoch), self.rows, self.world_size, self.batch, self.drop, done)
 
+    def took(self, batches: int = 1) -> None:
+        """A training loop took ``batches`` from an iterator over this shard (worker/strategy.py
+        counts what a distributed iterator hands out outside ``tf.function``)."""
+        with self._lock:
+            self._taken += batches
+
+    def taken_position(self) -> Optional[_position.Position]:
+        """The group's position after the batches the loop took in this attempt, passes one after
+        the other (each full pass is an epoch), or None where it took none this way."""
+        with self._lock:
+            left = self._taken
+        if not left:
+            return None
+        epoch = self.start.epoch
+        while True:
+            count = self.steps(epoch)
+            if left < count or count == 0:
+                return self.position_after(epoch, left)
+            left -= count
+            epoch += 1
+
     def record(self, position: _position.Position) -> dict[str, Any]:
         return {**position.to_json(), "rows": self.rows, "seed": self.seed, "shuffle": self.shuffle}
 
@@ -143,16 +166,21 @@ def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], st
     (the last epoch completed); ``epoch`` and ``step`` the epoch in progress and the steps of its
     pass done, as the training loop noted them. A checkpoint at an epoch's end records the next
     epoch whole. One in mid-epoch (a preemption, ``every_n_steps``) records the rest of that
-    epoch for the datasets the loop trains and resumes exactly (``exact``: ``raytf.keras.fit``'s
-    training data, whose rest it runs as its first epoch); for any other dataset (validation
-    data) or loop (tf-keras's own ``model.fit`` restarts the interrupted epoch, a custom loop
-    skips what it counts), the start of the epoch's pass."""
+    epoch for the datasets the loop trains and resumes exactly: ``exact``, ``raytf.keras.fit``'s
+    training data, whose rest it runs as its first epoch, at the step it noted; and every dataset
+    a custom loop took batches of from the strategy's iterator, at the batches it took (the resume
+    hands the loop the rest of the epoch as its first pass). For any other dataset (validation
+    data) or loop (tf-keras's own ``model.fit`` restarts the interrupted epoch, a loop inside a
+    ``tf.function`` is not counted), the start of the epoch's pass."""
     if not cursors:
         return None
     done = done if isinstance(done, int) and not isinstance(done, bool) else None
     records = {}
     for name, cursor in cursors.items():
-        if epoch is not None and (done is None or epoch == done + 1):
+        counted = None if name in exact else cursor.taken_position()
+        if counted is not None:
+            position = counted
+        elif epoch is not None and (done is None or epoch == done + 1):
             position = cursor.position_after(epoch, step if name in exact else 0)
         elif done is not None:
             position = _position.Position.fresh(done + 1, cursor.rows, cursor.world_size)
@@ -260,14 +288,3 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
     dataset = _finish(dataset.prefetch(tf.data.AUTOTUNE))
     setattr(dataset, _PLANNED_MARK, cursor)
     return dataset
-
-
-def cursor_of(dataset: Any) -> Optional[Cursor]:
-    """The cursor of the planned shard ``dataset`` is (or is made from), if any."""
-    from raytf._internal.worker.strategy import lineage
-
-    for current in lineage(dataset):
-        cursor = getattr(current, _PLANNED_MARK, None)
-        if cursor is not None:
-            return cursor
-    return None

@@ -93,6 +93,63 @@ def write_copies(checkpoint: Any, copies: Any, prefix: str, options: Any) -> Non
     checkpoint.write(prefix, options=options)
 
 
+_COUNTED: list = []
+
+
+def count_batches_taken(distributed: Any, took: Any) -> Any:
+    """Make every iterator of ``distributed`` (what ``distribute_datasets_from_function``
+    returns) call ``took(1)`` for each batch it hands out outside a ``tf.function``: its
+    ``get_next`` (``next``, a Python ``for`` loop) and ``get_next_as_optional`` with a value.
+    The classes are TensorFlow's, subclassed; an iterator traced into a function is rebuilt from
+    its spec as TensorFlow's own and counts nothing."""
+    if not _COUNTED:
+        from tensorflow.python.distribute import input_lib
+        from tensorflow.python.eager import context
+
+        class CountedIterator(input_lib.DistributedIterator):
+            _raytf_took: Any = None
+
+            def get_next(self, name: Any = None) -> Any:
+                value = super().get_next(name)
+                if context.executing_eagerly():
+                    self._raytf_took(1)
+                return value
+
+            def get_next_as_optional(self) -> Any:
+                optional = super().get_next_as_optional()
+                if context.executing_eagerly() and bool(optional.has_value()):
+                    self._raytf_took(1)
+                return optional
+
+        class CountedDatasets(input_lib.DistributedDatasetsFromFunction):
+            _raytf_took: Any = None
+
+            def __iter__(self) -> Any:
+                iterator = super().__iter__()
+                if context.executing_eagerly() and type(iterator) is input_lib.DistributedIterator:
+                    iterator.__class__ = CountedIterator
+                    iterator._raytf_took = self._raytf_took  # noqa: SLF001
+                return iterator
+
+        _COUNTED.extend((input_lib.DistributedDatasetsFromFunction, CountedDatasets))
+    base, counted = _COUNTED
+    if type(distributed) is base:
+        distributed.__class__ = counted
+        distributed._raytf_took = took  # noqa: SLF001
+    return distributed
+
+
+def _probe_counted_iterators() -> None:
+    from tensorflow.python.distribute import input_lib
+
+    for name in ("DistributedIterator", "DistributedDatasetsFromFunction"):
+        assert isinstance(getattr(input_lib, name, None), type), f"input_lib.{name}"
+    for method in ("get_next", "get_next_as_optional"):
+        assert callable(getattr(input_lib.DistributedIterator, method, None)), f"DistributedIterator.{method}"
+    assert "DistributedIterator" in input_lib.DistributedDatasetsFromFunction.__iter__.__code__.co_names, \
+        "DistributedDatasetsFromFunction.__iter__ makes a DistributedIterator"
+
+
 def _probe_host_copies() -> None:
     import tensorflow as tf
     from tensorflow.python.checkpoint import async_checkpoint_helper as helper
@@ -154,6 +211,11 @@ HOOKS = [
          "Trackable._copy_trackable_to_cpu, TrackableSaver._object_map (TensorFlow's asynchronous checkpoint)",
          "asynchronous checkpoints of Checkpoint.from_state (report returns once the state is copied in host memory)",
          'CheckpointConfig(upload="sync")', _probe_host_copies),
+    Hook("tensorflow.counted_iterators", "tensorflow",
+         "input_lib.DistributedDatasetsFromFunction and DistributedIterator, subclassed",
+         "exactly-once data in a custom loop (counting the batches it takes from the strategy's iterator)",
+         "DataConfig(exactly_once=False)",
+         _probe_counted_iterators),
     Hook("tensorflow.dataset_graph", "tensorflow", "tf.data.Dataset._inputs() and ._functions()",
          "recognising a raytf shard inside tf.data (per-worker distribution)",
          "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",

@@ -26,6 +26,7 @@ from raytf._internal.hooks import tensorflow as _tf_hooks
 logger = logging.getLogger(__name__)
 
 _SHARD_MARK = "_raytf_shard"
+PLANNED_MARK = "_raytf_planned"  # on a planned shard's tf.data: the cursor behind it (data/planned.py)
 # Also in the shard's tf.data options, which TensorFlow carries to every dataset made from it, so a
 # shard captured inside a function (``Dataset.interleave``, ``flat_map``) is recognised through
 # the function's captured inputs, where no Python attribute reaches.
@@ -145,6 +146,22 @@ def _class() -> Any:
             super().__init__(*args, **kwargs)
             self._raytf_connected = True
 
+        def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+            cursors: list = []
+
+            def noted(context: Any) -> Any:
+                dataset = dataset_fn(context)
+                cursors.append(cursor_of(dataset))
+                return dataset
+
+            distributed = super().distribute_datasets_from_function(noted, options)
+            if cursors and cursors[0] is not None:  # a planned shard: count what the loop takes (planned.py)
+                from raytf._internal import hooks
+
+                hooks.require("tensorflow.counted_iterators")
+                _tf_hooks.count_batches_taken(distributed, cursors[0].took)
+            return distributed
+
         def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
             if is_shard(dataset):
                 return self.distribute_datasets_from_function(lambda _: dataset, options)
@@ -153,6 +170,15 @@ def _class() -> Any:
 
     _strategy_class = RaytfMultiWorkerMirroredStrategy
     return _strategy_class
+
+
+def cursor_of(dataset: Any) -> Any:
+    """The cursor (data/planned.py) of the planned shard ``dataset`` is, or is made from, if any."""
+    for current in lineage(dataset):
+        cursor = getattr(current, PLANNED_MARK, None)
+        if cursor is not None:
+            return cursor
+    return None
 
 
 def _note_ignored_arguments(args: tuple, kwargs: dict) -> None:
