@@ -16,13 +16,21 @@ DEFAULT_STORAGE_PATH = "~/raytf_results"
 LEASE_TTL_S = "RAYTF_LEASE_TTL_S"  # a dead driver's lease on its run expires after this long
 
 # Set in each worker before TensorFlow is imported.
-TF_CONFIG = "TF_CONFIG"
-TF_NUM_INTRAOP_THREADS = "TF_NUM_INTRAOP_THREADS"
-TF_NUM_INTEROP_THREADS = "TF_NUM_INTEROP_THREADS"
-OMP_NUM_THREADS = "OMP_NUM_THREADS"
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+TF_CONFIG = "TF_CONFIG"  # the cluster and this worker's task, built from its rank
+TF_NUM_INTRAOP_THREADS = "TF_NUM_INTRAOP_THREADS"  # TensorflowConfig.intra_op_threads (default: the worker's CPUs)
+TF_NUM_INTEROP_THREADS = "TF_NUM_INTEROP_THREADS"  # TensorflowConfig.inter_op_threads (default: the worker's CPUs)
+OMP_NUM_THREADS = "OMP_NUM_THREADS"  # the intra-op threads, for oneDNN
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the GPUs Ray assigned the worker; empty on CPU workers
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"  # from TensorflowConfig.log_level
 TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # "1": tf.keras is tf-keras 2 (TensorflowConfig.keras)
+GRPC_FAIL_FAST = "GRPC_FAIL_FAST"  # "use_caller" on parameter-server roles: a call to a lost task fails at once
+
+# Set for a script run by raytf launch, besides the worker's variables above.
+RUN_DIR = "RAYTF_RUN_DIR"  # the run's directory in its storage
+CHECKPOINT_DIR = "RAYTF_CHECKPOINT_DIR"  # shared by every rank and restart: BackupAndRestore(backup_dir=...)
+RANK = "RAYTF_RANK"  # the script's world rank
+WORLD_SIZE = "RAYTF_WORLD_SIZE"  # how many ranks run the script
+ATTEMPT = "RAYTF_ATTEMPT"  # 0 for the first attempt, then 1, 2, ... after each restart
 
 _DEFAULTS = {
     POLL_INTERVAL_S: 0.1,

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Protocol
 import pyarrow.fs as pafs
 from ray import cloudpickle
 
+from raytf._internal import env as _env
 from raytf._internal import hooks as _hooks
 from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, TrainContext, UserCode, WorkerSpec
 from raytf._internal.worker import activity as _activity
@@ -194,13 +195,13 @@ def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
     """What a launched script finds besides TF_CONFIG: its run's directories and its place in the group."""
     root = run.storage.root if run.storage is not None else run.run_path
     return {
-        "RAYTF_RUN_DIR": run.run_path,
+        _env.RUN_DIR: run.run_path,
         # Shared by every rank and every restart: BackupAndRestore(backup_dir=...) resumes from it.
-        "RAYTF_CHECKPOINT_DIR": os.path.join(root, "script_checkpoints") if run.storage is not None
+        _env.CHECKPOINT_DIR: os.path.join(root, "script_checkpoints") if run.storage is not None
         and isinstance(run.storage.filesystem, pafs.LocalFileSystem) else f"{run.run_path}/script_checkpoints",
-        "RAYTF_RANK": str(spec.rank.world_rank),
-        "RAYTF_WORLD_SIZE": str(spec.rank.world_size),
-        "RAYTF_ATTEMPT": str(spec.attempt),
+        _env.RANK: str(spec.rank.world_rank),
+        _env.WORLD_SIZE: str(spec.rank.world_size),
+        _env.ATTEMPT: str(spec.attempt),
     }
 
 
@@ -216,7 +217,7 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> UserCode:
     """Set a parameter-server actor's environment, load its user code, set TensorFlow up."""
     os.environ.update(_tensorflow.worker_environment(run, spec))
     # A call to a worker or ps that is down fails at once, so the coordinator can reschedule it.
-    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    os.environ[_env.GRPC_FAIL_FAST] = "use_caller"
     _tensorflow.check_storage_visible(run, host.node_ip)
     code = user_code(run)
     _activity.note_user_code(code.train_fn)
