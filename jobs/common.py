@@ -39,10 +39,17 @@ def parser(description: str, *, epochs: int, batch_size: int, num_workers: int =
     return p
 
 
+# --8<-- [start:configs]
 def scaling(args: argparse.Namespace) -> raytf.ScalingConfig:
     return raytf.ScalingConfig(
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
     )
+
+
+def run_config(args: argparse.Namespace, **kwargs: Any) -> raytf.RunConfig:
+    return raytf.RunConfig(name=args.name, storage_path=args.storage_path,
+                           failure_config=raytf.FailureConfig(max_failures=args.max_failures), **kwargs)
+# --8<-- [end:configs]
 
 
 def parameter_server_flags(p: argparse.ArgumentParser, *, num_ps: int = 1) -> None:
@@ -59,11 +66,6 @@ def parameter_server_scaling(args: argparse.Namespace, evaluators: int = 0) -> r
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
         cpus_per_ps=args.cpus_per_ps, cpus_per_chief=args.cpus_per_chief, cpus_per_evaluator=0.25,
     )
-
-
-def run_config(args: argparse.Namespace, **kwargs: Any) -> raytf.RunConfig:
-    return raytf.RunConfig(name=args.name, storage_path=args.storage_path,
-                           failure_config=raytf.FailureConfig(max_failures=args.max_failures), **kwargs)
 
 
 def connect(*modules: Any) -> None:

@@ -23,6 +23,7 @@ import common  # noqa: E402  (flags, Ray start-up and W1's data, shared by the j
 import raytf  # noqa: E402
 
 
+# --8<-- [start:train_fn]
 def train_fn(config: dict) -> None:
     import tensorflow as tf
 
@@ -54,6 +55,7 @@ def train_fn(config: dict) -> None:
             raytf.keras.ReportCallback(),  # reports every epoch, with a checkpoint
         ],
     )
+# --8<-- [end:train_fn]
 
 
 def build_parser():
@@ -69,6 +71,7 @@ def build_parser():
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     common.connect(common)
+    # --8<-- [start:fit]
     result = raytf.Trainer(
         train_fn,
         config={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
@@ -81,6 +84,7 @@ def main(argv=None) -> None:
         tensorflow=raytf.TensorflowConfig(keras="keras3", mixed_precision=args.mixed_precision),
         run=common.run_config(args, checkpoint_config=raytf.CheckpointConfig(num_to_keep=2)),
     ).fit()
+    # --8<-- [end:fit]
     common.print_result(result)
 
 if __name__ == "__main__":

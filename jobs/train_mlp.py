@@ -26,6 +26,7 @@ import common  # noqa: E402  (flags, Ray start-up and W1's data, shared by the j
 import raytf  # noqa: E402
 
 
+# --8<-- [start:start]
 def train_fn(config: dict) -> None:
     import tensorflow as tf
 
@@ -33,7 +34,9 @@ def train_fn(config: dict) -> None:
     strategy = raytf.strategy()
     global_batch = config["batch_size"]
     per_worker = global_batch // ctx.world_size
+# --8<-- [end:start]
 
+    # --8<-- [start:data]
     train = raytf.get_dataset_shard(
         "train", batch_size=per_worker, features="x", label="y", shuffle=True, seed=0,
         drop_remainder=True,
@@ -41,7 +44,9 @@ def train_fn(config: dict) -> None:
     val = raytf.get_dataset_shard("val", batch_size=1024, features="x", label="y")
     # Each worker's batches are its own: distribute them as they are.
     dist_train = strategy.distribute_datasets_from_function(lambda _: train)
+    # --8<-- [end:data]
 
+    # --8<-- [start:model]
     with strategy.scope():
         model = tf.keras.Sequential(
             [
@@ -55,12 +60,16 @@ def train_fn(config: dict) -> None:
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction="none"
         )
+    # --8<-- [end:model]
+    # --8<-- [start:resume]
     start = 0
     resumed = raytf.get_checkpoint()  # None on a fresh start
     if resumed is not None:
         resumed.restore_state(model=model, optimizer=optimizer)
         start = resumed.epoch + 1
+    # --8<-- [end:resume]
 
+    # --8<-- [start:step]
     @tf.function
     def train_step(batch):
         def step(features, labels):
@@ -73,13 +82,16 @@ def train_fn(config: dict) -> None:
 
         losses = strategy.run(step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    # --8<-- [end:step]
 
+    # --8<-- [start:loop]
     for epoch in range(start, config["epochs"]):
         start = time.perf_counter()
         total, steps = 0.0, 0
         for batch in dist_train:
             total += float(train_step(batch))
             steps += 1
+    # --8<-- [end:loop]
         seconds = time.perf_counter() - start
         correct = rows = 0
         for x_val, y_val in val:  # 'val' is not split: every worker scores all of it
@@ -87,6 +99,7 @@ def train_fn(config: dict) -> None:
             correct += int(tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y_val, tf.int32)))
             rows += int(y_val.shape[0])
         accuracy = correct / rows
+        # --8<-- [start:report]
         raytf.report(
             {
                 "epoch": epoch,
@@ -97,6 +110,7 @@ def train_fn(config: dict) -> None:
             },
             checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer),
         )
+        # --8<-- [end:report]
 
 
 def build_parser():
@@ -108,6 +122,7 @@ def build_parser():
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    # --8<-- [start:fit]
     common.connect(common)
     result = raytf.Trainer(
         train_fn,
@@ -122,6 +137,7 @@ def main(argv=None) -> None:
         run=common.run_config(args),
     ).fit()
     common.print_result(result)
+    # --8<-- [end:fit]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def build_model():
                                 tf.keras.layers.Dense(10)])
 
 
+# --8<-- [start:train_fn]
 def train_fn(config: dict) -> None:
     import tensorflow as tf
 
@@ -73,6 +74,7 @@ def train_fn(config: dict) -> None:
              "samples_per_s": config["steps_per_epoch"] * config["batch_size"] / seconds},
             checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer, steps_done=steps_done),
         )
+# --8<-- [end:train_fn]
 
 
 def evaluate_fn(checkpoint: raytf.Checkpoint, config: dict) -> dict:

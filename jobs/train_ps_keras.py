@@ -23,6 +23,7 @@ import raytf  # noqa: E402
 import raytf.keras  # noqa: E402
 
 
+# --8<-- [start:train_fn]
 def train_fn(config: dict) -> None:
     import tensorflow as tf  # tf.keras is tf-keras here: TensorflowConfig(keras="tf_keras")
 
@@ -43,6 +44,7 @@ def train_fn(config: dict) -> None:
               callbacks=[raytf.keras.ReportCallback()])  # each epoch's logs, with a checkpoint
     kernel = model.layers[0].kernel  # a ShardedVariable: one part per parameter server
     print(f"the first kernel lives in {len(getattr(kernel, 'variables', [kernel]))} parts across the ps")
+# --8<-- [end:train_fn]
 
 
 def build_parser():

@@ -24,6 +24,7 @@ import common  # noqa: E402  (flags, Ray start-up and W1's data, shared by the j
 import raytf  # noqa: E402
 
 
+# --8<-- [start:train_fn]
 def train_fn(config: dict) -> None:
     import tensorflow as tf
 
@@ -55,6 +56,7 @@ def train_fn(config: dict) -> None:
         callbacks=[raytf.keras.ReportCallback()],
         verbose=0,
     )
+# --8<-- [end:train_fn]
 
 
 def build_parser():

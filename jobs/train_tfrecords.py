@@ -44,6 +44,7 @@ def write_demo_tfrecords(directory: str, files: int = 4, rows: int = 4096, dim: 
                 })).SerializeToString())
 
 
+# --8<-- [start:read]
 def read(path: str, dim: int, reader: str = "files"):
     """The files as a dataset for ``Trainer(datasets=...)``: each worker reads its files with
     TensorFlow's reader (``files``), or Ray Data reads them into its object store (``ray-data``)."""
@@ -53,6 +54,7 @@ def read(path: str, dim: int, reader: str = "files"):
     if reader == "files":
         return raytf.data.tfrecord_files(path, features)
     return raytf.data.read_tfrecords(path, features=features)
+# --8<-- [end:read]
 
 
 def build_parser():

@@ -1,7 +1,8 @@
 """Tiers by directory, so a marker never depends on a test file remembering its own.
 
 ``-m unit``: tests/unit and tests/cluster, no Ray cluster, seconds in all (the loop to run while
-editing). ``-m integration``: tests/integration, on the session's Ray cluster. ``-m e2e``: a
+editing). ``-m docs``: tests/docs, the documentation site built in strict mode and checked.
+``-m integration``: tests/integration, on the session's Ray cluster. ``-m e2e``: a
 ``ray start --head`` of their own (tests/e2e; the autoscaler's test also has ``autoscaler``).
 ``-m gpu``: tests/gpu, on a machine with NVIDIA GPUs only.
 
@@ -16,7 +17,7 @@ import os
 
 import pytest
 
-_TIERS = {"unit": "unit", "cluster": "unit", "integration": "integration", "e2e": "e2e", "gpu": "gpu"}
+_TIERS = {"unit": "unit", "cluster": "unit", "docs": "docs", "integration": "integration", "e2e": "e2e", "gpu": "gpu"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

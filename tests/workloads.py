@@ -1295,7 +1295,7 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
 
 def counted_custom_loop(config: dict) -> None:
     """counted_keras_train's rows, step log and test hooks, trained by a custom loop the way the
-    README writes one: the strategy's distributed iterator in a Python ``for``, a checkpoint at
+    docs write one: the strategy's distributed iterator in a Python ``for``, a checkpoint at
     each epoch's end and where a preemption asks for one (checked every 2 steps), and on resume
     the epoch after the last completed one, nothing skipped (raytf hands the rest of an
     interrupted epoch as the shard's first pass)."""
@@ -1346,7 +1346,7 @@ def counted_custom_loop(config: dict) -> None:
 
 
 def counted_keras_train(config: dict) -> None:
-    """Keras through ``raytf.keras.fit`` with ``ReportCallback``, the way the README trains, on
+    """Keras through ``raytf.keras.fit`` with ``ReportCallback``, the way the docs train, on
     rows whose first feature is their id. Every training step writes the ids it trained (a
     ``py_function`` inside the model's call, so only batches a step really took), with the
     optimizer's iteration and the epoch, to ``steps-<driver>-<attempt>-<rank>.jsonl``; the

@@ -5,6 +5,7 @@ capacity, object-store checkpoints, commands that name files that exist, room fo
 from __future__ import annotations
 
 import copy
+import glob
 import os
 import re
 import shlex
@@ -170,8 +171,9 @@ def test_the_node_types_hold_each_jobs_default_scaling_and_the_commands_shown(na
             assert fits(bundle, head) == 0, (script, args)  # never on the head
 
 
-def test_the_readme_commands_for_clusters_name_jobs_that_take_their_flags():
-    text = open(os.path.join(REPO, "README.md")).read()
+def test_the_docs_commands_for_clusters_name_jobs_that_take_their_flags():
+    pages = [os.path.join(REPO, "README.md")] + glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)
+    text = "\n".join(open(page).read() for page in pages)
     jobs = submitted_jobs(text)
     assert any("--gpus-per-worker" in args for _, args in jobs)
     for script, args in jobs:

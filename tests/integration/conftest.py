@@ -18,6 +18,12 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # The Ray Train anchors of test_ray_train_compat are Ray Train V2, Ray's default from 2.51; on the
 # oldest Ray raytf supports (2.50) it is opt-in. Set before the cluster starts: its workers inherit it.
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+# Credentials for the loopback S3 server (s3_filesystem), where AWS's clients look for them, as on a
+# machine set up for S3: a storage URI (s3_uri) then needs no secret. Set before the cluster
+# starts, so its workers have them too; no metadata server to ask on this machine.
+for _name, _value in (("AWS_ACCESS_KEY_ID", "raytf-test"), ("AWS_SECRET_ACCESS_KEY", "raytf-test"),
+                      ("AWS_EC2_METADATA_DISABLED", "true")):
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture(scope="session")
@@ -110,6 +116,16 @@ def no_leaks(cluster):
 
 
 @pytest.fixture(scope="session")
+def s3_uri(s3_filesystem):
+    """The S3 server's bucket as a storage URI, the endpoint in its query; credentials from the
+    environment, as AWS's clients read them."""
+    return f"s3://raytf-test/uri?endpoint_override={_S3_ENDPOINT[0]}&scheme=http&region=us-east-1"
+
+
+_S3_ENDPOINT: list = []
+
+
+@pytest.fixture(scope="session")
 def s3_filesystem(tmp_path_factory):
     """A real S3-compatible server (moto's server mode) on loopback, and a bucket on it."""
     import socket
@@ -119,6 +135,7 @@ def s3_filesystem(tmp_path_factory):
     import pyarrow.fs as pafs
 
     port = free_port()
+    _S3_ENDPOINT[:] = [f"127.0.0.1:{port}"]
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

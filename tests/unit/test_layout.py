@@ -1,4 +1,4 @@
-"""The house's rules, read from the source: Ray only where the README says, TensorFlow never at
+"""The house's rules, read from the source: Ray only where the layout (docs/contributing.md) says, TensorFlow never at
 import time, and the control plane importing neither."""
 
 import ast
@@ -9,7 +9,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "raytf"
 
-# The modules that may import Ray (README, Layout).
+# The modules that may import Ray (docs/contributing.md, Layout).
 RAY_MODULES = {
     "trainer.py",  # connects to Ray, and takes ray.data Datasets
     "launch.py",  # pickles the command for the workers
@@ -81,8 +81,8 @@ def test_the_control_plane_imports_neither_ray_nor_tensorflow(name):
     assert not [m for m, _ in imports(PACKAGE / name) if m.split(".")[0] in ("ray", "tensorflow")]
 
 
-def test_the_readme_marks_every_module_that_imports_ray():
-    readme = (PACKAGE.parent / "README.md").read_text()
+def test_the_layout_marks_every_module_that_imports_ray():
+    readme = (PACKAGE.parent / "docs" / "contributing.md").read_text()
     marked = set()
     for line in readme.splitlines():
         if line.rstrip().endswith("[Ray]"):

@@ -1,0 +1,152 @@
+"""Reference text read off raytf's code with ``ast`` (nothing imported from raytf but its CLI parser):
+every error raytf raises with its message, the environment variables, the ``raytf`` command's help.
+
+Each function returns Markdown for the docs' hooks (generate.py); ``tests/docs`` builds the site.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Raised:
+    """One place raytf makes an error: the class, the message as written, where."""
+
+    error: str
+    message: str
+    module: str
+    function: str
+    line: int
+
+
+def _error_classes(root: str) -> dict[str, str]:
+    """raytf.errors' exception classes (every subclass of RaytfError there) -> their docstrings."""
+    tree = ast.parse(open(os.path.join(root, "raytf", "errors.py")).read())
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+            if node.name == "RaytfError" or bases & set(found):
+                found[node.name] = " ".join((ast.get_docstring(node) or "").split())
+    return found
+
+
+def _text(node: ast.AST) -> str:
+    """A message as its code writes it: literal text, and ``{expression}`` where a value goes."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text(v) if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                       for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _text(node.left) + _text(node.right)
+    if isinstance(node, ast.IfExp):
+        return _text(node.body) + " / " + _text(node.orelse)
+    return "{" + ast.unparse(node) + "}"
+
+
+def raised(root: str) -> Iterator[Raised]:
+    """Every construction of one of raytf's error classes in the package, in file order."""
+    classes = set(_error_classes(root))
+    package = os.path.join(root, "raytf")
+    for directory, _, names in sorted(os.walk(package)):
+        for name in sorted(names):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(directory, name)
+            module = os.path.relpath(path, root)
+            tree = ast.parse(open(path).read())
+            functions = {}
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    for inner in ast.walk(node):
+                        functions.setdefault(id(inner), node.name)
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                func = node.func
+                called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+                if called in classes:
+                    yield Raised(called, _text(node.args[0]), module, functions.get(id(node), "(module)"), node.lineno)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
+
+
+def errors_markdown(root: str, error: str) -> str:
+    """Each place raytf raises ``error`` (a class of raytf.errors), with its message as written."""
+    if error not in _error_classes(root):
+        raise ValueError(f"docs: {error!r} is not an error class in raytf/errors.py")
+    sites = [site for site in raised(root) if site.error == error]
+    if not sites:
+        return "(raised with a worker's failure, or through its subclasses)\n"
+    out = ["| raised in | message (`{...}`: filled in with the value) |", "| --- | --- |"]
+    out += [f"| `{s.module}` `{s.function}` | `{_cell(s.message)}` |" for s in sites]
+    return "\n".join(out) + "\n"
+
+
+def error_classes(root: str) -> list[str]:
+    """raytf's error classes, in raytf/errors.py's order."""
+    return list(_error_classes(root))
+
+
+def environment_markdown(root: str) -> str:
+    """The variables of raytf/_internal/env.py, by the section comment above them, with defaults."""
+    source = open(os.path.join(root, "raytf", "_internal", "env.py")).read()
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    names = {}
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id.isupper() and not target.id.startswith("DEFAULT"):
+                comment = lines[node.lineno - 1].partition("#")[2].strip()
+                names[target.id] = (node.value.value, comment, node.lineno)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for key, value in zip(node.value.keys, node.value.values):
+                if isinstance(key, ast.Name) and isinstance(value, ast.Constant):
+                    defaults[key.id] = value.value
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
+                getattr(node.targets[0], "id", "") == "DEFAULT_STORAGE_PATH":
+            defaults["STORAGE_PATH"] = node.value.value
+    sections, current = [], None
+    for number, line in enumerate(lines, start=1):
+        if line.startswith("# ") and line.rstrip().endswith("."):
+            current = (line[2:].strip(), [])
+            sections.append(current)
+        for name, (value, comment, at) in names.items():
+            if at == number and current is not None:
+                current[1].append((value, defaults.get(name), comment))
+    out = []
+    for title, rows in sections:
+        if not rows:
+            continue
+        out += [f"**{title}**", "", "| variable | default | what |", "| --- | --- | --- |"]
+        out += [f"| `{value}` | {'' if default is None else f'`{default}`'} | {_cell(comment)} |"
+                for value, default, comment in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def cli_markdown(root: str) -> str:
+    """``raytf --help`` and each command's ``--help``, as the parser prints them."""
+    import sys
+
+    sys.path.insert(0, root)
+    from raytf.cli import _parser
+
+    parser = _parser()
+    out = ["```text", "$ raytf --help", parser.format_help().rstrip(), "```", ""]
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps its subcommands here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                out += [f"### `raytf {name}`", "", "```text", f"$ raytf {name} --help",
+                        sub.format_help().rstrip(), "```", ""]
+    return "\n".join(out)

@@ -1,0 +1,107 @@
+"""The documentation site never drifts from the code: it builds in strict mode (a broken link, a
+missing snippet or a reference to a missing name fails), every public name has a reference
+entry, and every code block in it is either included from a file the tests run or says why not."""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PUBLIC = {  # module -> its file, whose __all__ lists the public names
+    "raytf": "raytf/__init__.py", "raytf.keras": "raytf/keras/__init__.py", "raytf.data": "raytf/data.py",
+    "raytf.train": "raytf/train/__init__.py", "raytf.train.keras": "raytf/train/keras.py",
+}
+# Files whose code the test suite runs: blocks included from them need no mark.
+TESTED = ("jobs/", "docs/examples/", "cluster/")
+FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
+
+
+def pages() -> list[pathlib.Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if not {"_hooks", "examples"} & set(p.relative_to(DOCS).parts))
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-6000:]
+    site = tmp_path / "site"
+    for chart in ("recovery", "w3_pause", "file_ingest"):  # drawn from bench/results by the build
+        assert (site / "charts" / f"{chart}.svg").read_text().lstrip().startswith("<?xml")
+    errors = (site / "reference" / "errors" / "index.html").read_text()
+    assert "must be one of" in errors and "raytf/config.py" in errors  # the messages, read off the code
+
+
+def public_names() -> list[str]:
+    names = []
+    for module, path in PUBLIC.items():
+        tree = ast.parse((ROOT / path).read_text())
+        listed = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                      and any(getattr(t, "id", "") == "__all__" for t in node.targets))
+        names += [f"{module}.{ast.literal_eval(e)}" for e in listed.elts]
+    return names
+
+
+def test_every_public_name_has_an_entry_in_the_reference():
+    entries = set(re.findall(r"^::: ([\w.]+)\s*$", "\n".join(p.read_text() for p in (DOCS / "reference").glob("*.md")),
+                             re.MULTILINE))
+    missing = [name for name in public_names() if name not in entries]
+    assert not missing, f"public names with no '::: name' in docs/reference/: {missing}"
+
+
+def blocks(path: pathlib.Path):
+    """(line number, language, the block's lines, the nearest non-blank line above it)."""
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        opened = FENCE.match(lines[i])
+        if not opened:
+            i += 1
+            continue
+        end = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
+        above = next((lines[k].strip() for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+        yield i + 1, opened.group(2), lines[i + 1:end], above
+        i = end + 1
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_code_block_is_run_by_the_tests_or_says_why_not(page):
+    for line, language, body, above in blocks(page):
+        if language in ("text", "mermaid"):
+            continue  # a program's output; a diagram
+        included = [b.strip() for b in body if b.strip()]
+        if len(included) == 1 and included[0].startswith("--8<--"):
+            target = included[0].split('"')[1].split(":")[0]
+            assert target.startswith(TESTED) and (ROOT / target).exists(), f"{page.name}:{line}: {target}"
+            continue
+        assert re.match(r"<!-- not run[^:]*: \S.* -->$", above), (
+            f"{page.relative_to(ROOT)}:{line}: a {language or 'plain'} block neither included from a tested file "
+            "(--8<-- \"jobs/... or docs/examples/...:section\") nor marked <!-- not run: the reason --> above it")
+
+
+def test_every_example_the_docs_quote_is_run_by_a_test():
+    runner = (ROOT / "tests" / "integration" / "test_docs_examples.py").read_text()
+    for example in sorted((DOCS / "examples").glob("*.py")):
+        assert f'example("{example.stem}")' in runner, f"docs/examples/{example.name} is not run"
+
+
+def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_into_the_site():
+    readme = (ROOT / "README.md").read_text()
+    first = next(FENCE.match(l) and i for i, l in enumerate(readme.splitlines()) if FENCE.match(l))
+    commands = readme.splitlines()[first + 1:first + 3]
+    assert commands == ['pip install -e . && python jobs/train_mlp.py', 'pip install -e ".[test]" && python -m pytest']
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith(commands[1])
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert len(links) >= 8, links
+    for link in links:
+        assert (ROOT / link).exists(), link
+    assert len(readme.splitlines()) < 200, "the README is a front page; what it explains lives in docs/"

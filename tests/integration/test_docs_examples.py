@@ -1,0 +1,65 @@
+"""The documentation's examples (docs/examples/), run as the pages show them, on fewer workers,
+rows and epochs: the code a reader copies from the site is code that runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+def example(name):
+    """docs/examples/<name>.py as a module, pickled by value to the workers (they cannot import it)."""
+    from ray import cloudpickle
+
+    spec = importlib.util.spec_from_file_location(f"raytf_docs_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def test_the_custom_loop_trains_keeps_the_best_two_checkpoints_and_resumes_by_name(cluster, tmp_path, no_leaks):
+    custom_loop = example("custom_loop")
+    result = custom_loop.main(storage_path=str(tmp_path), min_workers=1, max_workers=2, epochs=3, num_rows=2048)
+    losses = [h["loss"] for h in result.history]
+    assert [h["epoch"] for h in result.history] == [0, 1, 2] and losses[-1] < losses[0], result.history
+    kept = sorted(p.name for p in (tmp_path / "custom-loop" / "checkpoints").iterdir() if p.is_dir())
+    assert len(kept) == 2 and result.checkpoint.epoch == 2, kept  # num_to_keep=2, the latest always kept
+    again = custom_loop.main(storage_path=str(tmp_path), min_workers=1, max_workers=2, epochs=4, num_rows=2048)
+    assert [h["epoch"] for h in again.history if h["driver_start"] == 1] == [3]  # resumed from epoch 2's
+
+
+def test_ray_train_code_with_its_imports_swapped_trains(cluster, tmp_path, no_leaks):
+    result = example("ray_train_swap").main(storage_path=str(tmp_path), num_workers=2, use_gpu=False, epochs=3,
+                                            num_rows=2048)
+    losses = [h["loss"] for h in result.history]
+    assert len(losses) == 3 and losses[-1] < 0.5 * losses[0], losses
+    assert result.checkpoint is not None and result.checkpoint.epoch == 2
+
+
+def test_the_recipe_checkpoints_to_s3_through_a_storage_uri(cluster, s3_uri, s3_filesystem, no_leaks):
+    result = example("recipe_gpus_s3").main(storage_path=s3_uri, num_workers=2, gpus_per_worker=0,
+                                            cpus_per_worker=1, epochs=2, num_rows=4096)
+    assert result.path == "s3://raytf-test/uri/tf-keras-gpus"  # the URI's query is not shown
+    assert result.checkpoint.path.startswith("raytf-test/uri/tf-keras-gpus/checkpoints/")  # on its filesystem
+    import pyarrow.fs as pafs
+
+    names = [i.base_name for i in s3_filesystem.get_file_info(pafs.FileSelector("raytf-test/uri/tf-keras-gpus/checkpoints"))
+             if i.type == pafs.FileType.Directory]
+    assert len(names) == 2, names
+    assert result.metrics["accuracy"] > 0.2  # 10 classes: well above chance after two epochs
+
+
+def test_a_ray_tune_trial_is_a_raytf_run(cluster, tmp_path, no_leaks):
+    best = example("tune_trials").main(storage_path=str(tmp_path), learning_rates=(0.05,), num_workers=1,
+                                       epochs=2, num_rows=1024)
+    assert best.config["lr"] == 0.05 and best.metrics["loss"] < 0.69  # below chance's log(2)
+    assert (tmp_path / "search").is_dir() and any(p.name.startswith("trial") for p in tmp_path.iterdir())
