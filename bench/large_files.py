@@ -2,6 +2,7 @@
 than a worker's memory, trained from through ``raytf.data.tfrecord_files``.
 
     python bench/large_files.py [--gib 4] [--object-store-gib 2] [--dim 1024] [--epochs 1]
+                                [--ray-data | --only-ray-data] [--no-cache]
 
 Writes ``--gib`` GiB of ``tf.train.Example`` files (``x``: ``--dim`` floats, ``y``: a class),
 starts Ray with an object store of ``--object-store-gib`` GiB, and trains a linear classifier on
@@ -10,7 +11,9 @@ shuffled by chunk and window), with a custom loop. Every worker reports its peak
 (``VmHWM``) and the rows it trained. Prints one JSON line: the dataset's size, the object store's,
 each worker's peak memory, the rows trained per epoch against the dataset's, and rows/s; then
 the same for the Ray Data path (``raytf.data.read_tfrecords``, materialized into the object
-store once per run, so Ray spills what does not fit to disk) with ``--ray-data``.
+store once per run, so Ray spills what does not fit to disk) with ``--ray-data``, its shards
+cached as tensors (the default) or, with ``--no-cache``, gathered from the blocks a few dozen
+batches at a time.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def train(config: dict) -> None:
 
     ctx = raytf.get_context()
     strategy = raytf.strategy()
-    data = raytf.get_dataset_shard("train", batch_size=config["batch"], features="x", label="y", shuffle=True)
+    data = raytf.get_dataset_shard("train", batch_size=config["batch"], features="x", label="y", shuffle=True,
+                                   cache=config["cache"])
     distributed = strategy.distribute_datasets_from_function(lambda _: data)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((config["dim"],)), tf.keras.layers.Dense(2)])
@@ -101,7 +105,8 @@ def run(path: str, reader: str, args: argparse.Namespace, storage: str, rows: in
     out = tempfile.mkdtemp(prefix="raytf-large-ranks-")
     started = time.perf_counter()
     raytf.Trainer(
-        train, config={"batch": args.batch_size, "dim": args.dim, "epochs": args.epochs, "out": out},
+        train, config={"batch": args.batch_size, "dim": args.dim, "epochs": args.epochs, "out": out,
+                       "cache": args.cache},
         datasets={"train": source},
         scaling=raytf.ScalingConfig(num_workers=2, cpus_per_worker=1),
         run=raytf.RunConfig(name=f"large-{reader}", storage_path=storage, verbose=0),
@@ -115,7 +120,7 @@ def run(path: str, reader: str, args: argparse.Namespace, storage: str, rows: in
             ranks.append(json.load(f))
     trained = sum(r["rows"] for r in ranks)
     seconds = max(r["seconds"] for r in ranks)
-    return {"reader": reader, "dataset_gib": round(size / GIB, 2), "dataset_rows": rows,
+    return {"reader": reader, "cache": args.cache if reader == "ray-data" else None, "dataset_gib": round(size / GIB, 2), "dataset_rows": rows,
             "object_store_gib": args.object_store_gib, "epochs": args.epochs,
             "rows_trained_last_epoch": trained, "rows_per_s": round(trained / seconds),
             "worker_peak_rss_mb": [round(r["peak_mb"]) for r in ranks],
@@ -131,6 +136,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="per worker")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--ray-data", action="store_true", help="also the Ray Data path (read_tfrecords)")
+    parser.add_argument("--only-ray-data", action="store_true", help="the Ray Data path alone")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="the Ray Data path with get_dataset_shard(cache=False): batches gathered from the blocks")
     parser.add_argument("--data", help="a directory of files written by an earlier run (kept)")
     args = parser.parse_args()
 
@@ -154,7 +162,8 @@ def main() -> None:
             "x": tf.io.FixedLenFeature([args.dim], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)})).rows
         ray.init(num_cpus=3, object_store_memory=int(args.object_store_gib * GIB), include_dashboard=False,
                  log_to_driver=False)
-        for reader in ["files"] + (["ray-data"] if args.ray_data else []):
+        for reader in ([] if args.only_ray_data else ["files"]) + (["ray-data"] if args.ray_data or args.only_ray_data
+                                                                    else []):
             print(json.dumps(run(path, reader, args, os.path.join(scratch, "results"), rows, size)), flush=True)
     finally:
         if args.data is None:

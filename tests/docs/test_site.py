@@ -41,6 +41,26 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert "must be one of" in errors and "raytf/config.py" in errors  # the messages, read off the code
 
 
+def test_a_broken_link_or_a_missing_name_fails_the_build(tmp_path):
+    """The site's own settings (mkdocs.yml) turn a link to a missing page and a reference to a
+    missing name into errors: the same docs, one page with each, built as the test above builds."""
+    import shutil
+
+    shutil.copytree(DOCS, tmp_path / "docs")
+    config = (ROOT / "mkdocs.yml").read_text().replace("docs/_hooks/generate.py", str(DOCS / "_hooks" / "generate.py"))
+    (tmp_path / "mkdocs.yml").write_text(config + f"\ndocs_dir: {tmp_path / 'docs'}\n")
+    page = tmp_path / "docs" / "concepts" / "index.md"
+    for broken, complaint in (("[gone](no-such-page.md)", "no-such-page.md"),
+                              ("::: raytf.NoSuchTrainer", "raytf.NoSuchTrainer")):
+        page.write_text((DOCS / "concepts" / "index.md").read_text() + f"\n{broken}\n")
+        built = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(tmp_path / "mkdocs.yml"),
+             "--site-dir", str(tmp_path / "site")],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        )
+        assert built.returncode != 0 and complaint in built.stdout + built.stderr, (broken, built.stderr[-2000:])
+
+
 def public_names() -> list[str]:
     names = []
     for module, path in PUBLIC.items():
