@@ -38,11 +38,9 @@ def resolve_storage(
         filesystem, root = pafs.FileSystem.from_uri(text)
     except (ValueError, OSError) as error:  # pyarrow.ArrowInvalid is a ValueError
         raise ConfigError(
-            f"RunConfig.storage_path={text.split('?', 1)[0]!r} is not a URI pyarrow.fs can open: {error}"
+            f"RunConfig.storage_path={text!r} is not a URI pyarrow.fs can open: {error}"
         ) from None
-    # A URI's query (s3://bucket/runs?endpoint_override=...&secret_key=...) configures the
-    # filesystem; the run's paths as shown are without it, so no secret is printed or logged.
-    return filesystem, root.rstrip("/"), text.split("?", 1)[0].rstrip("/")
+    return filesystem, root.rstrip("/"), text.rstrip("/")
 
 
 def join(fs: pafs.FileSystem, *parts: str) -> str:

@@ -26,15 +26,13 @@ def example(name):
     return module
 
 
-def test_the_custom_loop_trains_keeps_the_best_two_checkpoints_and_resumes_by_name(cluster, tmp_path, no_leaks):
-    custom_loop = example("custom_loop")
-    result = custom_loop.main(storage_path=str(tmp_path), min_workers=1, max_workers=2, epochs=3, num_rows=2048)
+def test_the_custom_loop_trains_and_keeps_the_best_two_checkpoints(cluster, tmp_path, no_leaks):
+    result = example("custom_loop").main(storage_path=str(tmp_path), min_workers=1, max_workers=2, epochs=3,
+                                         num_rows=2048)
     losses = [h["loss"] for h in result.history]
     assert [h["epoch"] for h in result.history] == [0, 1, 2] and losses[-1] < losses[0], result.history
     kept = sorted(p.name for p in (tmp_path / "custom-loop" / "checkpoints").iterdir() if p.is_dir())
     assert len(kept) == 2 and result.checkpoint.epoch == 2, kept  # num_to_keep=2, the latest always kept
-    again = custom_loop.main(storage_path=str(tmp_path), min_workers=1, max_workers=2, epochs=4, num_rows=2048)
-    assert [h["epoch"] for h in again.history if h["driver_start"] == 1] == [3]  # resumed from epoch 2's
 
 
 def test_ray_train_code_with_its_imports_swapped_trains(cluster, tmp_path, no_leaks):
@@ -48,7 +46,7 @@ def test_ray_train_code_with_its_imports_swapped_trains(cluster, tmp_path, no_le
 def test_the_recipe_checkpoints_to_s3_through_a_storage_uri(cluster, s3_uri, s3_filesystem, no_leaks):
     result = example("recipe_gpus_s3").main(storage_path=s3_uri, num_workers=2, gpus_per_worker=0,
                                             cpus_per_worker=1, epochs=2, num_rows=4096)
-    assert result.path == "s3://raytf-test/uri/tf-keras-gpus"  # the URI's query is not shown
+    assert result.path == s3_uri.replace("/uri?", "/uri/tf-keras-gpus?")  # a URI that opens the run, query kept
     assert result.checkpoint.path.startswith("raytf-test/uri/tf-keras-gpus/checkpoints/")  # on its filesystem
     import pyarrow.fs as pafs
 
