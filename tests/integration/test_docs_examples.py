@@ -1,5 +1,6 @@
 """The documentation's examples (docs/examples/), run as the pages show them, on fewer workers,
-rows and epochs: the code a reader copies from the site is code that runs."""
+rows and epochs: the code a reader copies from the site is code that runs. One worker where the
+example's point is not the split (each worker's start is seconds of TensorFlow's import)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def example(name):
 
 
 def test_the_custom_loop_trains_and_keeps_the_best_two_checkpoints(cluster, tmp_path, no_leaks):
-    result = example("custom_loop").main(storage_path=str(tmp_path), min_workers=1, max_workers=2, epochs=3,
+    result = example("custom_loop").main(storage_path=str(tmp_path), min_workers=1, max_workers=1, epochs=3,
                                          num_rows=2048)
     losses = [h["loss"] for h in result.history]
     assert [h["epoch"] for h in result.history] == [0, 1, 2] and losses[-1] < losses[0], result.history
@@ -44,7 +45,7 @@ def test_ray_train_code_with_its_imports_swapped_trains(cluster, tmp_path, no_le
 
 
 def test_the_recipe_checkpoints_to_s3_through_a_storage_uri(cluster, s3_uri, s3_filesystem, no_leaks):
-    result = example("recipe_gpus_s3").main(storage_path=s3_uri, num_workers=2, gpus_per_worker=0,
+    result = example("recipe_gpus_s3").main(storage_path=s3_uri, num_workers=1, gpus_per_worker=0,
                                             cpus_per_worker=1, epochs=2, num_rows=4096)
     assert result.path == s3_uri.replace("/uri?", "/uri/tf-keras-gpus?")  # a URI that opens the run, query kept
     assert result.checkpoint.path.startswith("raytf-test/uri/tf-keras-gpus/checkpoints/")  # on its filesystem
@@ -57,7 +58,7 @@ def test_the_recipe_checkpoints_to_s3_through_a_storage_uri(cluster, s3_uri, s3_
 
 
 def test_a_ray_tune_trial_is_a_raytf_run(cluster, tmp_path, no_leaks):
-    best = example("tune_trials").main(storage_path=str(tmp_path), learning_rates=(0.05,), num_workers=1,
-                                       epochs=2, num_rows=1024)
-    assert best.config["lr"] == 0.05 and best.metrics["loss"] < 0.69  # below chance's log(2)
+    best = example("tune_trials").main(storage_path=str(tmp_path), learning_rates=(0.5,), num_workers=1,
+                                       epochs=3, num_rows=1024)
+    assert best.config["lr"] == 0.5 and best.metrics["loss"] < 0.5  # chance is log(2) = 0.69
     assert (tmp_path / "search").is_dir() and any(p.name.startswith("trial") for p in tmp_path.iterdir())
