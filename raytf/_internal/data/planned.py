@@ -7,8 +7,9 @@ rank a :class:`PlannedShard`: the blocks, and the run's data seed. A rank reads 
 (zero-copy on their node) and trains, each pass, the rows its :class:`~raytf._internal.data.position.Position`
 gives it (position.py): the rest of an interrupted epoch first, cut over this group, then
 whole epochs. Each checkpoint raytf commits records every split dataset's position
-(:meth:`Cursor.position_after`), so a restart, of any size and on any nodes, trains what
-the interrupted epoch has not trained, once.
+(:meth:`Cursor.position_after`; in a custom loop, from the batches it took from the strategy's
+iterator, :meth:`Cursor.taken_position`), so a restart, of any size and on any nodes, trains
+what the interrupted epoch has not trained, once.
 
 Two tf.data pipelines, as for streamed shards (tfdata.py). ``cache=True``: a group that keeps
 its size trains the same run of rows on each rank every epoch (position.py), so the rank
@@ -36,7 +37,6 @@ from raytf._internal.worker.strategy import cursor_of  # noqa: F401 - where the 
 from raytf.errors import DatasetShardError
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
