@@ -159,3 +159,28 @@ def test_a_parameter_server_shard_of_an_empty_lazy_dataset_names_the_cause():
     one = {"x": ColumnFiles("float32", (2,), 1, ("f",)), "y": ColumnFiles("int64", (), 1, ("g",))}
     with pytest.raises(DatasetShardError, match="has 1 row.*fewer than the 2 workers.*ParameterServerScaling"):
         make_shard(request, [one, {}], None, 0)
+
+
+@pytest.mark.parametrize("dtype, shape", [("float32", (1000, 7)), ("int64", (33,)), ("uint8", (5, 3, 2)),
+                                          ("bool", (9,)), ("object", (4,))])
+def test_a_cached_column_becomes_a_tensor_over_its_own_memory_where_tensorflow_can_take_it(dtype, shape):
+    """Numeric columns gathered into 64-byte aligned arrays become tensors without a copy (a
+    worker's cached share of a large dataset is then held once, not three times); the others are
+    converted. Either way the tensor holds the values and gathers like any."""
+    import numpy as np
+    import tensorflow as tf
+
+    from raytf._internal.data.tfdata import aligned_empty, host_tensor
+
+    array = aligned_empty(shape, dtype)
+    array[...] = np.arange(np.prod(shape)).reshape(shape).astype(dtype) if dtype != "object" else b"x"
+    tensor = host_tensor(array)
+    assert tensor.shape == shape and np.array_equal(tensor.numpy(), array)
+    assert np.array_equal(tf.gather(tensor, [0, 2]).numpy(), array[[0, 2]])
+    shared = dtype in ("float32", "int64", "uint8")
+    assert array.ctypes.data % 64 == 0 or dtype == "object"
+    before = tensor.numpy().copy()
+    array.flat[0] = array.flat[1] if dtype != "object" else b"y"  # the array's memory is the tensor's, if taken
+    assert np.array_equal(tensor.numpy(), array) == shared and (shared or np.array_equal(tensor.numpy(), before))
+    unaligned = np.arange(100, dtype="float32")[1:]  # 4 bytes past an aligned start: converted, a copy
+    assert np.array_equal(host_tensor(unaligned).numpy(), unaligned)

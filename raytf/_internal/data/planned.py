@@ -31,7 +31,7 @@ import numpy as np
 
 from raytf._internal.data import position as _position
 from raytf._internal.data.request import KeptShardLost, ShardRequest, check_rows
-from raytf._internal.data.tfdata import _STACK_BATCHES, _finish, stack_column
+from raytf._internal.data.tfdata import _STACK_BATCHES, _finish, aligned_empty, host_tensor, stack_column
 from raytf._internal.worker.strategy import PLANNED_MARK as _PLANNED_MARK
 from raytf._internal.worker.strategy import cursor_of  # noqa: F401 - where the data modules find it
 from raytf.errors import DatasetShardError
@@ -82,10 +82,12 @@ class Blocks:
             self._read[index] = {c: stack_column(c, self._shard.name, v) for c, v in arrays.items()}
         return self._read[index]
 
-    def gather(self, rows: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
-        """The given rows (indices into the dataset) of ``columns``, in that order."""
+    def gather(self, rows: np.ndarray, columns: list[str], aligned: bool = False) -> dict[str, np.ndarray]:
+        """The given rows (indices into the dataset) of ``columns``, in that order; ``aligned``:
+        into arrays TensorFlow takes without a copy (tfdata.host_tensor)."""
         which = np.searchsorted(self.starts, rows, side="right") - 1
-        out = {c: np.empty((len(rows), *self.spec(c)[1]), self.spec(c)[0]) for c in columns}
+        make = aligned_empty if aligned else np.empty
+        out = {c: make((len(rows), *self.spec(c)[1]), self.spec(c)[0]) for c in columns}
         for block in np.unique(which):
             here = np.nonzero(which == block)[0]
             offsets = rows[here] - self.starts[block]
@@ -249,9 +251,10 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
                 return [columns[c] for c in needed] + [np.arange(len(planned.rows)), planned.bounds]
             start, end = planned.local
             if held.get("run") != planned.local:
-                columns = blocks.gather(np.arange(start, end), needed)
+                held.pop("tensors", None)  # the previous run's, before this one is read
+                columns = blocks.gather(np.arange(start, end), needed, aligned=True)
                 with tf.device("/cpu:0"):
-                    held["tensors"] = [tf.convert_to_tensor(columns[c]) for c in needed]
+                    held["tensors"] = [host_tensor(columns[c]) for c in needed]
                 held["run"] = planned.local
             return held["tensors"] + [planned.rows - start, planned.bounds]
 

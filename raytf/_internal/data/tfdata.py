@@ -33,6 +33,35 @@ from raytf._internal.data.request import ShardRequest
 from raytf.errors import DatasetShardError
 
 _STACK_BATCHES = 32  # batches per Python crossing on the streaming path
+_ALIGN = 64  # bytes: the alignment TensorFlow's CPU kernels (Eigen) assume of a tensor's buffer
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array whose buffer starts on a 64-byte boundary (one TensorFlow can use
+    as it is, :func:`host_tensor`); an object array as NumPy makes it."""
+    dtype = np.dtype(dtype)
+    if dtype == object:
+        return np.empty(shape, dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(size + _ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start:start + size].view(dtype).reshape(shape)
+
+
+def host_tensor(array: np.ndarray) -> Any:
+    """``array`` as a CPU tensor. A numeric, C-contiguous array on a 64-byte boundary is taken
+    without a copy (DLPack; the tensor keeps the array alive): ``tf.convert_to_tensor`` copies,
+    twice at its peak, which for a worker's cached share of a large dataset is GiBs. Anything else
+    (strings, booleans, another layout) is converted."""
+    import tensorflow as tf
+
+    if (array.size and array.dtype.kind in "fiu" and array.flags.c_contiguous
+            and array.ctypes.data % _ALIGN == 0):
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except (TypeError, ValueError, BufferError, tf.errors.InvalidArgumentError):
+            pass
+    return tf.convert_to_tensor(array)
 
 
 def stack_column(name: str, dataset: str, values: np.ndarray) -> np.ndarray:
