@@ -974,6 +974,11 @@ def ps_custom_loop(config: dict) -> None:
     ``mark_epochs``: on attempt 0, mark-<epoch>.json is written once each of these epochs' steps are
     scheduled, for a test to act on while they run; the checkpoint of the epoch before is committed
     by then (its state is written in the background, beside the next epoch's steps).
+
+    ``count_rows`` (rows in the dataset; its "id" column numbers them): the step also counts, on
+    the ps, how often each pass of each worker's stream trained each row (``seen[pass, id]``, the
+    pass from the steps that worker's stream trained before, ``per_pass`` batches each), which
+    worker's piece each row is in, and each worker's trained steps; rows.json has them at the end.
     """
     import numpy as np
     import tensorflow as tf
@@ -982,8 +987,9 @@ def ps_custom_loop(config: dict) -> None:
     strategy = raytf.strategy()
     coordinator = raytf.coordinator()
     assert tf.distribute.coordinator.ClusterCoordinator(strategy) is coordinator
-    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32), features="x", label="y",
-                                    shuffle=True, seed=0)
+    counting = config.get("count_rows")
+    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32),
+                                    features=["x", "id"] if counting else "x", label="y", shuffle=True, seed=0)
     iterator = iter(coordinator.create_per_worker_dataset(shard))
     try:
         next(iter(shard))  # the template, read on the chief: a clear error
@@ -996,15 +1002,34 @@ def ps_custom_loop(config: dict) -> None:
         optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1))
         optimizer.build(model.trainable_variables)
         rows = tf.Variable(0, dtype=tf.int64)  # assign_add on the ps: exact, unlike Keras 3's iterations
+        accounts = {}
+        if counting:
+            accounts = {"seen": tf.Variable(tf.zeros([128, counting], tf.int32)),
+                        "owner": tf.Variable(tf.fill([counting], -1)),
+                        "worker_steps": tf.Variable(tf.zeros([8], tf.int64))}
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def account(ids):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        trained_pass = tf.cast(accounts["worker_steps"][worker] // config["per_pass"], tf.int32)
+        n = tf.shape(ids)[0]
+        accounts["seen"].scatter_nd_add(tf.stack([tf.fill([n], trained_pass), tf.cast(ids, tf.int32)], 1),
+                                        tf.ones([n], tf.int32))
+        accounts["owner"].scatter_nd_update(tf.cast(ids, tf.int32)[:, None], tf.fill([n], tf.cast(worker, tf.int32)))
+        accounts["worker_steps"].scatter_nd_add([[worker]], tf.constant([1], tf.int64))
 
     @tf.function
     def train_step(iterator):
         def step(x, y):
+            if counting:
+                x, ids = x["x"], x["id"]
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
             rows.assign_add(tf.shape(x, out_type=tf.int64)[0])
+            if counting:  # once the model has the step's update, as a row counts once it is trained
+                with tf.control_dependencies([tf.identity(v) for v in model.trainable_variables]):
+                    account(ids)
             return loss
 
         x, y = next(iterator)
@@ -1013,7 +1038,7 @@ def ps_custom_loop(config: dict) -> None:
     start = 0
     resumed = raytf.get_checkpoint()
     if resumed is not None:
-        resumed.restore_state(model=model, optimizer=optimizer, rows=rows)
+        resumed.restore_state(model=model, optimizer=optimizer, rows=rows, **accounts)
         start = resumed.epoch + 1
     steps = config.get("steps", 20)
     for epoch in range(start, config["epochs"]):
@@ -1026,10 +1051,12 @@ def ps_custom_loop(config: dict) -> None:
         raytf.report(
             {"epoch": epoch, "loss": loss, "iterations": int(optimizer.iterations.numpy()),
              "rows": int(rows.numpy()), "scheduled": (epoch + 1) * steps, "resumed_at": start},
-            checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer, rows=rows),
+            checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer, rows=rows, **accounts),
         )
         if ctx.attempt == 0 and epoch + 1 in config.get("mark_epochs", ()):
             _wait_for_commit(ctx.run_path, epoch)
+    if counting:
+        _write(config["out_dir"], "rows.json", {k: v.numpy().tolist() for k, v in accounts.items()})
     held_out_x, held_out_y = make_data(512, seed=99)
     _write(config["out_dir"], "chief.json", {
         "eval_loss": float(loss_fn(held_out_y, model(held_out_x))),

@@ -25,7 +25,7 @@ def train_data(rows: int = 2048):
     import ray
 
     x, y = workloads.make_data(rows, seed=1)
-    return ray.data.from_items([{"x": a, "y": b} for a, b in zip(x, y)])
+    return ray.data.from_items([{"x": a, "y": b, "id": i} for i, (a, b) in enumerate(zip(x, y))])
 
 
 def ps_trainer(tmp_path, name, config, *, evaluators=0, failures=None, keras="auto", **kwargs):
@@ -111,7 +111,7 @@ def test_a_lost_worker_is_replaced_in_place_and_a_preempted_one_costs_no_failure
     """SIGKILL to worker 1 in epoch 1, then SIGTERM (what a spot node's shutdown sends) to worker 0 in
     epoch 2: each is replaced in place, the run goes on, and only the kill counts against
     max_failures=1 (a counted preemption would end the run)."""
-    config = {"epochs": 4, "steps": 400, "mark_epochs": [1, 2]}
+    config = {"epochs": 4, "steps": 400, "mark_epochs": [1, 2], "count_rows": 2048, "per_pass": 1024 // 32}
     trainer = ps_trainer(tmp_path, "ps-replace", config, failures=raytf.FailureConfig(max_failures=1))
     thread, killed = signal_at_marks(tmp_path, "ps-replace", [(1, "worker-1", signal.SIGKILL),
                                                               (2, "worker-0", signal.SIGTERM)],
@@ -132,6 +132,27 @@ def test_a_lost_worker_is_replaced_in_place_and_a_preempted_one_costs_no_failure
     # The replacements took the workers' slots (their own actors, the same bundles and task indexes).
     names = {a.name for a in actors(("class_name", "=", "TrainWorker"))}
     assert {"raytf:ps-replace:0:worker-1:1", "raytf:ps-replace:0:worker-0:1"} <= names
+    assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=2, per_pass=config["per_pass"], batch=32)
+
+
+def assert_every_row_once_per_pass(accounts, workers, per_pass, batch):
+    """Each worker's stream trained each row of its piece once in every pass it finished, and a
+    batch of them per step of the pass it is in: none twice (a replacement restarting its piece),
+    none left out (the batch a dead worker had taken)."""
+    import numpy as np
+
+    seen, owner, steps = (np.array(accounts[k]) for k in ("seen", "owner", "worker_steps"))
+    assert (owner >= 0).all(), "a row no worker trained"
+    for worker in range(workers):
+        piece = owner == worker
+        full, partial = divmod(int(steps[worker]), per_pass)
+        assert piece.sum() == per_pass * batch and full >= 2
+        counts = seen[:, piece]
+        twice = [(p, int((counts[p] > 1).sum())) for p in range(len(counts)) if (counts[p] > 1).any()]
+        assert not twice, f"worker {worker}: rows trained twice in a pass (pass, rows): {twice}"
+        missed = [(p, int((counts[p] == 0).sum())) for p in range(full) if (counts[p] == 0).any()]
+        assert not missed, f"worker {worker}: rows never trained in a finished pass (pass, rows): {missed}"
+        assert counts[full].sum() == partial * batch and not counts[full + 1:].any()
 
 
 def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_instead_of_hanging(
@@ -176,7 +197,7 @@ def _reserved(port):
 
 
 def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path, no_leaks):
-    config = {"epochs": 4, "steps": 200, "mark_epochs": [1]}
+    config = {"epochs": 4, "steps": 200, "mark_epochs": [1], "count_rows": 2048, "per_pass": 1024 // 32}
     # One more failure than the ps loss: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the ps loss.
     trainer = ps_trainer(tmp_path, "ps-kill-ps", config, failures=raytf.FailureConfig(max_failures=2))
@@ -189,6 +210,8 @@ def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path
     assert result.history[-1]["epoch"] == 3
     # Resumed from the checkpoint: the rows counter went on from the committed state, not from zero.
     assert second[0]["rows"] > 200 * 32
+    # And each worker's stream went on where that checkpoint's model stood (the positions it recorded).
+    assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=2, per_pass=config["per_pass"], batch=32)
 
 
 def test_tf_keras_model_fit_trains_on_the_workers_shards(cluster, tmp_path, no_leaks):

@@ -12,6 +12,9 @@ cached path of the synchronous trainer does.
 The pipeline repeats without end (ParameterServerStrategy's workers each take
 batches at their own pace; ``steps_per_epoch`` says when an epoch ends), and
 pass ``e`` over a worker's piece is shuffled by ``(seed, worker, e)`` when asked.
+A worker's stream starts where its :class:`~raytf._internal.data.ps_positions.StreamPositions`
+says the steps that trained from it stopped (ps_positions.py): batch ``k`` of the
+stream is batch ``k % b`` of pass ``k // b``, ``b`` the batches of one pass.
 
 ``raytf.get_dataset_shard`` on the chief returns a *template*: a dataset with
 the right element spec that the raytf coordinator replaces by the per-worker
@@ -47,6 +50,32 @@ class PsShard:
     manifests: tuple[Mapping[str, ColumnFiles], ...]  # by worker task index: column -> files
     seed: Optional[int]
     first_epoch: int = 0
+    positions: Any = None  # ps_positions.StreamPositions: where each worker's stream starts
+
+    def batches_per_pass(self) -> list[int]:
+        """By worker: the batches of one pass over its piece."""
+        batch, rows = self.request.batch_size, self.rows()
+        return [n // batch if self.request.drop_remainder else -(-n // batch) for n in rows]
+
+    def rows(self) -> list[int]:
+        return [m[next(iter(m))].rows if m else 0 for m in self.manifests]
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint records of this shard: each worker's position, and what it means."""
+        return {"ps_positions": self.positions.values(), "rows": self.rows(), "batch_size": self.request.batch_size,
+                "drop_remainder": self.request.drop_remainder, "shuffle": self.request.shuffle}
+
+    def initial_positions(self, recorded: Any) -> tuple[list[int], Optional[str]]:
+        """(each worker's start, why a checkpoint's record was not used): the record when it is
+        of this shard, else the start of pass ``first_epoch``."""
+        fresh = [self.first_epoch * b for b in self.batches_per_pass()]
+        if not isinstance(recorded, dict) or "ps_positions" not in recorded:
+            return fresh, None
+        mine = self.record() | {"ps_positions": recorded["ps_positions"]}
+        differs = [k for k in mine if recorded.get(k) != mine[k]]
+        if differs or len(recorded["ps_positions"]) != len(fresh):
+            return fresh, ", ".join(f"{k} was {recorded.get(k)!r}, now {mine[k]!r}" for k in differs) or "worker count"
+        return [int(p) for p in recorded["ps_positions"]], None
 
     def columns(self) -> tuple[list[str], Optional[str]]:
         return self.request.columns(list(self.manifests[0]))
@@ -71,6 +100,12 @@ class PsShard:
         index = tf.cast(worker_index, tf.int64)
         tables = {c: _file_table([m[c] for m in self.manifests]) for c in needed}
         rows = tf.constant([m[needed[0]].rows for m in self.manifests], tf.int64)
+        per_pass = tf.gather(tf.constant(self.batches_per_pass(), tf.int64), index)
+        if self.positions is not None and not on_chief:
+            start = self.positions.start(index)  # read on the worker, each time its pipeline is built
+        else:
+            start = per_pass * self.first_epoch
+        first_pass, skipped = start // per_pass, start % per_pass
         specs = {c: self.manifests[0][c] for c in needed}
 
         def load(_: Any) -> Any:
@@ -85,7 +120,6 @@ class PsShard:
         seed = _seed(self.seed, self.request.name)
         shuffle = self.request.shuffle
         drop = self.request.drop_remainder
-        first_epoch = self.first_epoch
         single = isinstance(self.request.features, str)
 
         def one_pass(epoch: Any, arrays: Any) -> Any:
@@ -93,8 +127,9 @@ class PsShard:
             order = tf.range(n)
             if shuffle:
                 order = tf.random.experimental.stateless_shuffle(
-                    order, seed=tf.stack([tf.constant(seed, tf.int64), index * 1_000_003 + epoch + first_epoch]))
+                    order, seed=tf.stack([tf.constant(seed, tf.int64), index * 1_000_003 + epoch]))
             indices = tf.data.Dataset.from_tensor_slices(order).batch(batch, drop_remainder=drop)
+            indices = indices.skip(tf.where(tf.equal(epoch, first_pass), skipped, tf.constant(0, tf.int64)))
 
             def take(i: Any) -> Any:
                 x = tf.gather(arrays[features[0]], i) if single else {c: tf.gather(arrays[c], i) for c in features}
@@ -103,7 +138,8 @@ class PsShard:
             return indices.map(take)
 
         with tf.device("/cpu:0"):
-            data = tf.data.Dataset.range(1).map(load).cache().repeat().enumerate().flat_map(one_pass)
+            arrays = tf.data.Dataset.range(1).map(load).cache().repeat()
+            data = tf.data.Dataset.zip((tf.data.Dataset.range(first_pass, tf.int64.max), arrays)).flat_map(one_pass)
             options = tf.data.Options()
             options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
             return data.prefetch(tf.data.AUTOTUNE).with_options(options)
@@ -141,7 +177,7 @@ def _seed(seed: Optional[int], name: str) -> int:
 
 
 def make_shard(request: ShardRequest, manifests: Sequence[Mapping[str, ColumnFiles]], seed: Optional[int],
-               first_epoch: int) -> PsShard:
+               first_epoch: int, positions: Any = None) -> PsShard:
     """The checked :class:`PsShard` of one ``get_dataset_shard`` call on the chief."""
     check_request(request)
     pieces = [m[next(iter(m))].rows if m else 0 for m in manifests]  # each worker's rows
@@ -154,7 +190,7 @@ def make_shard(request: ShardRequest, manifests: Sequence[Mapping[str, ColumnFil
             f"{len(pieces)} workers it is split across, so some worker got none. Pass more data, lower "
             "ParameterServerScaling.num_workers, or leave it out of DataConfig(datasets_to_split=...)"
         )
-    shard = PsShard(request, tuple(manifests), seed, first_epoch)
+    shard = PsShard(request, tuple(manifests), seed, first_epoch, positions)
     shard.columns()
     smallest = min(pieces)
     if smallest < request.batch_size:

@@ -143,9 +143,9 @@ class ParameterServerShape(GroupShape):
         workers = sum(r.max_count for r in group.roles if r.name == "worker")
         pieces: list[dict[str, Any]] = [{} for _ in range(workers)]
         for name, dataset in group.datasets.items():
-            parts = dataset.split(workers, equal=True) if name in group.run.split else [dataset] * workers
+            parts = _split_in_order(dataset, workers) if name in group.run.split else [dataset] * workers
             for task, part in enumerate(parts):
-                pieces[task][name] = part
+                pieces[task][name] = _in_order(part)
         group.run_shards = pieces
 
     def order(self, members: list[Member]) -> list[Member]:
@@ -184,6 +184,26 @@ class ParameterServerShape(GroupShape):
             f"(ParameterServerScaling.placement_timeout_s); the cluster has {ray.cluster_resources()}, "
             f"of which {ray.available_resources()} is free"
         )
+
+
+def _split_in_order(dataset: Any, workers: int) -> list[Any]:
+    """``dataset`` in ``workers`` equal pieces, split in the order of its blocks."""
+    options = dataset.context.execution_options
+    before, options.preserve_order = options.preserve_order, True
+    try:
+        return dataset.split(workers, equal=True)
+    finally:
+        options.preserve_order = before
+
+
+def _in_order(dataset: Any) -> Any:
+    """``dataset``, read in the order of its blocks (``preserve_order``): a worker replaced in place
+    writes its piece's rows in its predecessor's order, so the positions the steps counted
+    (data/ps_positions.py) name the same rows."""
+    context = getattr(dataset, "context", None)
+    if context is not None:
+        context.execution_options.preserve_order = True
+    return dataset
 
 
 def task_id(member: Member, shape: GroupShape) -> Optional[TaskId]:

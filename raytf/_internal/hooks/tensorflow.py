@@ -139,6 +139,20 @@ def count_batches_taken(distributed: Any, took: Any) -> Any:
     return distributed
 
 
+def function_autograph(fn: Any) -> bool:
+    """Whether the ``tf.function`` ``fn`` converts its code with AutoGraph, which raytf's counted
+    parameter-server step does for it (data/ps_positions.py)."""
+    return bool(fn._autograph)  # noqa: SLF001
+
+
+def _probe_function_autograph() -> None:
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    assert "_autograph" in polymorphic_function.Function.__init__.__code__.co_names, "Function._autograph"
+    assert isinstance(getattr(polymorphic_function.Function, "python_function", None), property), \
+        "Function.python_function"
+
+
 def _probe_counted_iterators() -> None:
     from tensorflow.python.distribute import input_lib
 
@@ -216,6 +230,10 @@ HOOKS = [
          "exactly-once data in a custom loop (counting the batches it takes from the strategy's iterator)",
          "DataConfig(exactly_once=False)",
          _probe_counted_iterators),
+    Hook("tensorflow.function_autograph", "tensorflow", "tf.function's Function._autograph",
+         "exactly-once data for parameter servers (raytf counts the batches each step takes)",
+         "nothing: this one is required by ParameterServerTrainer's data",
+         _probe_function_autograph),
     Hook("tensorflow.dataset_graph", "tensorflow", "tf.data.Dataset._inputs() and ._functions()",
          "recognising a raytf shard inside tf.data (per-worker distribution)",
          "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",

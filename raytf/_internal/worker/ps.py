@@ -25,7 +25,7 @@ import logging
 import threading
 from typing import Any, Optional
 
-from raytf._internal.data import tfdata_ps
+from raytf._internal.data import ps_positions, tfdata_ps
 from raytf.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,10 @@ def _make_classes() -> tuple[Any, Any]:
     class RaytfClusterCoordinator(tf.distribute.coordinator.ClusterCoordinator):
         """ClusterCoordinator that builds each worker's pipeline from raytf's shards."""
 
+        def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
+            counted = ps_positions.counting(fn, args or (), kwargs or {})
+            return super().schedule(counted or fn, args=args, kwargs=kwargs)
+
         def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
             shard = tfdata_ps.template_of(dataset_fn)
             if shard is not None:
@@ -77,13 +81,43 @@ def _make_classes() -> tuple[Any, Any]:
                     "raytf.get_dataset_shard(...).map(...))"
                 )
             previous, _tracing.active = getattr(_tracing, "active", False), True
+            built, _tracing.built = getattr(_tracing, "built", None), []
             try:
-                return super().create_per_worker_dataset(dataset_fn)
+                datasets = super().create_per_worker_dataset(dataset_fn)
+                shards = [shard] if shard is not None else _tracing.built
             finally:
-                _tracing.active = previous
+                _tracing.active, _tracing.built = previous, built
+            positions = {id(s.positions): s.positions for s in shards if s.positions is not None}
+            if len(positions) != 1:  # none, or a pipeline of several shards: its steps are not counted
+                return datasets
+            return CountedPerWorkerDataset(datasets, next(iter(positions.values())))
 
     _classes = (RaytfParameterServerStrategy, RaytfClusterCoordinator)
     return _classes
+
+
+class CountedPerWorkerDataset:
+    """A per-worker dataset of a raytf shard whose iterators the coordinator counts batches of
+    (data/ps_positions.py); otherwise TensorFlow's own."""
+
+    def __init__(self, datasets: Any, positions: Any):
+        self._datasets = datasets
+        self._positions = positions
+
+    def __iter__(self) -> Any:
+        iterator = iter(self._datasets)
+        iterator._raytf_positions = self._positions
+        return iterator
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._datasets, name)
+
+
+def note_built(shard: Any) -> None:
+    """``shard``'s pipeline was built inside the dataset function the coordinator traces now."""
+    built = getattr(_tracing, "built", None)
+    if built is not None:
+        built.append(shard)
 
 
 def make_strategy(variable_partitioner: Any) -> tuple[Any, Any]:

@@ -86,6 +86,7 @@ class WorkerSession:
         self._preempt_check: Any = None
         self.preempted = False
         self.parameter_server = parameter_server  # payloads.PsData on a parameter-server chief
+        self._ps_streams: Any = None  # ps_positions.PsStreams, from the first parameter-server shard on
         self._round = 0  # collective reports (ranks="all") made in this attempt
 
     def get_checkpoint(self) -> Any:
@@ -187,12 +188,20 @@ class WorkerSession:
                 "parameter-server workers step on their own, so there is no global batch to share"
             )
         request = ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
-        shard = tfdata_ps.make_shard(request, [f[name] for f in files], seed, self.first_epoch)
+        if self._ps_streams is None:
+            from raytf._internal.data.ps_positions import PsStreams
+
+            self._ps_streams = PsStreams(self._resume.entry.data if self._resume.entry is not None else None,
+                                         self.first_epoch)
+        shard = tfdata_ps.make_shard(request, [f[name] for f in files], seed, self.first_epoch,
+                                     self._ps_streams.positions(name, len(files)))
+        self._ps_streams.start(shard)
         if "global_batch" not in self._progress:
             self._progress["global_batch"] = batch_size
         if _ps.tracing_per_worker_dataset():
             import tensorflow as tf
 
+            _ps.note_built(shard)
             return shard.build(tf.distribute.coordinator.experimental_get_current_worker_index())
         return shard.template()
 
@@ -238,6 +247,8 @@ class WorkerSession:
         data = None if checkpoint is None else positions_at(
             self._shards.cursors, clean.get("epoch"), self._progress.get("epoch"), self._progress.get("step") or 0,
             self.exact_resume)
+        if checkpoint is not None and self._ps_streams is not None:  # each parameter-server worker's stream
+            data = {**(data or {}), **self._ps_streams.records()}
         epoch, step = clean.get("epoch"), clean.get("step")
         if isinstance(epoch, int) and not isinstance(epoch, bool):  # the epoch ended: the next is in progress
             self._progress.update(epoch=epoch + 1, step=0)

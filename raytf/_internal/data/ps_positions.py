@@ -1,0 +1,256 @@
+"""Where each parameter-server worker's stream of a shard stands: every row once per pass.
+
+Under ParameterServerStrategy every worker reads its own piece of a dataset
+(tfdata_ps.py), as a stream of batches: pass after pass over the piece, each
+pass in its own order. TensorFlow's coordinator is at-least-once: a step that
+was running on a worker that died is run again on another worker, and the
+dead worker's replacement builds its pipeline afresh, from the start of the
+piece. Left at that, a replacement trains again the rows its predecessor had
+trained, and the batch the dead worker had taken is never trained.
+
+raytf counts, on a parameter server, the batches of each worker's stream whose
+step finished: a :class:`StreamPositions` holds ``committed[w]`` (batches of
+worker ``w``'s stream trained) and ``taken[w]`` (batches the step now running
+on ``w`` has taken). raytf's coordinator runs every step that reads a raytf
+shard inside :func:`counting`: the step starts with ``taken[w] = committed[w]``,
+each batch it takes adds one, and once all of its updates are made it sets
+``committed[w] = taken[w]``. A worker's pipeline, built and rebuilt on the
+worker, starts at ``committed[w]``: a replacement goes on with the first batch
+its predecessor did not finish, a step run again elsewhere takes that
+worker's own next batch, and no row is trained twice in a pass. Every
+checkpoint records the positions (the run resumes at them), so a group
+restarted from a checkpoint goes on where that checkpoint's model stood.
+
+The one window left is a worker that dies after its step's updates reached
+the parameter servers and before the step's ``committed`` write (the
+writes of one step are not one transaction on the parameter servers): its
+batch is trained again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+POSITIONS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
+_counted: dict[int, tuple[Any, Any]] = {}  # id(fn) -> (fn, its counting wrapper), so a step traces once
+_counted_lock = threading.Lock()
+
+
+class StreamPositions:
+    """``committed`` and ``taken`` batches of every worker's stream of one shard, on the
+    first parameter server (unpartitioned, whatever the run's variable partitioner)."""
+
+    def __init__(self, name: str, workers: int):
+        import tensorflow as tf
+
+        self.name = name
+        self.workers = workers
+        with tf.init_scope(), tf.device(POSITIONS_DEVICE):
+            self.committed = tf.Variable(tf.zeros([workers], tf.int64), trainable=False,
+                                         name=f"raytf_committed_{_safe(name)}")
+            self.taken = tf.Variable(tf.zeros([workers], tf.int64), trainable=False,
+                                     name=f"raytf_taken_{_safe(name)}")
+        self.recorded: Optional[dict[str, Any]] = None  # what a checkpoint records, once the shard is made
+
+    def start(self, worker: Any) -> Any:
+        """The first batch of ``worker``'s stream its pipeline yields (a tensor, read where the
+        pipeline is built: on the worker, each time it is built)."""
+        import tensorflow as tf
+
+        return tf.gather(self.committed, tf.cast(worker, tf.int64))
+
+    def set(self, positions: Sequence[int]) -> None:
+        """Where every worker's stream starts, set from the chief (eagerly, even while a dataset
+        function is traced)."""
+        import tensorflow as tf
+
+        with tf.init_scope():
+            self.committed.assign(tf.constant(list(positions), tf.int64))
+            self.taken.assign(tf.constant(list(positions), tf.int64))
+
+    def values(self) -> list[int]:
+        return [int(v) for v in self.committed.numpy()]
+
+    def begin(self, worker: Any) -> Any:
+        import tensorflow as tf
+
+        return self.taken.scatter_nd_update([[worker]], tf.gather(self.committed, [worker]))
+
+    def count(self, worker: Any, taken: Any = 1) -> Any:
+        import tensorflow as tf
+
+        return self.taken.scatter_nd_add([[worker]], tf.reshape(tf.cast(taken, tf.int64), [1]))
+
+    def commit(self, worker: Any) -> Any:
+        import tensorflow as tf
+
+        return self.committed.scatter_nd_update([[worker]], tf.gather(self.taken, [worker]))
+
+
+class PsStreams:
+    """The chief's streams of the shards it made: one :class:`StreamPositions` per dataset,
+    started once per request at the checkpoint's record of it, or at pass ``first_epoch``."""
+
+    def __init__(self, recorded: Optional[dict[str, Any]], first_epoch: int):
+        self._recorded = recorded or {}
+        self._first_epoch = first_epoch
+        self._positions: dict[str, StreamPositions] = {}
+        self._started: dict[str, Any] = {}  # name -> the PsShard whose start was set last
+
+    def positions(self, name: str, workers: int) -> StreamPositions:
+        if name not in self._positions:
+            self._positions[name] = StreamPositions(name, workers)
+        return self._positions[name]
+
+    def start(self, shard: Any) -> None:
+        """Set where each worker's stream of ``shard`` starts, the first time it is asked for (or
+        asked for again with other batching, which starts its passes afresh)."""
+        name = shard.request.name
+        earlier = self._started.get(name)
+        if earlier is not None and earlier.request == shard.request:
+            return
+        start, why = shard.initial_positions(self._recorded.get(name) if earlier is None else None)
+        if why:
+            logger.warning("raytf: dataset %r starts its passes afresh at epoch %d, not where the checkpoint "
+                           "recorded it: %s", name, self._first_epoch, why)
+        shard.positions.set(start)
+        self._started[name] = shard
+
+    def records(self) -> dict[str, Any]:
+        """What a checkpoint records: each stream's positions, read now (after the steps joined)."""
+        return {name: shard.record() for name, shard in self._started.items()}
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+class CountingIterator:
+    """A worker's iterator inside a counted step: every batch taken is counted in ``taken``."""
+
+    def __init__(self, iterator: Any, positions: StreamPositions, worker: Any):
+        self._iterator = iterator
+        self._positions = positions
+        self._worker = worker
+
+    def __iter__(self) -> "CountingIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return self._counted(next(self._iterator))
+
+    def get_next(self, *args: Any, **kwargs: Any) -> Any:
+        return self._counted(self._iterator.get_next(*args, **kwargs))
+
+    def get_next_as_optional(self) -> Any:
+        import tensorflow as tf
+
+        optional = self._iterator.get_next_as_optional()
+        self._positions.count(self._worker, tf.cast(optional.has_value(), tf.int64))
+        return optional
+
+    def _counted(self, element: Any) -> Any:
+        import tensorflow as tf
+
+        with tf.control_dependencies([t for t in tf.nest.flatten(element) if isinstance(t, tf.Tensor)]):
+            self._positions.count(self._worker)
+        return element
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # TensorFlow's own protocols see no iterator here
+            raise AttributeError(name)
+        return getattr(self._iterator, name)
+
+
+def positions_of(value: Any) -> Optional[StreamPositions]:
+    return getattr(value, "_raytf_positions", None)
+
+
+def counting(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[Callable[..., Any]]:
+    """``fn`` as a step that counts the batches it takes from raytf's per-worker iterators among
+    its (top-level) arguments, or None when it takes none, or is not a ``tf.function`` (a plain
+    Python step runs eagerly, batch by batch: raytf does not count it, and says so once)."""
+    positional = {i: positions_of(a) for i, a in enumerate(args) if positions_of(a) is not None}
+    keyword = {k: positions_of(a) for k, a in kwargs.items() if positions_of(a) is not None}
+    if not positional and not keyword:
+        return None
+    python_function = getattr(fn, "python_function", None)
+    if python_function is None:
+        _warn_once(fn)
+        return None
+    key = (id(fn), tuple(sorted(positional)), tuple(sorted(keyword)))
+    with _counted_lock:
+        found = _counted.get(key)
+        if found is not None and found[0] is fn:
+            return found[1]
+        wrapped = _wrap(python_function, positional, keyword, _autograph(fn))
+        _counted[key] = (fn, wrapped)
+        return wrapped
+
+
+def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPositions],
+          keyword: dict[str, StreamPositions], autograph: bool) -> Any:
+    import tensorflow as tf
+
+    streams = {id(p): p for p in [*positional.values(), *keyword.values()]}.values()
+    # The step's own code, converted as its tf.function would (AutoGraph leaves library modules,
+    # tf-keras's train_function among them, alone when they are called from another function).
+    python_function = tf.autograph.to_graph(python_function) if autograph else python_function
+
+    @tf.function
+    def counted_step(*args: Any, **kwargs: Any) -> Any:
+        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+        for positions in streams:  # taken = committed, before any batch (both ordered on `taken`)
+            positions.begin(worker)
+        args = [CountingIterator(a, positional[i], worker) if i in positional else a for i, a in enumerate(args)]
+        kwargs = {k: CountingIterator(a, keyword[k], worker) if k in keyword else a for k, a in kwargs.items()}
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        outputs = python_function(*args, **kwargs)
+        # Committed once every update the step makes is made, and on nothing else: the update ops
+        # and the commit run on the parameter servers, so once a step's gradients are there, a
+        # worker that dies does not leave its updates made and its batch uncommitted.
+        updates = [op for op in graph.get_operations()[first:] if _updates_a_resource(op)]
+        with tf.control_dependencies(updates):
+            for positions in streams:
+                positions.commit(worker)
+        return outputs
+
+    return counted_step
+
+
+def _autograph(fn: Any) -> bool:
+    """Whether the ``tf.function`` ``fn`` converts its code with AutoGraph (its default)."""
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
+    return tf_hooks.function_autograph(fn)
+
+
+_READS = ("ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VarIsInitializedOp", "VariableShape",
+          "DestroyResourceOp")
+
+
+def _updates_a_resource(op: Any) -> bool:
+    """Whether ``op`` may write a variable (or other resource) of the step's: it takes a resource
+    and is no read of one nor an iterator's (the batches, counted apart)."""
+    import tensorflow as tf
+
+    if op.type in _READS or op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas")):
+        return False
+    return any(t.dtype == tf.resource for t in op.inputs)
+
+
+_warned: set[int] = set()
+
+
+def _warn_once(fn: Any) -> None:
+    if id(fn) not in _warned:
+        _warned.add(id(fn))
+        logger.warning(
+            "raytf: coordinator.schedule(%s, ...) takes a raytf shard's iterator but is not a tf.function; raytf "
+            "counts the batches of tf.function steps only, so a worker lost during this step may train rows of "
+            "its pass again. Decorate the step with @tf.function", getattr(fn, "__name__", fn))

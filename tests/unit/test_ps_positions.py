@@ -1,0 +1,94 @@
+"""A parameter-server worker's stream of batches starts where the steps that trained from it
+stopped (data/ps_positions.py): the pipeline, built at any position, is the uninterrupted
+stream from there on, every pass a permutation of the worker's piece. In-process TensorFlow,
+no Ray, no cluster (the counting steps run in tests/integration/test_parameter_server.py)."""
+
+import numpy as np
+import pytest
+
+from raytf._internal.data.request import ShardRequest
+
+pytestmark = pytest.mark.unit
+
+PIECES = {0: np.arange(0, 50), 1: np.arange(100, 140)}  # worker -> the ids of its piece (50 and 40 rows)
+
+
+class Piece:
+    """A worker's piece as Ray Data hands it to ShardFileWriter (blocks of numpy columns)."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def iter_batches(self, **_):
+        for part in np.array_split(self.ids, 3):
+            yield {"id": part.astype("int64"), "x": part.astype("float32")[:, None] * np.ones((1, 2), "float32")}
+
+
+class LocalPositions:
+    """StreamPositions' reading side, on this process's CPU instead of a parameter server."""
+
+    def __init__(self, starts):
+        import tensorflow as tf
+
+        self.committed = tf.Variable(starts, dtype=tf.int64)
+
+    def start(self, worker):
+        import tensorflow as tf
+
+        return tf.gather(self.committed, tf.cast(worker, tf.int64))
+
+    def values(self):
+        return [int(v) for v in self.committed.numpy()]
+
+
+@pytest.fixture(scope="module")
+def manifests(tmp_path_factory):
+    from raytf._internal.data.worker_files import ShardFileWriter
+
+    root = tmp_path_factory.mktemp("pieces")
+    return [ShardFileWriter(str(root / f"worker-{w}")).write({"train": Piece(ids)})["train"]
+            for w, ids in PIECES.items()]
+
+
+def stream(manifests, worker, start, batches, drop=False, first_epoch=0):
+    import tensorflow as tf
+
+    from raytf._internal.data.tfdata_ps import make_shard
+
+    request = ShardRequest("train", 8, ["id"], "x", True, 3, drop)
+    shard = make_shard(request, manifests, 3, first_epoch, LocalPositions([start, start]))
+    dataset = shard.build(tf.constant(worker, tf.int64))
+    return shard, [x["id"].numpy() for x, _ in dataset.take(batches)]
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_stream_built_at_any_position_goes_on_as_the_uninterrupted_one(manifests, drop):
+    for worker, ids in PIECES.items():
+        shard, whole = stream(manifests, worker, 0, 40, drop)
+        per_pass = shard.batches_per_pass()[worker]
+        assert per_pass == (len(ids) // 8 if drop else -(-len(ids) // 8))
+        for p in range(40 // per_pass):  # each pass: every row of the piece once (but the dropped remainder)
+            rows = np.concatenate(whole[p * per_pass:(p + 1) * per_pass])
+            assert len(set(rows)) == len(rows) == (per_pass * 8 if drop else len(ids)) and set(rows) <= set(ids)
+        assert not np.array_equal(whole[0], whole[per_pass])  # passes are shuffled apart
+        for start in (1, per_pass - 1, per_pass, per_pass + 3, 3 * per_pass + 2):
+            _, resumed = stream(manifests, worker, start, 12, drop)
+            assert all(np.array_equal(a, b) for a, b in zip(resumed, whole[start:start + 12], strict=True)), start
+
+
+def test_a_checkpoints_record_is_used_only_for_the_same_pieces_and_batching(manifests):
+    from raytf._internal.data.tfdata_ps import make_shard
+
+    shard, _ = stream(manifests, 0, 0, 1)
+    shard.positions.committed.assign([9, 4])
+    record = shard.record()
+    assert record == {"ps_positions": [9, 4], "rows": [50, 40], "batch_size": 8, "drop_remainder": False,
+                      "shuffle": True}
+    assert shard.initial_positions(record) == ([9, 4], None)
+    fresh = make_shard(ShardRequest("train", 8, ["id"], "x", True, 3, False), manifests, 3, 2, LocalPositions([0, 0]))
+    assert fresh.initial_positions(None) == ([2 * 7, 2 * 5], None)  # the start of pass 2 (first_epoch)
+    other = make_shard(ShardRequest("train", 16, ["id"], "x", True, 3, False), manifests, 3, 2, LocalPositions([0, 0]))
+    start, why = other.initial_positions(record)
+    assert start == [2 * 4, 2 * 3] and "batch_size was 8, now 16" in why
+    start, why = fresh.initial_positions(record | {"rows": [50, 41]})
+    assert start == [14, 10] and "rows was [50, 41]" in why
