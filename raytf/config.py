@@ -154,9 +154,9 @@ class FailureConfig:
     per attempt) and a second copy of the shards in object-store memory.
     ``"auto"`` (the default) gives GPU workers standbys, started with the
     attempt's own workers so that a failure in its first seconds already
-    restarts warm, and CPU workers none: a standby's start takes CPU from the
-    workers training beside it (measured: a fault-free run 1.30x as long on
-    a 2-core node), while a GPU node's cores are mostly idle and its cold
+    restarts warm, and CPU workers none: a standby loads at the lowest CPU
+    priority, but on a node whose cores the workers use that still takes from
+    them (measured: a fault-free W1 run 1.21x as long on a 2-core node), while a GPU node's cores are mostly idle and its cold
     restart is long (16.5 s against 3.0 s warm on an H100 node). ``True``
     gives CPU workers standbys too, started once the attempt trains (its first
     step or report), so that they never slow its start; ``False`` none.

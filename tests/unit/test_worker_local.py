@@ -275,3 +275,26 @@ print(json.dumps({"seen": seen, "after": os.environ["CUDA_VISIBLE_DEVICES"], "er
     assert result["after"] == "3,5"  # untouched by the refused call
     assert "found its devices before it was handed its GPUs (1)" in result["error"]
     assert "FailureConfig.warm_standby" in result["error"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_a_standby_loads_at_the_lowest_cpu_priority_and_the_caller_keeps_its_own():
+    """warm()'s load runs in a thread of nice 19; the thread that later starts training does not
+    inherit it, and what the load raised is raised to the caller."""
+    import threading
+
+    from raytf._internal.worker.actor import in_background
+
+    def own_nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = own_nice()
+    seen = []
+    in_background(lambda: seen.append((own_nice(), threading.current_thread().name)), "raytf-warm")
+    assert seen == [(19, "raytf-warm")] and own_nice() == before
+
+    def fails():
+        raise ModuleNotFoundError("train_fn's module")
+
+    with pytest.raises(ModuleNotFoundError, match="train_fn's module"):
+        in_background(fails, "raytf-warm")

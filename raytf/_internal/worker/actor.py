@@ -114,19 +114,27 @@ class TrainWorker:
         restart handed this actor skips it. Sets the run's environment (all of it but TF_CONFIG,
         which comes with a rank, and is read only when the strategy is built), imports TensorFlow
         (which initializes no device until used), Keras and Ray Data (which a rank's dataset
-        iterators need, unpickled with its start), and loads ``train_fn`` and its modules."""
+        iterators need, unpickled with its start), and loads ``train_fn`` and its modules.
+
+        All of it in a thread of the lowest CPU priority (Linux; a thread's own nice value): the
+        standby takes only the CPU the training workers beside it leave idle, and none of its
+        priority outlives the load (TensorFlow makes its thread pools later, from the thread
+        that trains)."""
         import os
-
-        import ray.data  # noqa: F401
-
-        from ray import cloudpickle
 
         from raytf._internal.worker.tensorflow import load_keras, run_environment
 
+        def load() -> None:
+            import ray.data  # noqa: F401
+
+            from ray import cloudpickle
+
+            cloudpickle.loads(run.payload)
+            load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
+
         os.environ.update(run_environment(run))
         self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
-        cloudpickle.loads(run.payload)
-        load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
+        in_background(load, "raytf-warm")
         self.warmed = True
 
     def start(self, run: RunSpec, spec: WorkerSpec, payload: PayloadKind) -> None:
@@ -258,3 +266,29 @@ def _live_placement_groups() -> set[str]:
     """The ids of the cluster's placement groups that are not removed (checkpoint/memory.py's sweep)."""
     table = ray.util.placement_group_table()
     return {pg_id for pg_id, info in table.items() if info.get("state") != "REMOVED"}
+
+
+def in_background(work: Any, name: str) -> None:
+    """Run ``work`` to its end in a thread of the lowest CPU priority (where the OS gives threads
+    their own: Linux), raising what it raised."""
+    import os
+    import sys
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except OSError:  # a sandbox that refuses it: at normal priority, as before
+                pass
+        try:
+            work()
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
