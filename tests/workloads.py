@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import shutil
 import time
 from typing import Any
@@ -975,6 +976,9 @@ def ps_custom_loop(config: dict) -> None:
     scheduled, for a test to act on while they run; the checkpoint of the epoch before is committed
     by then (its state is written in the background, beside the next epoch's steps).
 
+    ``dataset_fn``: the shard is made inside the dataset function the coordinator traces (with a
+    ``map``), not handed to it.
+
     ``count_rows`` (rows in the dataset; its "id" column numbers them): the step also counts, on
     the ps, how often each pass of each worker's stream trained each row (``seen[pass, id]``, the
     pass from the steps that worker's stream trained before, ``per_pass`` batches each), which
@@ -988,14 +992,22 @@ def ps_custom_loop(config: dict) -> None:
     coordinator = raytf.coordinator()
     assert tf.distribute.coordinator.ClusterCoordinator(strategy) is coordinator
     counting = config.get("count_rows")
-    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32),
-                                    features=["x", "id"] if counting else "x", label="y", shuffle=True, seed=0)
-    iterator = iter(coordinator.create_per_worker_dataset(shard))
-    try:
-        next(iter(shard))  # the template, read on the chief: a clear error
-        on_chief = "no error"
-    except tf.errors.InvalidArgumentError as error:
-        on_chief = error.message
+
+    def shard():
+        return raytf.get_dataset_shard("train", batch_size=config.get("batch", 32),
+                                       features=["x", "id"] if counting else "x", label="y", shuffle=True, seed=0)
+
+    if config.get("dataset_fn"):  # the shard made inside a dataset function the coordinator traces
+        iterator = iter(coordinator.create_per_worker_dataset(lambda: shard().map(lambda x, y: (x, y))))
+        on_chief = None
+    else:
+        template = shard()
+        iterator = iter(coordinator.create_per_worker_dataset(template))
+        try:
+            next(iter(template))  # the template, read on the chief: a clear error
+            on_chief = "no error"
+        except tf.errors.InvalidArgumentError as error:
+            on_chief = error.message
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
                                      tf.keras.layers.Dense(4)])
@@ -1318,6 +1330,8 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
         time.sleep(config.get("step_sleep", 0))
     if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
         os._exit(1)
+    if config.get("term") and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == config["term"]:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def counted_custom_loop(config: dict) -> None:
@@ -1380,7 +1394,8 @@ def counted_keras_train(config: dict) -> None:
     first line is the attempt's start (the restored iteration, the group's size, the node). Test
     hooks: ``mark`` ({epoch, batch}, attempt 0): each rank writes running-<driver>-<rank>.json
     with its pid and node, then each of its steps sleeps ``step_sleep``; ``kill`` ({attempt,
-    rank, epoch, batch}): exit."""
+    rank, epoch, batch}): exit; ``term`` (the same): SIGTERM to itself (a preemption).
+    ``tf_keras_fit``: tf-keras's own ``model.fit`` (``TensorflowConfig(keras="tf_keras")``)."""
     import tensorflow as tf
 
     import raytf.keras
@@ -1428,5 +1443,9 @@ def counted_keras_train(config: dict) -> None:
             state["batch_ends"] += 1
             _counted_hooks(config, ctx, state, {"epoch": state["epoch"], "batch": state["batch_ends"]})
 
-    raytf.keras.fit(model, train, epochs=config["epochs"],
-                    callbacks=[raytf.keras.ReportCallback(preemption_check_every=2), Hooks()])
+    callbacks = [raytf.keras.ReportCallback(preemption_check_every=2), Hooks()]
+    if config.get("tf_keras_fit"):  # tf-keras's own model.fit, resumed at the epoch restore names
+        model.fit(train, epochs=config["epochs"], initial_epoch=raytf.keras.restore(model), verbose=0,
+                  callbacks=callbacks)
+    else:
+        raytf.keras.fit(model, train, epochs=config["epochs"], callbacks=callbacks)

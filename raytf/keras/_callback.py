@@ -10,15 +10,18 @@ holds, and so does ``isinstance(cb, keras.callbacks.Callback)``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Sequence
 
 import raytf.session as session
+from raytf._internal.data.planned import last_iterated
 from raytf._internal.worker.session import current
 from raytf.checkpoint import Checkpoint
 from raytf.errors import RaytfError
 from raytf.keras._local_sgd import average_weights
 from raytf.keras._model import state_of
 
+logger = logging.getLogger(__name__)
 _concrete: dict[type, type] = {}  # Keras Callback base -> ReportCallback subclass of it
 
 
@@ -38,8 +41,11 @@ class ReportCallback:
     TensorFlow: ``steps_per_execution`` steps) it asks
     ``raytf.preemption_requested()``; once a node is draining or a worker got
     SIGTERM, it reports a checkpoint of the current step and stops training.
-    ``raytf.keras.fit`` resumes from that step (tf-keras's ``model.fit``
-    restarts the interrupted epoch). ``None`` turns the check off.
+    The checkpoint records where the epoch's data stood (a split dataset of
+    ``DataConfig(exactly_once=True)``): ``raytf.keras.fit``, and tf-keras's own
+    ``model.fit`` started at ``initial_epoch=raytf.keras.restore(model)``, then
+    train the rest of the interrupted epoch as their first epoch. ``None``
+    turns the check off.
 
     Works with Keras 3 and tf-keras (``keras`` picks the package; default: the
     one ``tf.keras`` is here), in ``raytf.keras.fit`` and in tf-keras's own
@@ -73,6 +79,7 @@ class ReportCallback:
         self.check_every = preemption_check_every
         self.batch_ends = 0
         self.preempted = False
+        self.training_data: Optional[str] = None  # the planned dataset the fit loop trains from (its name)
 
     def _implements_train_batch_hooks(self) -> bool:
         # tf-keras refuses batch-level callbacks under ParameterServerStrategy (batches run on the
@@ -81,6 +88,7 @@ class ReportCallback:
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         state = current("keras.ReportCallback")
+        self.training_data = last_iterated(state.cursors)  # the fit loop made its iterator just now
         in_progress = epoch if epoch > state.keras_epoch else state.keras_epoch + 1
         total = self.params.get("epochs")
         state.note_progress(epoch=in_progress, step=0, steps=self.params.get("steps"),
@@ -94,6 +102,8 @@ class ReportCallback:
             return
         if session.preemption_requested():  # the same answer on every rank
             self.preempted = True
+            if not state.exact_resume and self.training_data is not None:  # tf-keras's own fit: its data
+                state.exact_resume.add(self.training_data)                  # resumes at this step too
             step = int(self.model.optimizer.iterations.numpy())
             average_weights(self.model)  # local SGD: the checkpoint holds the averaged model
             # "epoch" is the last completed one: resuming continues this one at "step".
@@ -104,6 +114,7 @@ class ReportCallback:
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if self.preempted:
             return  # stopped mid-epoch: its checkpoint is already reported
+        self._after_a_resumed_epoch(epoch)
         if _parameter_server() and self.check_every is not None and session.preemption_requested():
             self.model.stop_training = True  # this epoch's checkpoint, reported below, is the last
         logs = dict(logs or {})
@@ -116,6 +127,24 @@ class ReportCallback:
         saved = Checkpoint.from_state(**state_of(self.model)) if self.save else None
         run_epoch = current("keras.ReportCallback").end_keras_epoch(epoch)
         session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=saved)  # report() makes them plain
+
+
+    def _after_a_resumed_epoch(self, epoch: int) -> None:
+        """tf-keras's own fit, resumed in mid-epoch, has trained the rest of that epoch, shorter than
+        a whole one: it must count the next epoch's steps again, not take this one's length."""
+        state = current("keras.ReportCallback")
+        cursor = state.cursors.get(self.training_data) if self.training_data is not None else None
+        if (cursor is None or self.training_data in state.exact_resume or cursor.start.epoch != epoch
+                or cursor.start.is_fresh(cursor.rows)):
+            return
+        from raytf._internal import hooks
+        from raytf._internal.hooks import tf_keras as tf_keras_hooks
+
+        hooks.require("tf_keras.fit_data_handler")
+        if not tf_keras_hooks.forget_epoch_length():
+            logger.warning("raytf.keras.ReportCallback: the model.fit running now did not resume dataset %r's "
+                           "interrupted epoch through tf-keras's data handler; later epochs may be cut short",
+                           self.training_data)
 
 
 def _parameter_server() -> bool:

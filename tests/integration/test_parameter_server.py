@@ -197,7 +197,8 @@ def _reserved(port):
 
 
 def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path, no_leaks):
-    config = {"epochs": 4, "steps": 200, "mark_epochs": [1], "count_rows": 2048, "per_pass": 1024 // 32}
+    config = {"epochs": 4, "steps": 200, "mark_epochs": [1], "count_rows": 2048, "per_pass": 1024 // 32,
+              "dataset_fn": True}
     # One more failure than the ps loss: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the ps loss.
     trainer = ps_trainer(tmp_path, "ps-kill-ps", config, failures=raytf.FailureConfig(max_failures=2))
@@ -210,7 +211,8 @@ def test_a_lost_ps_restarts_the_group_from_the_last_checkpoint(cluster, tmp_path
     assert result.history[-1]["epoch"] == 3
     # Resumed from the checkpoint: the rows counter went on from the committed state, not from zero.
     assert second[0]["rows"] > 200 * 32
-    # And each worker's stream went on where that checkpoint's model stood (the positions it recorded).
+    # And each worker's stream (made inside a dataset function) went on where that checkpoint's model
+    # stood: the positions it recorded.
     assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=2, per_pass=config["per_pass"], batch=32)
 
 

@@ -171,9 +171,24 @@ def test_batches_a_custom_loop_takes_from_the_strategys_iterator_are_its_positio
     dataset = files_tf.file_dataset(plan, cursor, ShardRequest("train", 16, "x", "id", True, None, False))
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     distributed = tf_hooks.count_batches_taken(strategy.distribute_datasets_from_function(lambda _: dataset),
-                                               cursor.took)
+                                               cursor.took, cursor.iterated)
     steps = cursor.full_steps()
+    validation = files_tf.FileCursor(plan, "val", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
+    assert planned.last_iterated({"train": cursor, "val": validation}) is None
     iterator = iter(distributed)
+    assert planned.last_iterated({"train": cursor, "val": validation}) == "train"  # the loop's iterator
+    validation.iterated()  # a fit loop's validation at the epoch's end (after its training iterator)
+    assert planned.last_iterated({"train": cursor, "val": validation}) == "val"
+    cursor.iterated()
+    assert planned.last_iterated({"train": cursor, "val": validation}) == "train"  # the next epoch's training
+    repeated = tf_hooks.count_batches_taken(
+        strategy.distribute_datasets_from_function(lambda _: dataset.repeat()), cursor.took,
+        lambda: cursor.iterated(by_pass=False))
+    iter(repeated)  # the shard repeated, cut into epochs by steps_per_epoch: no exact resume by pass
+    from raytf._internal.worker.strategy import _endless
+
+    assert _endless(dataset.repeat()) and not _endless(dataset) and not _endless(dataset.take(3))
+    assert planned.last_iterated({"train": cursor, "val": validation}) is None
     next(iterator)
     assert iterator.get_next_as_optional().has_value()
     for i, _ in enumerate(iterator):

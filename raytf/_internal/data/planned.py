@@ -22,6 +22,7 @@ a few dozen batches.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from raytf._internal.worker.strategy import cursor_of  # noqa: F401 - where the 
 from raytf.errors import DatasetShardError
 
 logger = logging.getLogger(__name__)
+_iterations = itertools.count()  # orders Cursor.iterated calls in this process
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ class Cursor:
         self.world_rank, self.world_size, self.batch, self.drop = world_rank, world_size, batch, drop_remainder
         self._passes = 0
         self._taken = 0  # batches a training loop took from the strategy's iterators, eagerly (took)
+        self.iterated_at = -1  # when a loop last made an iterator over it (iterated), in _iterations' count
+        self.iterated_by_pass = True
         self._lock = threading.Lock()
 
     def epoch_start(self, epoch: int) -> _position.Position:
@@ -143,6 +147,14 @@ class Cursor:
         with self._lock:
             self._taken += batches
 
+    def iterated(self, by_pass: bool = True) -> None:
+        """A loop made an iterator over this shard's distributed dataset (a Keras fit loop does, each
+        epoch): :func:`last_iterated` names the dataset a loop trains from now. ``by_pass``: one
+        pass per iterator, not the shard repeated (whose epochs the loop's ``steps_per_epoch``
+        cuts, so a resume in mid-epoch cannot start with the rest of one)."""
+        self.iterated_at = next(_iterations)
+        self.iterated_by_pass = by_pass
+
     def taken_position(self) -> Optional[_position.Position]:
         """The group's position after the batches the loop took in this attempt, passes one after
         the other (each full pass is an epoch), or None where it took none this way."""
@@ -162,6 +174,16 @@ class Cursor:
         return {**position.to_json(), "rows": self.rows, "seed": self.seed, "shuffle": self.shuffle}
 
 
+def last_iterated(cursors: dict[str, Cursor]) -> Optional[str]:
+    """The planned dataset a loop made an iterator over last (the one a Keras fit loop trains from
+    at an epoch's start: its validation data is iterated at the epoch's end), where the loop reads
+    it a pass an epoch; else None."""
+    latest = max(cursors.values(), key=lambda c: c.iterated_at, default=None)
+    if latest is None or latest.iterated_at < 0 or not latest.iterated_by_pass:
+        return None
+    return latest.name
+
+
 def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], step: int, exact: Collection[str],
                  ) -> Optional[dict[str, Any]]:
     """Each planned dataset's record for a checkpoint: ``done`` is the report's ``epoch`` metric
@@ -169,11 +191,12 @@ def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], st
     pass done, as the training loop noted them. A checkpoint at an epoch's end records the next
     epoch whole. One in mid-epoch (a preemption, ``every_n_steps``) records the rest of that
     epoch for the datasets the loop trains and resumes exactly: ``exact``, ``raytf.keras.fit``'s
-    training data, whose rest it runs as its first epoch, at the step it noted; and every dataset
+    (or tf-keras's own ``model.fit``'s, noted by ``ReportCallback``) training data, whose rest it
+    runs as its first epoch, at the step it noted; and every dataset
     a custom loop took batches of from the strategy's iterator, at the batches it took (the resume
     hands the loop the rest of the epoch as its first pass). For any other dataset (validation
-    data) or loop (tf-keras's own ``model.fit`` restarts the interrupted epoch, a loop inside a
-    ``tf.function`` is not counted), the start of the epoch's pass."""
+    data) or loop (tf-keras's own ``model.fit`` over the shard repeated, with ``steps_per_epoch``;
+    a loop inside a ``tf.function``, not counted), the start of the epoch's pass."""
     if not cursors:
         return None
     done = done if isinstance(done, int) and not isinstance(done, bool) else None

@@ -10,7 +10,7 @@ quietly stops working after an upgrade.
 The hooks, by library: ``tensorflow.py`` (strategy construction, the parameter-server
 coordinator's cluster, the eager context's device list, tf.data's dataset graph, host copies of
 saved state), ``keras.py`` (Keras 3's optimizer all-reduce, its ``Model.fit``), ``tf_keras.py``
-(tf-keras's optimizer aggregation, its callbacks' batch hooks).
+(tf-keras's optimizer aggregation, its callbacks' batch hooks, the epoch length its fit learns).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def needed(*, keras3: bool, tf_keras: bool, compression: bool, gpu: bool, parame
     if gpu:
         names.append("tensorflow.physical_devices")
     if parameter_server:
-        names += ["tensorflow.parameter_server_new", "tensorflow.coordinator_server_def"]
+        names += ["tensorflow.parameter_server_new", "tensorflow.coordinator_server_def",
+                  "tensorflow.function_autograph"]
         names += ["tf_keras.callback_batch_hooks"] if tf_keras else []
     return names
 

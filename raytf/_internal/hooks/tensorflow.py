@@ -96,12 +96,13 @@ def write_copies(checkpoint: Any, copies: Any, prefix: str, options: Any) -> Non
 _COUNTED: list = []
 
 
-def count_batches_taken(distributed: Any, took: Any) -> Any:
+def count_batches_taken(distributed: Any, took: Any, iterated: Any) -> Any:
     """Make every iterator of ``distributed`` (what ``distribute_datasets_from_function``
     returns) call ``took(1)`` for each batch it hands out outside a ``tf.function``: its
-    ``get_next`` (``next``, a Python ``for`` loop) and ``get_next_as_optional`` with a value.
-    The classes are TensorFlow's, subclassed; an iterator traced into a function is rebuilt from
-    its spec as TensorFlow's own and counts nothing."""
+    ``get_next`` (``next``, a Python ``for`` loop) and ``get_next_as_optional`` with a value;
+    and ``iterated()`` each time a loop makes one (a Keras fit loop's epoch). The classes are
+    TensorFlow's, subclassed; an iterator traced into a function is rebuilt from its spec as
+    TensorFlow's own and counts nothing."""
     if not _COUNTED:
         from tensorflow.python.distribute import input_lib
         from tensorflow.python.eager import context
@@ -123,19 +124,21 @@ def count_batches_taken(distributed: Any, took: Any) -> Any:
 
         class CountedDatasets(input_lib.DistributedDatasetsFromFunction):
             _raytf_took: Any = None
+            _raytf_iterated: Any = None
 
             def __iter__(self) -> Any:
                 iterator = super().__iter__()
                 if context.executing_eagerly() and type(iterator) is input_lib.DistributedIterator:
                     iterator.__class__ = CountedIterator
                     iterator._raytf_took = self._raytf_took  # noqa: SLF001
+                    self._raytf_iterated()
                 return iterator
 
         _COUNTED.extend((input_lib.DistributedDatasetsFromFunction, CountedDatasets))
     base, counted = _COUNTED
     if type(distributed) is base:
         distributed.__class__ = counted
-        distributed._raytf_took = took  # noqa: SLF001
+        distributed._raytf_took, distributed._raytf_iterated = took, iterated  # noqa: SLF001
     return distributed
 
 

@@ -27,6 +27,36 @@ def optimizer_modules() -> tuple[Any, Any, Any]:
     return v2, legacy, utils
 
 
+def forget_epoch_length() -> bool:
+    """Make the tf-keras ``Model.fit`` running in this thread count the steps of its next epoch
+    again, as it did its first, instead of taking the first epoch's as every epoch's (its
+    ``DataHandler``, the ``data_handler`` local of ``fit``, learns ``_inferred_steps`` from an
+    epoch of a dataset of unknown length). A fit resumed in mid-epoch trains the rest of that epoch
+    first: shorter than the epochs after it. False where no fit's handler is found."""
+    import sys
+
+    from tf_keras.src.engine import data_adapter
+
+    frame = sys._getframe(1)  # noqa: SLF001
+    while frame is not None:
+        handler = frame.f_locals.get("data_handler")
+        if isinstance(handler, data_adapter.DataHandler):
+            handler._inferred_steps = None  # noqa: SLF001
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _probe_data_handler() -> None:
+    import inspect
+
+    from tf_keras.src.engine import data_adapter, training
+
+    assert "data_handler" in inspect.unwrap(training.Model.fit).__code__.co_varnames, "Model.fit's data_handler"
+    assert "_inferred_steps" in inspect.unwrap(data_adapter.DataHandler.catch_stop_iteration).__code__.co_names, \
+        "DataHandler._inferred_steps"
+
+
 def _probe_batch_hooks() -> None:
     import tf_keras
 
@@ -38,6 +68,9 @@ HOOKS = [
          "tf_keras.src.optimizers: Optimizer.aggregate_gradients, OptimizerV2._aggregate_gradients",
          "gradient compression and raytf.keras.local_sgd under tf-keras",
          "TensorflowConfig.gradient_compression and raytf.keras.local_sgd", optimizer_modules),
+    Hook("tf_keras.fit_data_handler", "tf_keras", "Model.fit's data_handler local, DataHandler._inferred_steps",
+         "an exact mid-epoch resume of tf-keras's own model.fit (its first epoch the rest of the interrupted one)",
+         "DataConfig(exactly_once=False)", _probe_data_handler),
     Hook("tf_keras.callback_batch_hooks", "tf_keras", "tf_keras.callbacks.Callback._implements_train_batch_hooks",
          "raytf.keras.ReportCallback under a ParameterServerTrainer (epoch-end preemption checks)",
          "ParameterServerTrainer with tf-keras (use raytf.Trainer, or Keras 3)", _probe_batch_hooks),

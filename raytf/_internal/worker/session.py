@@ -150,6 +150,10 @@ class WorkerSession:
             return sorted(files[0]) if files else []
         return self._shards.names()
 
+    @property
+    def cursors(self) -> dict[str, Any]:
+        return self._shards.cursors  # each planned dataset's (data/planned.py)
+
     def shard_read_whole(self, name: str) -> Any:
         """The columns of ``name`` as this worker read them whole, or None (see ShardReader)."""
         return self._shards.read_whole(name)

@@ -151,15 +151,16 @@ def _class() -> Any:
 
             def noted(context: Any) -> Any:
                 dataset = dataset_fn(context)
-                cursors.append(cursor_of(dataset))
+                cursors.append((cursor_of(dataset), _endless(dataset)))
                 return dataset
 
             distributed = super().distribute_datasets_from_function(noted, options)
-            if cursors and cursors[0] is not None:  # a planned shard: count what the loop takes (planned.py)
+            if cursors and cursors[0][0] is not None:  # a planned shard: count what the loop takes (planned.py)
                 from raytf._internal import hooks
 
+                cursor, endless = cursors[0]
                 hooks.require("tensorflow.counted_iterators")
-                _tf_hooks.count_batches_taken(distributed, cursors[0].took)
+                _tf_hooks.count_batches_taken(distributed, cursor.took, lambda: cursor.iterated(by_pass=not endless))
             return distributed
 
         def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
@@ -170,6 +171,17 @@ def _class() -> Any:
 
     _strategy_class = RaytfMultiWorkerMirroredStrategy
     return _strategy_class
+
+
+def _endless(dataset: Any) -> bool:
+    """Whether ``dataset`` repeats without end (``shard.repeat()``): a loop over it takes its
+    epochs' steps from ``steps_per_epoch``, not from the passes."""
+    import tensorflow as tf
+
+    try:
+        return int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    except Exception:  # noqa: BLE001 - not a tf.data dataset
+        return False
 
 
 def cursor_of(dataset: Any) -> Any:
