@@ -54,7 +54,6 @@ class StreamPositions:
                                          name=f"raytf_committed_{_safe(name)}")
             self.taken = tf.Variable(tf.zeros([workers], tf.int64), trainable=False,
                                      name=f"raytf_taken_{_safe(name)}")
-        self.recorded: Optional[dict[str, Any]] = None  # what a checkpoint records, once the shard is made
 
     def start(self, worker: Any) -> Any:
         """The first batch of ``worker``'s stream its pipeline yields (a tensor, read where the
@@ -211,9 +210,10 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
         graph = tf.compat.v1.get_default_graph()
         first = len(graph.get_operations())
         outputs = python_function(*args, **kwargs)
-        # Committed once every update the step makes is made, and on nothing else: the update ops
-        # and the commit run on the parameter servers, so once a step's gradients are there, a
-        # worker that dies does not leave its updates made and its batch uncommitted.
+        # Committed once every update the step makes is made, and on nothing else (not on the
+        # worker's own ops after them): the updates and the commit run on the parameter servers,
+        # so the window in which a dying worker leaves updates made and its batch uncommitted is
+        # the time between them there.
         updates = [op for op in graph.get_operations()[first:] if _updates_a_resource(op)]
         with tf.control_dependencies(updates):
             for positions in streams:
