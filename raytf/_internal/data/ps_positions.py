@@ -72,7 +72,10 @@ class StreamPositions:
             self.taken.assign(tf.constant(list(positions), tf.int64))
 
     def values(self) -> list[int]:
-        return [int(v) for v in self.committed.numpy()]
+        import tensorflow as tf
+
+        with tf.init_scope():
+            return [int(v) for v in self.committed.numpy()]
 
     def begin(self, worker: Any) -> Any:
         import tensorflow as tf
@@ -91,19 +94,17 @@ class StreamPositions:
 
 
 class PsStreams:
-    """The chief's streams of the shards it made: one :class:`StreamPositions` per dataset,
-    started once per request at the checkpoint's record of it, or at pass ``first_epoch``."""
+    """The chief's streams: one :class:`StreamPositions` per dataset the workers hold pieces of
+    (``shard_files``: by worker, dataset -> its files), made at once, since a dataset function the
+    coordinator traces may create no variable; each started once per request, at the checkpoint's
+    record of it or at pass ``first_epoch``."""
 
-    def __init__(self, recorded: Optional[dict[str, Any]], first_epoch: int):
+    def __init__(self, recorded: Optional[dict[str, Any]], first_epoch: int, shard_files: Sequence[Any]):
         self._recorded = recorded or {}
         self._first_epoch = first_epoch
-        self._positions: dict[str, StreamPositions] = {}
+        names = sorted(shard_files[0]) if shard_files else []
+        self.positions = {name: StreamPositions(name, len(shard_files)) for name in names}
         self._started: dict[str, Any] = {}  # name -> the PsShard whose start was set last
-
-    def positions(self, name: str, workers: int) -> StreamPositions:
-        if name not in self._positions:
-            self._positions[name] = StreamPositions(name, workers)
-        return self._positions[name]
 
     def start(self, shard: Any) -> None:
         """Set where each worker's stream of ``shard`` starts, the first time it is asked for (or

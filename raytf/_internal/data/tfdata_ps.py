@@ -62,7 +62,10 @@ class PsShard:
 
     def record(self) -> dict[str, Any]:
         """What a checkpoint records of this shard: each worker's position, and what it means."""
-        return {"ps_positions": self.positions.values(), "rows": self.rows(), "batch_size": self.request.batch_size,
+        return {"ps_positions": self.positions.values(), **self._meaning()}
+
+    def _meaning(self) -> dict[str, Any]:
+        return {"rows": self.rows(), "batch_size": self.request.batch_size,
                 "drop_remainder": self.request.drop_remainder, "shuffle": self.request.shuffle}
 
     def initial_positions(self, recorded: Any) -> tuple[list[int], Optional[str]]:
@@ -71,7 +74,7 @@ class PsShard:
         fresh = [self.first_epoch * b for b in self.batches_per_pass()]
         if not isinstance(recorded, dict) or "ps_positions" not in recorded:
             return fresh, None
-        mine = self.record() | {"ps_positions": recorded["ps_positions"]}
+        mine = self._meaning()
         differs = [k for k in mine if recorded.get(k) != mine[k]]
         if differs or len(recorded["ps_positions"]) != len(fresh):
             return fresh, ", ".join(f"{k} was {recorded.get(k)!r}, now {mine[k]!r}" for k in differs) or "worker count"

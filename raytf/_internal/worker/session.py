@@ -86,7 +86,12 @@ class WorkerSession:
         self._preempt_check: Any = None
         self.preempted = False
         self.parameter_server = parameter_server  # payloads.PsData on a parameter-server chief
-        self._ps_streams: Any = None  # ps_positions.PsStreams, from the first parameter-server shard on
+        self._ps_streams: Any = None  # a parameter-server chief's streams (data/ps_positions.py), made now:
+        if parameter_server is not None:  # a dataset function the coordinator traces may create no variable
+            from raytf._internal.data.ps_positions import PsStreams
+
+            self._ps_streams = PsStreams(resume.entry.data if resume.entry is not None else None, self.first_epoch,
+                                         parameter_server.shard_files)
         self._round = 0  # collective reports (ranks="all") made in this attempt
 
     def get_checkpoint(self) -> Any:
@@ -192,13 +197,8 @@ class WorkerSession:
                 "parameter-server workers step on their own, so there is no global batch to share"
             )
         request = ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
-        if self._ps_streams is None:
-            from raytf._internal.data.ps_positions import PsStreams
-
-            self._ps_streams = PsStreams(self._resume.entry.data if self._resume.entry is not None else None,
-                                         self.first_epoch)
         shard = tfdata_ps.make_shard(request, [f[name] for f in files], seed, self.first_epoch,
-                                     self._ps_streams.positions(name, len(files)))
+                                     self._ps_streams.positions[name])
         self._ps_streams.start(shard)
         if "global_batch" not in self._progress:
             self._progress["global_batch"] = batch_size
