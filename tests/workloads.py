@@ -1079,6 +1079,65 @@ def ps_custom_loop(config: dict) -> None:
     })
 
 
+def ps_torn_step(config: dict) -> None:
+    """One parameter-server worker's steps, each making three updates on the ps (``early``, ``late``,
+    ``after``), in two phases a test kills the worker in (the worker is replaced in place; the
+    coordinator runs the step again). Phase "worker": ``late``'s input takes the worker a few
+    seconds, ``early``'s none. Phase "ps": ``after``'s input is made on the ps from ``late``'s
+    new value, for a while. Before each phase's slow step, one is timed (timed-<phase>.json); the
+    slow step is marked scheduled (mark-<phase>.json). torn.json: the counters and the shard's
+    committed position before and after each phase."""
+    import tensorflow as tf
+
+    from raytf._internal.data.ps_positions import POSITIONS_DEVICE
+
+    strategy, coordinator = raytf.strategy(), raytf.coordinator()
+    shard = raytf.get_dataset_shard("train", batch_size=32, features="x", label="y")
+    iterator = iter(coordinator.create_per_worker_dataset(shard))
+    with strategy.scope():
+        early, late, after = (tf.Variable(0, dtype=tf.int64) for _ in range(3))
+        work = {phase: tf.Variable(0, dtype=tf.int32) for phase in ("worker", "ps")}
+
+    @tf.function
+    def step(iterator):
+        x, _ = next(iterator)
+        early.assign_add(1)
+        m = tf.fill([384, 384], 0.01) + tf.reduce_sum(x) * 0  # on the worker: work["worker"] matmuls
+        m = tf.while_loop(lambda i, m: i < work["worker"], lambda i, m: (i + 1, tf.tanh(m @ m)), (0, m))[1]
+        late.assign_add(1 + tf.cast(tf.reduce_sum(m) * 0, tf.int64))
+        with tf.device(POSITIONS_DEVICE):  # on the ps, after `late`'s update: plain ops (no loop) on
+            # work["ps"] million numbers
+            a = tf.fill([work["ps"] * 1_000_000], tf.cast(late.read_value() * 0, tf.float32) + 1.0)
+            for _ in range(40):
+                a = a * 1.0001 + 0.5
+            after.assign_add(1 + tf.cast(tf.reduce_sum(a[:1]) * 0, tf.int64))
+        return x[0, 0]
+
+    def state():
+        return {"early": int(early.numpy()), "late": int(late.numpy()), "after": int(after.numpy()),
+                "committed": iterator._raytf_positions.values()[0]}
+
+    def run_step():
+        coordinator.schedule(step, args=(iterator,))
+        coordinator.join()
+
+    run_step()
+    torn = {}
+    for phase, amount in (("worker", config.get("worker_work", 2500)), ("ps", config.get("ps_work", 40))):
+        work[phase].assign(amount)
+        started = time.monotonic()
+        run_step()
+        _write(config["out_dir"], f"timed-{phase}.json", {"took_s": time.monotonic() - started})
+        time.sleep(2)  # the test finds the worker's process
+        before = state()
+        coordinator.schedule(step, args=(iterator,))
+        _write(config["out_dir"], f"mark-{phase}.json", {})
+        coordinator.join()
+        torn[phase] = (before, state())
+        work[phase].assign(0)
+    _write(config["out_dir"], "torn.json", torn)
+
+
 def ps_evaluate(checkpoint, config: dict) -> dict:
     """The evaluator's evaluate_fn: loads the checkpoint into the same model and scores fixed data."""
     import tensorflow as tf

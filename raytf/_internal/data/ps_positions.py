@@ -21,10 +21,13 @@ worker's own next batch, and no row is trained twice in a pass. Every
 checkpoint records the positions (the run resumes at them), so a group
 restarted from a checkpoint goes on where that checkpoint's model stood.
 
-The one window left is a worker that dies after its step's updates reached
-the parameter servers and before the step's ``committed`` write (the
-writes of one step are not one transaction on the parameter servers): its
-batch is trained again.
+A step's writes are not one transaction on the parameter servers, so raytf
+makes a worker's death leave all of them or none: every update the step makes
+waits until the inputs of all of them have arrived on their parameter servers
+(the worker's gradients above all), and the commit needs nothing more from the
+worker. A parameter server finishes a step whose worker died once it has what
+the step's updates need (the plain ops of every optimizer's update; not a
+TensorFlow loop or conditional that starts after the worker is gone).
 """
 
 from __future__ import annotations
@@ -87,10 +90,24 @@ class StreamPositions:
 
         return self.taken.scatter_nd_add([[worker]], tf.reshape(tf.cast(taken, tf.int64), [1]))
 
-    def commit(self, worker: Any) -> Any:
+    def commit(self, at: "Worker") -> Any:
+        """``committed[w] = taken[w]``: made on this parameter server from values already there, so
+        that a commit whose updates are made needs nothing more from the worker."""
         import tensorflow as tf
 
-        return self.committed.scatter_nd_update([[worker]], tf.gather(self.taken, [worker]))
+        return self.committed.scatter_nd_update(at.rows, tf.gather(self.taken, at.index))
+
+
+class Worker:
+    """The index of the worker running a step, as the commit's inputs, placed on the parameter
+    server of the positions from the step's start."""
+
+    def __init__(self, worker: Any):
+        import tensorflow as tf
+
+        with tf.device(POSITIONS_DEVICE):
+            self.index = tf.reshape(worker, [1])
+            self.rows = tf.reshape(worker, [1, 1])
 
 
 class PsStreams:
@@ -204,6 +221,7 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
     @tf.function
     def counted_step(*args: Any, **kwargs: Any) -> Any:
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+        at = Worker(worker)
         for positions in streams:  # taken = committed, before any batch (both ordered on `taken`)
             positions.begin(worker)
         args = [CountingIterator(a, positional[i], worker) if i in positional else a for i, a in enumerate(args)]
@@ -211,17 +229,60 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
         graph = tf.compat.v1.get_default_graph()
         first = len(graph.get_operations())
         outputs = python_function(*args, **kwargs)
-        # Committed once every update the step makes is made, and on nothing else (not on the
-        # worker's own ops after them): the updates and the commit run on the parameter servers,
-        # so the window in which a dying worker leaves updates made and its batch uncommitted is
-        # the time between them there.
-        updates = [op for op in graph.get_operations()[first:] if _updates_a_resource(op)]
+        # Every update of the step waits until all of their inputs are where they run, and the
+        # commit waits for every update, and on nothing else: a worker lost during its step leaves
+        # either none of the step's updates made, or all of them and the commit.
+        made = graph.get_operations()[first:]
+        updates = [op for op in made if _writes(op)]
+        _hold_until_arrived(made, updates, also=[at.index, at.rows])
         with tf.control_dependencies(updates):
             for positions in streams:
-                positions.commit(worker)
+                positions.commit(at)
         return outputs
 
     return counted_step
+
+
+def _hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = ()) -> None:
+    """Make every update op of the step wait until the inputs of all of them have arrived where
+    they run: one op on the first parameter server waits for each input (on the update's own
+    device) and for ``also``, and comes before every update. A worker that dies while its step's
+    gradients are on their way leaves none of the step's updates made, instead of those whose
+    gradients came first.
+
+    An input made after an update of the same step cannot be waited for (the update comes first):
+    whatever reads or writes a resource the step already wrote (TensorFlow orders it after the
+    write), and what is made from it. Such inputs are made on the parameter servers from their own
+    state, so once the hold opens the step's updates and its commit need nothing from the worker,
+    and a parameter server finishes them when the worker is gone (measured: the test of a worker
+    killed meanwhile). What it does not finish is a TensorFlow function (a loop, a conditional)
+    that starts after the worker is gone, if the step runs one on a parameter server after an
+    update."""
+    import tensorflow as tf
+
+    if not updates:
+        return
+    updating = set(updates)
+    written: set[Any] = set()
+    after: set[Any] = set()  # ops that run after one of the step's updates
+    for op in made:
+        if (any(i.op in after for i in op.inputs) or any(c in after for c in op.control_inputs)
+                or any(i.dtype == tf.resource and i.ref() in written for i in op.inputs)):
+            after.add(op)
+        if op in updating:
+            after.add(op)
+            written.update(t.ref() for t in _writes(op))
+    arrived = []
+    for op in updates:
+        for tensor in op.inputs:
+            if tensor.dtype == tf.resource or tensor.op in after:
+                continue
+            with tf.compat.v1.colocate_with(op, ignore_existing=True):
+                arrived.append(tf.raw_ops.Identity(input=tensor).op)
+    with tf.device(POSITIONS_DEVICE), tf.control_dependencies(arrived + [t.op for t in also]):
+        hold = tf.raw_ops.NoOp(name="raytf_all_arrived")
+    for op in updates:
+        op._add_control_input(hold)  # noqa: SLF001 - an op made by the step's code, held after the fact
 
 
 def _autograph(fn: Any) -> bool:
@@ -231,18 +292,14 @@ def _autograph(fn: Any) -> bool:
     return tf_hooks.function_autograph(fn)
 
 
-_READS = ("ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VarIsInitializedOp", "VariableShape",
-          "DestroyResourceOp")
+def _writes(op: Any) -> list:
+    """The resources ``op`` may write, a variable's or another's (a loop, a conditional or a call
+    writes what its functions write), but an iterator's (the batches, counted apart)."""
+    from raytf._internal.hooks import tensorflow as tf_hooks
 
-
-def _updates_a_resource(op: Any) -> bool:
-    """Whether ``op`` may write a variable (or other resource) of the step's: it takes a resource
-    and is no read of one nor an iterator's (the batches, counted apart)."""
-    import tensorflow as tf
-
-    if op.type in _READS or op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas")):
-        return False
-    return any(t.dtype == tf.resource for t in op.inputs)
+    if op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas", "DestroyResourceOp")):
+        return []
+    return tf_hooks.resource_writes(op)
 
 
 _warned: set[int] = set()

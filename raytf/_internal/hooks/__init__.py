@@ -35,7 +35,7 @@ def needed(*, keras3: bool, tf_keras: bool, compression: bool, gpu: bool, parame
         names.append("tensorflow.physical_devices")
     if parameter_server:
         names += ["tensorflow.parameter_server_new", "tensorflow.coordinator_server_def",
-                  "tensorflow.function_autograph"]
+                  "tensorflow.function_autograph", "tensorflow.resource_writes"]
         names += ["tf_keras.callback_batch_hooks"] if tf_keras else []
     return names
 

@@ -148,6 +148,22 @@ def function_autograph(fn: Any) -> bool:
     return bool(fn._autograph)  # noqa: SLF001
 
 
+def resource_writes(op: Any) -> list:
+    """The resources graph op ``op`` may write, as TensorFlow's automatic control dependencies see
+    them (a loop, a conditional or a function call writes what its functions write), which
+    raytf's parameter-server step holds until the step's inputs arrived (data/ps_positions.py)."""
+    from tensorflow.python.framework import auto_control_deps_utils
+
+    return list(auto_control_deps_utils.get_read_write_resource_inputs(op)[1])
+
+
+def _probe_resource_writes() -> None:
+    from tensorflow.python.framework import auto_control_deps_utils
+
+    assert callable(getattr(auto_control_deps_utils, "get_read_write_resource_inputs", None)), \
+        "auto_control_deps_utils.get_read_write_resource_inputs"
+
+
 def _probe_function_autograph() -> None:
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
@@ -237,6 +253,10 @@ HOOKS = [
          "exactly-once data for parameter servers (raytf counts the batches each step takes)",
          "nothing: this one is required by ParameterServerTrainer's data",
          _probe_function_autograph),
+    Hook("tensorflow.resource_writes", "tensorflow", "auto_control_deps_utils.get_read_write_resource_inputs",
+         "exactly-once data for parameter servers (a step's updates are held until all of its inputs arrived)",
+         "nothing: this one is required by ParameterServerTrainer's data",
+         _probe_resource_writes),
     Hook("tensorflow.dataset_graph", "tensorflow", "tf.data.Dataset._inputs() and ._functions()",
          "recognising a raytf shard inside tf.data (per-worker distribution)",
          "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
