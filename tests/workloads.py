@@ -968,6 +968,28 @@ def tune_trial(config: dict) -> None:
 # Parameter-server training (raytf.ParameterServerTrainer): train_fn runs on the chief.
 
 
+def _row_accounts(rows: int, per_pass: int):
+    """Variables (made under the strategy's scope: on the ps) counting how often each pass of each
+    worker's stream trained each of ``rows`` rows (``seen[pass, id]``, the pass from the steps that
+    worker's stream trained before, ``per_pass`` batches each), which worker's piece each row is
+    in, and each worker's trained steps; and ``account(ids)``, a step's counting of its batch."""
+    import tensorflow as tf
+
+    accounts = {"seen": tf.Variable(tf.zeros([128, rows], tf.int32)), "owner": tf.Variable(tf.fill([rows], -1)),
+                "worker_steps": tf.Variable(tf.zeros([8], tf.int64))}
+
+    def account(ids):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        trained_pass = tf.cast(accounts["worker_steps"][worker] // per_pass, tf.int32)
+        n = tf.shape(ids)[0]
+        accounts["seen"].scatter_nd_add(tf.stack([tf.fill([n], trained_pass), tf.cast(ids, tf.int32)], 1),
+                                        tf.ones([n], tf.int32))
+        accounts["owner"].scatter_nd_update(tf.cast(ids, tf.int32)[:, None], tf.fill([n], tf.cast(worker, tf.int32)))
+        accounts["worker_steps"].scatter_nd_add([[worker]], tf.constant([1], tf.int64))
+
+    return accounts, account
+
+
 def ps_custom_loop(config: dict) -> None:
     """A Keras 3 (or tf-keras) MLP trained with the coordinator's schedule/join on dataset "train"
     (columns x, y); a checkpoint each epoch; resumes from raytf.get_checkpoint().
@@ -1014,21 +1036,8 @@ def ps_custom_loop(config: dict) -> None:
         optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1))
         optimizer.build(model.trainable_variables)
         rows = tf.Variable(0, dtype=tf.int64)  # assign_add on the ps: exact, unlike Keras 3's iterations
-        accounts = {}
-        if counting:
-            accounts = {"seen": tf.Variable(tf.zeros([128, counting], tf.int32)),
-                        "owner": tf.Variable(tf.fill([counting], -1)),
-                        "worker_steps": tf.Variable(tf.zeros([8], tf.int64))}
+        accounts, account = _row_accounts(counting, config.get("per_pass")) if counting else ({}, None)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def account(ids):
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        trained_pass = tf.cast(accounts["worker_steps"][worker] // config["per_pass"], tf.int32)
-        n = tf.shape(ids)[0]
-        accounts["seen"].scatter_nd_add(tf.stack([tf.fill([n], trained_pass), tf.cast(ids, tf.int32)], 1),
-                                        tf.ones([n], tf.int32))
-        accounts["owner"].scatter_nd_update(tf.cast(ids, tf.int32)[:, None], tf.fill([n], tf.cast(worker, tf.int32)))
-        accounts["worker_steps"].scatter_nd_add([[worker]], tf.constant([1], tf.int64))
 
     @tf.function
     def train_step(iterator):
@@ -1190,18 +1199,42 @@ def mwms_reference_loop(config: dict) -> None:
 
 
 def ps_keras_fit(config: dict) -> None:
-    """tf-keras model.fit under the chief's ParameterServerStrategy, on raytf's shard as it is."""
+    """tf-keras model.fit under the chief's ParameterServerStrategy, on raytf's shard as it is.
+
+    ``count_rows``/``per_pass``: as ps_custom_loop's (rows.json), counted by the model's train_step
+    once the step's update is made; ``mark_epochs``: on attempt 0, mark-<epoch>.json once each of
+    these epochs begins."""
     import tensorflow as tf
 
     strategy = raytf.strategy()
-    shard = raytf.get_dataset_shard("train", batch_size=32, features="x", label="y", shuffle=True, seed=0)
+    counting = config.get("count_rows")
+    shard = raytf.get_dataset_shard("train", batch_size=32, features=["x", "id"] if counting else "x", label="y",
+                                    shuffle=True, seed=0)
+
+    class Model(tf.keras.Sequential):
+        def train_step(self, data):
+            if not counting:
+                return super().train_step(data)
+            (x, y), ids = (data[0]["x"], data[1]), data[0]["id"]
+            logs = super().train_step((x, y))
+            with tf.control_dependencies([tf.identity(v) for v in self.trainable_variables]):
+                account(ids)
+            return logs
+
+    class Marks(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if raytf.get_context().attempt == 0 and epoch in config.get("mark_epochs", ()):
+                _write(config["out_dir"], f"mark-{epoch}.json", {"epoch": epoch})
+
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
-                                     tf.keras.layers.Dense(4)])
+        model = Model([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(4)])
         model.compile(optimizer=tf.keras.optimizers.SGD(0.1), steps_per_execution=config.get("spe", 1),
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        accounts, account = _row_accounts(counting, config.get("per_pass")) if counting else ({}, None)
     history = model.fit(shard, epochs=config["epochs"], steps_per_epoch=config["steps"], verbose=0,
-                        callbacks=[raytf.keras.ReportCallback(checkpoint=True)])
+                        callbacks=[raytf.keras.ReportCallback(checkpoint=True), Marks()])
+    if counting:
+        _write(config["out_dir"], "rows.json", {k: v.numpy().tolist() for k, v in accounts.items()})
     held_out_x, held_out_y = make_data(512, seed=99)
     _write(config["out_dir"], "keras.json", {
         "keras": _keras_version(tf.keras), "losses": history.history["loss"],

@@ -213,34 +213,85 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
           keyword: dict[str, StreamPositions], autograph: bool) -> Any:
     import tensorflow as tf
 
-    streams = {id(p): p for p in [*positional.values(), *keyword.values()]}.values()
+    streams = list({id(p): p for p in [*positional.values(), *keyword.values()]}.values())
+    multi_step = _multi_step(python_function)
+    if multi_step is not None and list(positional) == [0] and not keyword:
+        return _wrap_multi_step(*multi_step, positional[0])
     # The step's own code, converted as its tf.function would (AutoGraph leaves library modules,
     # tf-keras's train_function among them, alone when they are called from another function).
     python_function = tf.autograph.to_graph(python_function) if autograph else python_function
 
     @tf.function
     def counted_step(*args: Any, **kwargs: Any) -> Any:
-        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
-        at = Worker(worker)
-        for positions in streams:  # taken = committed, before any batch (both ordered on `taken`)
-            positions.begin(worker)
+        worker = _current_worker()
         args = [CountingIterator(a, positional[i], worker) if i in positional else a for i, a in enumerate(args)]
         kwargs = {k: CountingIterator(a, keyword[k], worker) if k in keyword else a for k, a in kwargs.items()}
-        graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations())
-        outputs = python_function(*args, **kwargs)
-        # Every update of the step waits until all of their inputs are where they run, and the
-        # commit waits for every update, and on nothing else: a worker lost during its step leaves
-        # either none of the step's updates made, or all of them and the commit.
-        made = graph.get_operations()[first:]
-        updates = [op for op in made if _writes(op)]
-        _hold_until_arrived(made, updates, also=[at.index, at.rows])
-        with tf.control_dependencies(updates):
-            for positions in streams:
-                positions.commit(at)
-        return outputs
+        return _held(lambda: python_function(*args, **kwargs), streams, worker)
 
     return counted_step
+
+
+def _wrap_multi_step(step_function: Callable[..., Any], model: Any, positions: StreamPositions) -> Any:
+    """tf-keras's train function of ``steps_per_execution`` steps, its loop run by raytf: each
+    step's batch is committed in the loop with that step's updates, so a worker lost in the middle
+    of an execution trains none of its finished batches again."""
+    import tensorflow as tf
+
+    def run(steps_per_execution: Any, one_step: Callable[[], Any]) -> Any:
+        for _ in tf.range(steps_per_execution):
+            outputs = one_step()
+        return outputs
+
+    run = tf.autograph.to_graph(run)
+
+    @tf.function
+    def counted_step(iterator: Any, steps_per_execution: Any) -> Any:
+        worker = _current_worker()
+        counting = CountingIterator(iterator, positions, worker)
+
+        @tf.autograph.experimental.do_not_convert
+        def one_step() -> Any:
+            return _held(lambda: step_function(model, counting), [positions], worker)
+
+        return run(steps_per_execution, one_step)
+
+    return counted_step
+
+
+def _current_worker() -> Any:
+    import tensorflow as tf
+
+    return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+
+
+def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: Any) -> Any:
+    """Run ``step`` (made into the graph being built) counted: ``taken = committed`` before it,
+    every update it makes held until all of their inputs arrived, and the count committed once they
+    are made, on nothing else."""
+    import tensorflow as tf
+
+    at = Worker(worker)
+    for positions in streams:  # taken = committed, before any batch (both ordered on `taken`)
+        positions.begin(worker)
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    outputs = step()
+    # Every update of the step waits until all of their inputs are where they run, and the commit
+    # waits for every update, and on nothing else: a worker lost during its step leaves either none
+    # of the step's updates made, or all of them and the commit.
+    made = graph.get_operations()[first:]
+    updates = [op for op in made if _writes(op)]
+    _hold_until_arrived(made, updates, also=[at.index, at.rows])
+    with tf.control_dependencies(updates):
+        for positions in streams:
+            positions.commit(at)
+    return outputs
+
+
+def _multi_step(python_function: Callable[..., Any]) -> Any:
+    from raytf._internal.hooks import tf_keras as tf_keras_hooks
+
+    return tf_keras_hooks.multi_step_train_function(python_function) if tf_keras_hooks.installed() else None
 
 
 def _hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = ()) -> None:

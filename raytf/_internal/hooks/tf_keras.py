@@ -57,6 +57,33 @@ def _probe_data_handler() -> None:
         "DataHandler._inferred_steps"
 
 
+def multi_step_train_function(python_function: Any) -> Any:
+    """``(step_function, model)`` when ``python_function`` is the body of the train function
+    tf-keras's ``Model.make_train_function`` makes for a cluster coordinator with
+    ``steps_per_execution`` above 1 (``train_function(iterator, steps_per_execution)``, a
+    ``tf.range`` loop over ``step_function(self, iterator)``), else None. raytf's
+    parameter-server step runs that loop itself, committing each step's batch in it
+    (data/ps_positions.py)."""
+    code = getattr(python_function, "__code__", None)
+    if code is None or code.co_name != "train_function" or code.co_argcount != 2:
+        return None
+    if not getattr(python_function, "__module__", "").startswith("tf_keras."):
+        return None
+    cells = dict(zip(code.co_freevars, python_function.__closure__ or ()))
+    if "step_function" not in cells or "self" not in cells:
+        return None
+    return cells["step_function"].cell_contents, cells["self"].cell_contents
+
+
+def _probe_multi_step() -> None:
+    from tf_keras.src.engine import training
+
+    names = training.Model.make_train_function.__code__.co_consts
+    bodies = [c for c in names if getattr(c, "co_name", None) == "train_function" and c.co_argcount == 2]
+    assert bodies and {"step_function", "self"} <= set(bodies[0].co_freevars), \
+        "Model.make_train_function's train_function(iterator, steps_per_execution)"
+
+
 def _probe_batch_hooks() -> None:
     import tf_keras
 
@@ -71,6 +98,12 @@ HOOKS = [
     Hook("tf_keras.fit_data_handler", "tf_keras", "Model.fit's data_handler local, DataHandler._inferred_steps",
          "an exact mid-epoch resume of tf-keras's own model.fit (its first epoch the rest of the interrupted one)",
          "DataConfig(exactly_once=False)", _probe_data_handler),
+    Hook("tf_keras.multi_step_train_function", "tf_keras",
+         "Model.make_train_function's train_function(iterator, steps_per_execution) and its step_function",
+         "every row once per pass under parameter servers with steps_per_execution above 1 (a batch counted "
+         "as its step is made)",
+         "nothing: without it raytf counts a whole execution at once, and a worker lost in the middle of one "
+         "trains its finished batches again", _probe_multi_step),
     Hook("tf_keras.callback_batch_hooks", "tf_keras", "tf_keras.callbacks.Callback._implements_train_batch_hooks",
          "raytf.keras.ReportCallback under a ParameterServerTrainer (epoch-end preemption checks)",
          "ParameterServerTrainer with tf-keras (use raytf.Trainer, or Keras 3)", _probe_batch_hooks),
