@@ -164,12 +164,13 @@ def test_a_worker_killed_in_the_middle_of_a_step_leaves_all_of_its_updates_or_no
     update made (without raytf's hold the first was made, and the step run again made it twice).
     Then a step whose updates go on on the parameter server for a while once the worker has sent its
     part: the worker killed meanwhile leaves the updates and the step's commit made (the commit
-    needed the worker once more, and was lost), so the step's batch is not trained again."""
+    needed the worker once more, and was lost), so the step's batch is not trained again. Two
+    parameter servers: the counters are spread over both, the hold and the commit span them."""
     out = tmp_path / "out"
     out.mkdir()
     trainer = raytf.ParameterServerTrainer(
         workloads.ps_torn_step, config={"out_dir": str(out)},
-        scaling=raytf.ParameterServerScaling(num_workers=1, num_ps=1, **SMALL),
+        scaling=raytf.ParameterServerScaling(num_workers=1, num_ps=2, **SMALL),
         run=raytf.RunConfig(name="ps-torn", storage_path=str(tmp_path / "runs"), verbose=0,
                             failure_config=raytf.FailureConfig(max_failures=2)),
         datasets={"train": train_data(256)})
