@@ -92,3 +92,45 @@ def test_a_checkpoints_record_is_used_only_for_the_same_pieces_and_batching(mani
     assert start == [2 * 4, 2 * 3] and "batch_size was 8, now 16" in why
     start, why = fresh.initial_positions(record | {"rows": [50, 41]})
     assert start == [14, 10] and "rows was [50, 41]" in why
+
+
+def test_a_steps_updates_wait_for_all_of_their_inputs_and_none_for_what_an_update_made(monkeypatch):
+    """The hold (``_hold_until_arrived``): every update of a step waits, through one op, for the inputs
+    of all of them (the late-computed one included); an input made from a variable the step already
+    wrote is not waited for (it comes after that update: waiting would deadlock), and the step runs
+    to the same values as without the hold."""
+    import tensorflow as tf
+
+    from raytf._internal.data import ps_positions
+
+    monkeypatch.setattr(ps_positions, "POSITIONS_DEVICE", "/device:CPU:0")  # this process, not a ps
+    early, late, after = (tf.Variable(0.0) for _ in range(3))
+    seen = {}
+
+    @tf.function
+    def step(x):
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        early.assign_add(1.0)
+        computed = tf.reduce_sum(tf.tanh(tf.matmul(x, x)))  # the "gradient" the worker sends late
+        late.assign_add(computed)
+        after.assign_add(late.read_value() * 2.0)  # made from `late`'s new value
+        made = graph.get_operations()[first:]
+        updates = [op for op in made if ps_positions._writes(op)]
+        ps_positions._hold_until_arrived(made, updates)
+        seen["updates"] = [op.type for op in updates]
+        seen["held"] = [any(c.name.startswith("raytf_all_arrived") for c in op.control_inputs) for op in updates]
+        hold = next(c for c in updates[0].control_inputs if c.name.startswith("raytf_all_arrived"))
+        seen["waits_for"] = {t.op.name for c in hold.control_inputs for t in c.inputs}
+        seen["computed"], seen["read"] = computed.op.name, updates[2].inputs[1].op.name
+        return after.read_value()
+
+    x = tf.eye(3) * 0.5
+    step.get_concrete_function(x)  # traced: the graph is checked before it runs (a wrong hold deadlocks)
+    assert seen["updates"] == ["AssignAddVariableOp"] * 3 and all(seen["held"])
+    assert seen["computed"] in seen["waits_for"]  # the late input holds every update
+    assert seen["read"] not in seen["waits_for"]  # made after `late`'s update: not waited for
+    result = float(step(x))
+    expected_late = float(tf.reduce_sum(tf.tanh(x @ x)))
+    assert float(early.numpy()) == 1.0 and abs(float(late.numpy()) - expected_late) < 1e-6
+    assert abs(result - 2 * expected_late) < 1e-5

@@ -348,7 +348,8 @@ def _writes(op: Any) -> list:
     writes what its functions write), but an iterator's (the batches, counted apart)."""
     from raytf._internal.hooks import tensorflow as tf_hooks
 
-    if op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas", "DestroyResourceOp")):
+    if op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas")) or op.type in (
+            "VarIsInitializedOp", "DestroyResourceOp"):
         return []
     return tf_hooks.resource_writes(op)
 
