@@ -134,3 +134,51 @@ def test_a_steps_updates_wait_for_all_of_their_inputs_and_none_for_what_an_updat
     expected_late = float(tf.reduce_sum(tf.tanh(x @ x)))
     assert float(early.numpy()) == 1.0 and abs(float(late.numpy()) - expected_late) < 1e-6
     assert abs(result - 2 * expected_late) < 1e-5
+
+
+class Counts:
+    """StreamPositions' counting side, on this process."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        self.taken = tf.Variable(0, dtype=tf.int64)
+
+    def count(self, worker, taken=1):
+        import tensorflow as tf
+
+        return self.taken.assign_add(tf.cast(taken, tf.int64))
+
+
+@pytest.mark.parametrize("takes, warned", [("one", False), ("two", True), ("loop", True)])
+def test_a_step_that_takes_several_batches_is_named_once(monkeypatch, caplog, takes, warned):
+    """raytf commits a step's batches when the step's updates are made: a step taking several (or
+    taking them in a loop of its own) would train its finished ones again after a lost worker, and
+    is named in a warning."""
+    import tensorflow as tf
+
+    from raytf._internal.data import ps_positions
+
+    monkeypatch.setattr(ps_positions, "POSITIONS_DEVICE", "/device:CPU:0")
+    monkeypatch.setattr(ps_positions, "_warned", set())
+    counts = Counts()
+    batches = iter(tf.data.Dataset.range(10))
+
+    @tf.function
+    def step():
+        iterator = ps_positions.CountingIterator(batches, counts, tf.constant(0, tf.int64))
+
+        def body():
+            if takes == "loop":
+                total = tf.constant(0, tf.int64)
+                for _ in tf.range(3):
+                    total += next(iterator)
+                return total
+            return next(iterator) + (next(iterator) if takes == "two" else 0)
+
+        return ps_positions._held(body, [], tf.constant(0, tf.int64), [iterator], f"step_{takes}")
+
+    with caplog.at_level("WARNING", logger="raytf._internal.data.ps_positions"):
+        step()
+    assert any(f"step_{takes}" in r.getMessage() and "several batches" in r.getMessage()
+               for r in caplog.records) is warned

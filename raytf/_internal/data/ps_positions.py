@@ -153,6 +153,7 @@ class CountingIterator:
         self._iterator = iterator
         self._positions = positions
         self._worker = worker
+        self._takes: list[Any] = []  # the graph each batch was taken in, while a step is traced
 
     def __iter__(self) -> "CountingIterator":
         return self
@@ -167,12 +168,21 @@ class CountingIterator:
         import tensorflow as tf
 
         optional = self._iterator.get_next_as_optional()
+        self._takes.append(tf.compat.v1.get_default_graph())
         self._positions.count(self._worker, tf.cast(optional.has_value(), tf.int64))
         return optional
+
+    def takes_one_batch(self, graph: Any) -> bool:
+        """Whether the step traced since the last call took one batch, in ``graph`` (not in a loop
+        of its own), and forget what it took."""
+        one = len(self._takes) <= 1 and all(g is graph for g in self._takes)
+        self._takes = []
+        return one
 
     def _counted(self, element: Any) -> Any:
         import tensorflow as tf
 
+        self._takes.append(tf.compat.v1.get_default_graph())
         with tf.control_dependencies([t for t in tf.nest.flatten(element) if isinstance(t, tf.Tensor)]):
             self._positions.count(self._worker)
         return element
@@ -214,6 +224,7 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
     import tensorflow as tf
 
     streams = list({id(p): p for p in [*positional.values(), *keyword.values()]}.values())
+    name = getattr(python_function, "__name__", "step")
     multi_step = _multi_step(python_function)
     if multi_step is not None and list(positional) == [0] and not keyword:
         return _wrap_multi_step(*multi_step, positional[0])
@@ -226,7 +237,8 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
         worker = _current_worker()
         args = [CountingIterator(a, positional[i], worker) if i in positional else a for i, a in enumerate(args)]
         kwargs = {k: CountingIterator(a, keyword[k], worker) if k in keyword else a for k, a in kwargs.items()}
-        return _held(lambda: python_function(*args, **kwargs), streams, worker)
+        counted = [a for a in [*args, *kwargs.values()] if isinstance(a, CountingIterator)]
+        return _held(lambda: python_function(*args, **kwargs), streams, worker, counted, name)
 
     return counted_step
 
@@ -251,7 +263,7 @@ def _wrap_multi_step(step_function: Callable[..., Any], model: Any, positions: S
 
         @tf.autograph.experimental.do_not_convert
         def one_step() -> Any:
-            return _held(lambda: step_function(model, counting), [positions], worker)
+            return _held(lambda: step_function(model, counting), [positions], worker, [counting], "train_function")
 
         return run(steps_per_execution, one_step)
 
@@ -264,7 +276,8 @@ def _current_worker() -> Any:
     return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
 
 
-def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: Any) -> Any:
+def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: Any,
+          iterators: Sequence[CountingIterator], name: str) -> Any:
     """Run ``step`` (made into the graph being built) counted: ``taken = committed`` before it,
     every update it makes held until all of their inputs arrived, and the count committed once they
     are made, on nothing else."""
@@ -276,6 +289,8 @@ def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: A
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
     outputs = step()
+    if not all(iterator.takes_one_batch(graph) for iterator in iterators):
+        _warn_once(name, _SEVERAL)
     # Every update of the step waits until all of their inputs are where they run, and the commit
     # waits for every update, and on nothing else: a worker lost during its step leaves either none
     # of the step's updates made, or all of them and the commit.
@@ -354,13 +369,18 @@ def _writes(op: Any) -> list:
     return tf_hooks.resource_writes(op)
 
 
-_warned: set[int] = set()
+_warned: set[tuple[str, str]] = set()
+_PLAIN = ("coordinator.schedule(%s, ...) takes a raytf shard's iterator but is not a tf.function; raytf counts the "
+          "batches of tf.function steps only, so a worker lost during this step may train rows of its pass again. "
+          "Decorate the step with @tf.function")
+_SEVERAL = ("the step %s takes several batches from a raytf shard's iterator (or takes them in a loop of its own); "
+            "raytf commits a step's batches once, when all of its updates are made, so a worker lost in the middle "
+            "of this step trains the batches it had finished again. Take one batch a step (for tf-keras's "
+            "model.fit, steps_per_execution is fine: raytf commits each of its steps)")
 
 
-def _warn_once(fn: Any) -> None:
-    if id(fn) not in _warned:
-        _warned.add(id(fn))
-        logger.warning(
-            "raytf: coordinator.schedule(%s, ...) takes a raytf shard's iterator but is not a tf.function; raytf "
-            "counts the batches of tf.function steps only, so a worker lost during this step may train rows of "
-            "its pass again. Decorate the step with @tf.function", getattr(fn, "__name__", fn))
+def _warn_once(fn: Any, message: str = _PLAIN) -> None:
+    name = getattr(fn, "__name__", str(fn))
+    if (name, message) not in _warned:
+        _warned.add((name, message))
+        logger.warning("raytf: " + message, name)
