@@ -21,13 +21,16 @@ worker's own next batch, and no row is trained twice in a pass. Every
 checkpoint records the positions (the run resumes at them), so a group
 restarted from a checkpoint goes on where that checkpoint's model stood.
 
-A step's writes are not one transaction on the parameter servers, so raytf
-makes a worker's death leave all of them or none: every update the step makes
-waits until the inputs of all of them have arrived on their parameter servers
-(the worker's gradients above all), and the commit needs nothing more from the
-worker. A parameter server finishes a step whose worker died once it has what
-the step's updates need (the plain ops of every optimizer's update; not a
-TensorFlow loop or conditional that starts after the worker is gone).
+A step's writes are not one transaction on the parameter servers. Every update
+the step makes waits until the inputs of all of them have arrived on their
+parameter servers (the worker's gradients above all), and the commit needs
+nothing more from the worker: a worker lost while its gradients are on their
+way leaves none of the step's updates made, and a parameter server finishes a
+step whose worker died once it has what the step's updates need (plain ops;
+not a TensorFlow loop or conditional that starts after the worker is gone).
+One window is left, seen rarely on a loaded machine: a worker killed in its
+step's last moments leaving the updates made and the commit not (its batch is
+trained again).
 """
 
 from __future__ import annotations
