@@ -1076,8 +1076,10 @@ def ps_custom_loop(config: dict) -> None:
         )
         if ctx.attempt == 0 and epoch + 1 in config.get("mark_epochs", ()):
             _wait_for_commit(ctx.run_path, epoch)
-    if counting:
-        _write(config["out_dir"], "rows.json", {k: v.numpy().tolist() for k, v in accounts.items()})
+    if counting:  # and raytf's committed positions, beside the workload's own step counts
+        committed = getattr(iterator, "_raytf_positions", None)
+        _write(config["out_dir"], "rows.json", {**{k: v.numpy().tolist() for k, v in accounts.items()},
+                                                "committed": committed.values() if committed else None})
     held_out_x, held_out_y = make_data(512, seed=99)
     _write(config["out_dir"], "chief.json", {
         "eval_loss": float(loss_fn(held_out_y, model(held_out_x))),

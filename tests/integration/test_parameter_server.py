@@ -158,7 +158,8 @@ def assert_every_row_once_per_pass(accounts, workers, per_pass, batch, passes=2)
         counts = seen[:, piece]
         twice = [(p, int((counts[p] > 1).sum())) for p in range(len(counts)) if (counts[p] > 1).any()]
         assert counts.max() <= 2 and all(rows <= batch for _, rows in twice), \
-            f"worker {worker}: rows trained twice in a pass (pass, rows): {twice}"
+            f"worker {worker}: rows trained twice in a pass (pass, rows): {twice}; steps the workload counted " \
+            f"{steps[:workers].tolist()}, batches raytf committed {accounts.get('committed')}"
         missed = [(p, int((counts[p] == 0).sum())) for p in range(full) if (counts[p] == 0).any()]
         assert all(rows <= batch for _, rows in missed), \
             f"worker {worker}: rows never trained in a finished pass (pass, rows): {missed}"
