@@ -1094,13 +1094,12 @@ def ps_torn_step(config: dict) -> None:
     """One parameter-server worker's steps, each making three updates on the ps (``early``, ``late``,
     ``after``), in two phases a test kills the worker in (the worker is replaced in place; the
     coordinator runs the step again). Phase "worker": ``late``'s input takes the worker a few
-    seconds, ``early``'s none. Phase "ps": ``after``'s input is made on the ps from ``late``'s
-    new value, for a while. Before each phase's slow step, one is timed (timed-<phase>.json); the
-    slow step is marked scheduled (mark-<phase>.json). torn.json: the counters and the shard's
-    committed position before and after each phase."""
+    seconds, ``early``'s none. Phase "ps": ``after``'s input is made from ``late``'s new value
+    (and the batch), for a while, by ops the step gives no device (raytf runs them on the ps, where
+    ``after`` is; TensorFlow alone would run them on the worker). Before each phase's slow step, one
+    is timed (timed-<phase>.json); the slow step is marked scheduled (mark-<phase>.json). torn.json:
+    the counters and the shard's committed position before and after each phase."""
     import tensorflow as tf
-
-    from raytf._internal.data.ps_positions import POSITIONS_DEVICE
 
     strategy, coordinator = raytf.strategy(), raytf.coordinator()
     shard = raytf.get_dataset_shard("train", batch_size=32, features="x", label="y")
@@ -1116,12 +1115,11 @@ def ps_torn_step(config: dict) -> None:
         m = tf.fill([384, 384], 0.01) + tf.reduce_sum(x) * 0  # on the worker: work["worker"] matmuls
         m = tf.while_loop(lambda i, m: i < work["worker"], lambda i, m: (i + 1, tf.tanh(m @ m)), (0, m))[1]
         late.assign_add(1 + tf.cast(tf.reduce_sum(m) * 0, tf.int64))
-        with tf.device(POSITIONS_DEVICE):  # on the ps, after `late`'s update: plain ops (no loop) on
-            # work["ps"] million numbers
-            a = tf.fill([work["ps"] * 1_000_000], tf.cast(late.read_value() * 0, tf.float32) + 1.0)
-            for _ in range(40):
-                a = a * 1.0001 + 0.5
-            after.assign_add(1 + tf.cast(tf.reduce_sum(a[:1]) * 0, tf.int64))
+        # After `late`'s update, no device named: plain ops (no loop) on work["ps"] million numbers.
+        a = tf.fill([work["ps"] * 1_000_000], tf.cast(late.read_value() * 0, tf.float32) + 1.0 + tf.reduce_sum(x) * 0)
+        for _ in range(40):
+            a = a * 1.0001 + 0.5
+        after.assign_add(1 + tf.cast(tf.reduce_sum(a[:1]) * 0, tf.int64))
         return x[0, 0]
 
     def state():

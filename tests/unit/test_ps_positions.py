@@ -95,15 +95,18 @@ def test_a_checkpoints_record_is_used_only_for_the_same_pieces_and_batching(mani
 
 
 def test_a_steps_updates_wait_for_all_of_their_inputs_and_none_for_what_an_update_made(monkeypatch):
-    """The hold (``_hold_until_arrived``): every update of a step waits, through one op, for the inputs
+    """The hold (``hold_until_arrived``): every update of a step waits, through one op, for the inputs
     of all of them (the late-computed one included); an input made from a variable the step already
-    wrote is not waited for (it comes after that update: waiting would deadlock), and the step runs
-    to the same values as without the hold."""
+    wrote is not waited for (it comes after that update: waiting would deadlock), but what it is made
+    from on the worker is, and it is made beside the update it feeds (not on the worker, which a
+    killed worker would leave the update and the step's commit waiting for); and the step runs to
+    the same values as without the hold."""
     import tensorflow as tf
 
-    from raytf._internal.data import ps_positions
+    from raytf._internal.data import ps_hold, ps_positions
 
     monkeypatch.setattr(ps_positions, "POSITIONS_DEVICE", "/device:CPU:0")  # this process, not a ps
+    monkeypatch.setattr(ps_hold, "POSITIONS_DEVICE", "/device:CPU:0")
     early, late, after = (tf.Variable(0.0) for _ in range(3))
     seen = {}
 
@@ -114,15 +117,19 @@ def test_a_steps_updates_wait_for_all_of_their_inputs_and_none_for_what_an_updat
         early.assign_add(1.0)
         computed = tf.reduce_sum(tf.tanh(tf.matmul(x, x)))  # the "gradient" the worker sends late
         late.assign_add(computed)
-        after.assign_add(late.read_value() * 2.0)  # made from `late`'s new value
+        offset = tf.reduce_sum(x)  # on the worker, before any update
+        after.assign_add(late.read_value() * 2.0 + offset)  # made from `late`'s new value
         made = graph.get_operations()[first:]
-        updates = [op for op in made if ps_positions._writes(op)]
-        ps_positions._hold_until_arrived(made, updates)
+        updates = [op for op in made if ps_hold.writes(op)]
+        ps_hold.hold_until_arrived(made, updates)
         seen["updates"] = [op.type for op in updates]
         seen["held"] = [any(c.name.startswith("raytf_all_arrived") for c in op.control_inputs) for op in updates]
         hold = next(c for c in updates[0].control_inputs if c.name.startswith("raytf_all_arrived"))
         seen["waits_for"] = {t.op.name for c in hold.control_inputs for t in c.inputs}
         seen["computed"], seen["read"] = computed.op.name, updates[2].inputs[1].op.name
+        seen["offset"] = offset.op.name
+        seen["moved"] = [op.colocation_groups() for op in made if op.type in ("Mul", "AddV2")]
+        seen["update"] = updates[2].colocation_groups()
         return after.read_value()
 
     x = tf.eye(3) * 0.5
@@ -130,10 +137,12 @@ def test_a_steps_updates_wait_for_all_of_their_inputs_and_none_for_what_an_updat
     assert seen["updates"] == ["AssignAddVariableOp"] * 3 and all(seen["held"])
     assert seen["computed"] in seen["waits_for"]  # the late input holds every update
     assert seen["read"] not in seen["waits_for"]  # made after `late`'s update: not waited for
+    assert seen["offset"] in seen["waits_for"]  # what the late-made input takes from the worker is
+    assert seen["moved"] == [seen["update"]] * 2  # `* 2.0 + offset`: made where `after` is updated
     result = float(step(x))
     expected_late = float(tf.reduce_sum(tf.tanh(x @ x)))
     assert float(early.numpy()) == 1.0 and abs(float(late.numpy()) - expected_late) < 1e-6
-    assert abs(result - 2 * expected_late) < 1e-5
+    assert abs(result - (2 * expected_late + 1.5)) < 1e-5
 
 
 class Counts:
@@ -157,9 +166,10 @@ def test_a_step_that_takes_several_batches_is_named_once(monkeypatch, caplog, ta
     is named in a warning."""
     import tensorflow as tf
 
-    from raytf._internal.data import ps_positions
+    from raytf._internal.data import ps_hold, ps_positions
 
     monkeypatch.setattr(ps_positions, "POSITIONS_DEVICE", "/device:CPU:0")
+    monkeypatch.setattr(ps_hold, "POSITIONS_DEVICE", "/device:CPU:0")
     monkeypatch.setattr(ps_positions, "_warned", set())
     counts = Counts()
     batches = iter(tf.data.Dataset.range(10))

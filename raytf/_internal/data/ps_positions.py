@@ -21,16 +21,14 @@ worker's own next batch, and no row is trained twice in a pass. Every
 checkpoint records the positions (the run resumes at them), so a group
 restarted from a checkpoint goes on where that checkpoint's model stood.
 
-A step's writes are not one transaction on the parameter servers. Every update
-the step makes waits until the inputs of all of them have arrived on their
-parameter servers (the worker's gradients above all), and the commit needs
-nothing more from the worker: a worker lost while its gradients are on their
-way leaves none of the step's updates made, and a parameter server finishes a
-step whose worker died once it has what the step's updates need (plain ops;
-not a TensorFlow loop or conditional that starts after the worker is gone).
-One window is left, seen rarely on a loaded machine: a worker killed in its
-step's last moments leaving the updates made and the commit not (its batch is
-trained again).
+A step's writes are not one transaction on the parameter servers. raytf holds
+every update the step makes until everything they need from the worker has
+arrived on their parameter servers (the worker's gradients above all;
+ps_hold.py), and the commit needs nothing more from the worker: a worker lost
+while its gradients are on their way leaves none of the step's updates made,
+and a parameter server finishes a step whose worker died once the hold opened,
+its commit with it (plain ops; not a TensorFlow loop or conditional that starts
+after the worker is gone).
 """
 
 from __future__ import annotations
@@ -39,9 +37,11 @@ import logging
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+from raytf._internal.data import ps_hold
+from raytf._internal.data.ps_hold import POSITIONS_DEVICE
+
 logger = logging.getLogger(__name__)
 
-POSITIONS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
 _counted: dict[int, tuple[Any, Any]] = {}  # id(fn) -> (fn, its counting wrapper), so a step traces once
 _counted_lock = threading.Lock()
 
@@ -298,8 +298,8 @@ def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: A
     # waits for every update, and on nothing else: a worker lost during its step leaves either none
     # of the step's updates made, or all of them and the commit.
     made = graph.get_operations()[first:]
-    updates = [op for op in made if _writes(op)]
-    _hold_until_arrived(made, updates, also=[at.index, at.rows])
+    updates = [op for op in made if ps_hold.writes(op)]
+    ps_hold.hold_until_arrived(made, updates, also=[at.index, at.rows])
     with tf.control_dependencies(updates):
         for positions in streams:
             positions.commit(at)
@@ -312,64 +312,11 @@ def _multi_step(python_function: Callable[..., Any]) -> Any:
     return tf_keras_hooks.multi_step_train_function(python_function) if tf_keras_hooks.installed() else None
 
 
-def _hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = ()) -> None:
-    """Make every update op of the step wait until the inputs of all of them have arrived where
-    they run: one op on the first parameter server waits for each input (on the update's own
-    device) and for ``also``, and comes before every update. A worker that dies while its step's
-    gradients are on their way leaves none of the step's updates made, instead of those whose
-    gradients came first.
-
-    An input made after an update of the same step cannot be waited for (the update comes first):
-    whatever reads or writes a resource the step already wrote (TensorFlow orders it after the
-    write), and what is made from it. Such inputs are made on the parameter servers from their own
-    state, so once the hold opens the step's updates and its commit need nothing from the worker,
-    and a parameter server finishes them when the worker is gone (measured: the test of a worker
-    killed meanwhile). What it does not finish is a TensorFlow function (a loop, a conditional)
-    that starts after the worker is gone, if the step runs one on a parameter server after an
-    update."""
-    import tensorflow as tf
-
-    if not updates:
-        return
-    updating = set(updates)
-    written: set[Any] = set()
-    after: set[Any] = set()  # ops that run after one of the step's updates
-    for op in made:
-        if (any(i.op in after for i in op.inputs) or any(c in after for c in op.control_inputs)
-                or any(i.dtype == tf.resource and i.ref() in written for i in op.inputs)):
-            after.add(op)
-        if op in updating:
-            after.add(op)
-            written.update(t.ref() for t in _writes(op))
-    arrived = []
-    for op in updates:
-        for tensor in op.inputs:
-            if tensor.dtype == tf.resource or tensor.op in after:
-                continue
-            with tf.compat.v1.colocate_with(op, ignore_existing=True):
-                arrived.append(tf.raw_ops.Identity(input=tensor).op)
-    with tf.device(POSITIONS_DEVICE), tf.control_dependencies(arrived + [t.op for t in also]):
-        hold = tf.raw_ops.NoOp(name="raytf_all_arrived")
-    for op in updates:
-        op._add_control_input(hold)  # noqa: SLF001 - an op made by the step's code, held after the fact
-
-
 def _autograph(fn: Any) -> bool:
     """Whether the ``tf.function`` ``fn`` converts its code with AutoGraph (its default)."""
     from raytf._internal.hooks import tensorflow as tf_hooks
 
     return tf_hooks.function_autograph(fn)
-
-
-def _writes(op: Any) -> list:
-    """The resources ``op`` may write, a variable's or another's (a loop, a conditional or a call
-    writes what its functions write), but an iterator's (the batches, counted apart)."""
-    from raytf._internal.hooks import tensorflow as tf_hooks
-
-    if op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas")) or op.type in (
-            "VarIsInitializedOp", "DestroyResourceOp"):
-        return []
-    return tf_hooks.resource_writes(op)
 
 
 _warned: set[tuple[str, str]] = set()
