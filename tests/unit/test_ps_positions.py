@@ -192,3 +192,48 @@ def test_a_step_that_takes_several_batches_is_named_once(monkeypatch, caplog, ta
         step()
     assert any(f"step_{takes}" in r.getMessage() and "several batches" in r.getMessage()
                for r in caplog.records) is warned
+
+
+@pytest.mark.parametrize("work, moved", [("ema", True), ("forward", False)])
+def test_work_after_an_update_runs_beside_the_update_it_feeds_unless_it_is_a_models(monkeypatch, caplog, work, moved):
+    """An EMA made from a weight the step just updated runs where its update runs (the parameter
+    server: a killed worker cannot leave it half done); a forward pass after an update stays on the
+    worker's device, and the step is named in a warning (its batch is trained again if the worker is
+    lost meanwhile)."""
+    import tensorflow as tf
+
+    from raytf._internal.data import ps_hold, ps_positions
+
+    monkeypatch.setattr(ps_positions, "POSITIONS_DEVICE", "/device:CPU:0")
+    monkeypatch.setattr(ps_hold, "POSITIONS_DEVICE", "/device:CPU:0")
+    monkeypatch.setattr(ps_positions, "_warned", set())
+    counts, weight, tracked = Counts(), tf.Variable(tf.eye(4)), tf.Variable(tf.zeros([4, 4]))
+    batches = iter(tf.data.Dataset.range(10))
+    seen = {}
+
+    @tf.function
+    def step():
+        iterator = ps_positions.CountingIterator(batches, counts, tf.constant(0, tf.int64))
+
+        def body():
+            x = tf.cast(next(iterator) + 1, tf.float32) * tf.ones([4, 4])
+            with tf.device("/device:CPU:0"):  # the strategy's scope for a worker's ops: a device, no task
+                weight.assign_sub(0.1 * x)
+                new = weight.read_value()
+                made = new @ x if work == "forward" else 0.9 * tracked.read_value() + 0.1 * new
+                tracked.assign(made)
+            seen["op"] = made.op
+            return made
+
+        result = ps_positions._held(body, [], tf.constant(0, tf.int64), [iterator], f"step_{work}")
+        seen["update"] = next(op for op in tf.compat.v1.get_default_graph().get_operations()
+                              if op.type == "AssignVariableOp")
+        return result
+
+    with caplog.at_level("WARNING", logger="raytf._internal.data.ps_positions"):
+        step()
+    on_update = seen["op"].colocation_groups() == seen["update"].colocation_groups()
+    assert on_update is moved and (seen["op"].device == "") is moved
+    assert any(f"step_{work}" in r.getMessage() and "computes on the worker" in r.getMessage()
+               for r in caplog.records) is not moved
+    assert float(tracked.numpy()[0, 0]) != 0.0  # the step ran, held and moved alike

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 POSITIONS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
 
 
-def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = ()) -> None:
+def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = (),
+                       move: bool = True) -> list:
     """Make every update op of the step wait until everything the step's writes need from the worker
     has arrived where they run: one op on the first parameter server waits for each such input and
     for ``also``, and comes before every update. A worker that dies while its step's gradients are on
@@ -28,13 +29,18 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     its inputs from the worker instead. So once the hold opens the step's updates and its commit
     need nothing from the worker, and a parameter server finishes them when the worker is gone
     (measured: the test of a worker killed meanwhile). Left to the worker: an op after an update that
-    the step placed there itself (``tf.device``), or that reads a resource of the worker's. And a
-    parameter server does not finish a TensorFlow function (a loop, a conditional) that starts after
-    the worker is gone."""
+    the step placed there itself (``tf.device``), or that reads a resource of the worker's; and
+    everything, when ``move`` is false or the work is a model's (a matmul, a convolution, a gradient,
+    a function: a forward or backward pass after an update, which belongs on the worker's
+    accelerator). And a parameter server does not finish a TensorFlow function (a loop, a
+    conditional) that starts after the worker is gone.
+
+    Returns the ops after an update, feeding one, that stay on the worker by this rule (a worker
+    lost while it runs them leaves the step's first updates made and its commit not)."""
     import tensorflow as tf
 
     if not updates:
-        return
+        return []
     updating = set(updates)
     written: set[Any] = set()
     after: set[Any] = set()  # ops that run after one of the step's updates
@@ -46,10 +52,11 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
             after.add(op)
             written.update(t.ref() for t in writes(op))
     feeding = _feeding(made, updates, after)
-    for op, update in feeding.items():
-        if _movable(op):  # placed with the update it feeds, not on the worker's device
-            op._set_device("")  # noqa: SLF001
-            op._set_attr("_class", _colocation(update))  # noqa: SLF001
+    movable = [op for op in feeding if _movable(op)]
+    move = move and not any(_model_work(op) for op in movable)
+    for op in movable if move else []:  # placed with the update it feeds, not on the worker's device
+        op._set_device("")  # noqa: SLF001
+        op._set_attr("_class", _colocation(feeding[op]))  # noqa: SLF001
     arrived, waited = [], set()
     for op in [*updates, *feeding]:
         for tensor in op.inputs:
@@ -64,6 +71,8 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
         hold = tf.raw_ops.NoOp(name="raytf_all_arrived")
     for op in updates:
         op._add_control_input(hold)  # noqa: SLF001 - an op made by the step's code, held after the fact
+    return [op for op in feeding if (op in movable and not move)
+            or tf.DeviceSpec.from_string(op.device or "").job == "worker"]
 
 
 def _feeding(made: Sequence[Any], updates: Sequence[Any], after: set) -> dict:
@@ -90,6 +99,14 @@ def _movable(op: Any) -> bool:
 
     return (tf.DeviceSpec.from_string(op.device or "").job is None and "_class" not in op.node_def.attr
             and not any(t.dtype == tf.resource for t in [*op.inputs, *op.outputs]))
+
+
+_MODEL_WORK = ("MatMul", "BatchMatMul", "Conv", "DepthwiseConv", "Einsum", "PartitionedCall",
+               "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf", "Case")
+
+
+def _model_work(op: Any) -> bool:
+    return op.type.startswith(_MODEL_WORK) or op.type.endswith("Grad")
 
 
 def _colocation(update: Any) -> Any:

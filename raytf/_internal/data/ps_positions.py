@@ -292,14 +292,17 @@ def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: A
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
     outputs = step()
-    if not all(iterator.takes_one_batch(graph) for iterator in iterators):
+    one_batch = all(iterator.takes_one_batch(graph) for iterator in iterators)
+    if not one_batch:
         _warn_once(name, _SEVERAL)
     # Every update of the step waits until all of their inputs are where they run, and the commit
     # waits for every update, and on nothing else: a worker lost during its step leaves either none
-    # of the step's updates made, or all of them and the commit.
+    # of the step's updates made, or all of them and the commit. (A step of several batches keeps its
+    # later batches' work on the worker: it is warned of above.)
     made = graph.get_operations()[first:]
     updates = [op for op in made if ps_hold.writes(op)]
-    ps_hold.hold_until_arrived(made, updates, also=[at.index, at.rows])
+    if ps_hold.hold_until_arrived(made, updates, also=[at.index, at.rows], move=one_batch) and one_batch:
+        _warn_once(name, _ON_WORKER)
     with tf.control_dependencies(updates):
         for positions in streams:
             positions.commit(at)
@@ -327,6 +330,12 @@ _SEVERAL = ("the step %s takes several batches from a raytf shard's iterator (or
             "raytf commits a step's batches once, when all of its updates are made, so a worker lost in the middle "
             "of this step trains the batches it had finished again. Take one batch a step (for tf-keras's "
             "model.fit, steps_per_execution is fine: raytf commits each of its steps)")
+
+_ON_WORKER = ("the step %s computes on the worker, from a value one of its updates made, the input of a later update "
+              "(a forward or backward pass, or ops it placed on the worker); a worker lost meanwhile leaves the "
+              "step's first updates made and its batch uncommitted, so that batch is trained again. Make every update "
+              "from what the step computed before its first update (raytf runs small work after an update, an EMA or "
+              "a counter, on the parameter server itself)")
 
 
 def _warn_once(fn: Any, message: str = _PLAIN) -> None:
