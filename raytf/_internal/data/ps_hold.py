@@ -57,8 +57,11 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     for op in movable if move else []:  # placed with the update it feeds, not on the worker's device
         op._set_device("")  # noqa: SLF001
         op._set_attr("_class", _colocation(feeding[op]))  # noqa: SLF001
+    # What runs on a parameter server past the hold has its inputs from the worker waited for (what
+    # stays on the worker is not: waiting there would cost a message a step and gain nothing).
+    on_ps = [op for op in feeding if (move and op in movable) or tf.DeviceSpec.from_string(op.device).job == "ps"]
     arrived, waited = [], set()
-    for op in [*updates, *feeding]:
+    for op in [*updates, *on_ps]:
         for tensor in op.inputs:
             key = (tensor.ref(), tuple(op.colocation_groups()))
             if tensor.dtype == tf.resource or tensor.op in after or key in waited:
