@@ -89,7 +89,7 @@ def test_positions_round_trip_and_refuse_what_does_not_fit():
 
 
 def test_a_report_records_the_rest_of_the_epoch_only_for_the_data_the_loop_resumes_exactly():
-    from raytf._internal.data.planned import Cursor, positions_at
+    from raytf._internal.data.planned import Cursor, completed_epoch, positions_at
 
     def cursor(name):
         return Cursor(name, 100, P.Position.fresh(0, 100, 2), 3, True, 0, 2, 10, False)
@@ -104,3 +104,10 @@ def test_a_report_records_the_rest_of_the_epoch_only_for_the_data_the_loop_resum
     assert P.Position.from_json(positions_at(cursors, 0, 1, 2, exact=())["train"], 100) == P.Position.fresh(1, 100, 2)
     assert P.Position.from_json(positions_at(cursors, 1, 1, 5, exact={"train"})["train"], 100) == P.Position.fresh(2, 100, 2)
     assert positions_at({}, 1, 1, 5, exact=()) is None
+    # A preemption at epoch 1's last step (5 of 5): its checkpoint completed epoch 1, whatever the report's
+    # epoch said (a resume at 0 + 1 ran epoch 1 again with epoch 2's rows: every row of it twice, seen once).
+    last = positions_at(cursors, 0, 1, 5, exact={"train"})
+    assert P.Position.from_json(last["train"], 100) == P.Position.fresh(2, 100, 2)
+    assert completed_epoch(0, last) == {"epoch": 1}
+    assert completed_epoch(0, mid) == {} and completed_epoch(1, positions_at(cursors, 1, 1, 5, exact={"train"})) == {}
+    assert completed_epoch(None, last) == {} and completed_epoch(0, None) == {}

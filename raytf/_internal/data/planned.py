@@ -215,6 +215,20 @@ def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], st
     return records
 
 
+def completed_epoch(done: Any, records: Optional[dict[str, Any]]) -> dict[str, int]:
+    """``{"epoch": e}``: the epoch a mid-epoch report's checkpoint completed, where its ``epoch`` metric (``done``,
+    the last epoch completed) says the one after is still in progress but a dataset the loop
+    resumes exactly has no rows of it left: a preemption at an epoch's last step. Its checkpoint
+    must say that epoch completed, or the resume (at ``epoch + 1``, in every loop) would run it
+    again with the next epoch's rows, an epoch too many. Else ``{}``."""
+    if not records or not isinstance(done, int) or isinstance(done, bool):
+        return {}
+    for record in records.values():
+        if record.get("epoch") == done + 2 and record.get("remaining") == [[0, record.get("rows")]]:
+            return {"epoch": done + 1}
+    return {}
+
+
 def resume_point(name: str, recorded: Any, rows: int, first_epoch: int, seed: int, shuffle: bool,
                  world_size: int) -> tuple[_position.Position, int]:
     """(where this attempt starts, the seed of the orders) from the checkpoint's record of

@@ -22,7 +22,7 @@ from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.background import Background
-from raytf._internal.data.planned import positions_at
+from raytf._internal.data.planned import completed_epoch, positions_at
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import (
     HISTORY_KEYS, CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
@@ -253,6 +253,7 @@ class WorkerSession:
             self.exact_resume)
         if checkpoint is not None and self._ps_streams is not None:  # each parameter-server worker's stream
             data = {**(data or {}), **self._ps_streams.records()}
+        clean.update(completed_epoch(clean.get("epoch"), data))  # an epoch with no rows left is completed
         epoch, step = clean.get("epoch"), clean.get("step")
         if isinstance(epoch, int) and not isinstance(epoch, bool):  # the epoch ended: the next is in progress
             self._progress.update(epoch=epoch + 1, step=0)
