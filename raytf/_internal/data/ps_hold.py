@@ -59,7 +59,7 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
         op._set_attr("_class", _colocation(feeding[op]))  # noqa: SLF001
     # What runs on a parameter server past the hold has its inputs from the worker waited for (what
     # stays on the worker is not: waiting there would cost a message a step and gain nothing).
-    on_ps = [op for op in feeding if (move and op in movable) or tf.DeviceSpec.from_string(op.device).job == "ps"]
+    on_ps = [op for op in feeding if (move and op in movable) or _job(op) == "ps"]
     arrived, waited = [], set()
     for op in [*updates, *on_ps]:
         for tensor in op.inputs:
@@ -74,8 +74,7 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
         hold = tf.raw_ops.NoOp(name="raytf_all_arrived")
     for op in updates:
         op._add_control_input(hold)  # noqa: SLF001 - an op made by the step's code, held after the fact
-    return [op for op in feeding if (op in movable and not move)
-            or tf.DeviceSpec.from_string(op.device or "").job == "worker"]
+    return [op for op in feeding if (op in movable and not move) or _job(op) == "worker"]
 
 
 def _feeding(made: Sequence[Any], updates: Sequence[Any], after: set) -> dict:
@@ -100,8 +99,15 @@ def _movable(op: Any) -> bool:
     it touches no resource (a resource's ops run where the resource is)."""
     import tensorflow as tf
 
-    return (tf.DeviceSpec.from_string(op.device or "").job is None and "_class" not in op.node_def.attr
+    return (_job(op) is None and "_class" not in op.node_def.attr
             and not any(t.dtype == tf.resource for t in [*op.inputs, *op.outputs]))
+
+
+def _job(op: Any) -> Any:
+    """The task type the step placed ``op`` on ("ps", "worker"), or None where it named none."""
+    import tensorflow as tf
+
+    return tf.DeviceSpec.from_string(op.device or "").job
 
 
 _MODEL_WORK = ("MatMul", "BatchMatMul", "Conv", "DepthwiseConv", "Einsum", "PartitionedCall",
