@@ -2,6 +2,7 @@
 
     python bench/w3.py [--gib 1] [--steps 60] [--every 20] [--storages local,s3]
                        [--systems raytf_async,raytf_sync,ray_train_async,ray_train_sync]
+                       [--gpus-per-worker 0.5]
 
 W3: one embedding table of ``--gib`` GiB (float32 rows of 1,024) and a 1,024 x 1 head, trained
 on 2 workers under MultiWorkerMirroredStrategy with SGD on random ids (256 per worker per step;
@@ -10,7 +11,9 @@ Every system runs the same training code and checkpoints the table and the head 
 ``--every`` steps: raytf with ``Checkpoint.from_state`` and ``CheckpointConfig(upload=...)``,
 Ray Train (``TensorflowTrainer``) with a ``tf.train.Checkpoint`` written to a local directory on
 every rank and ``ray.train.report(..., checkpoint_upload_mode=SYNC or ASYNC)``. Storage: a local
-directory and a loopback S3 server (moto), or one of them with ``--storages``.
+directory and a loopback S3 server (moto), or one of them with ``--storages``. With
+``--gpus-per-worker`` every system trains on GPUs (0.5: two workers share one GPU's machine),
+so a checkpoint's pause includes the state's copy from the GPU to the host.
 
 Prints one JSON line per run and a summary line:
 
@@ -127,12 +130,12 @@ def run_raytf(config: dict, storage: dict, upload: str, memory: bool = True) -> 
 
     start = time.perf_counter()
     result = raytf.Trainer(
-        _raytf_train, config=config, scaling=raytf.ScalingConfig(num_workers=2),
+        _raytf_train, config=config, scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=w1.GPUS_PER_WORKER),
         run=raytf.RunConfig(name=f"w3-raytf-{upload}-{config['every']}-{time.time_ns()}", verbose=0,
                             checkpoint_config=raytf.CheckpointConfig(num_to_keep=2, upload=upload,
                                                                      restore_from_memory=memory),
                             failure_config=raytf.FailureConfig(max_failures=1), **storage),
-        tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1),
+        tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1, communication=w1.communication()),
     ).fit()
     fit = time.perf_counter() - start
     restored = [s["restored_from"] for s in result.startup if "restored_from" in s]
@@ -171,7 +174,8 @@ def run_ray_train(config: dict, storage: dict, upload: str, memory: bool = False
     start = time.perf_counter()
     result = TensorflowTrainer(
         _ray_train_train, train_loop_config={**config, "upload": upload},
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=w1.GPUS_PER_WORKER > 0,
+                                     resources_per_worker={"GPU": w1.GPUS_PER_WORKER} if w1.GPUS_PER_WORKER else None),
         run_config=RunConfig(name=f"w3-ray-train-{upload}-{config['every']}-{time.time_ns()}",
                              checkpoint_config=CheckpointConfig(num_to_keep=2),
                              failure_config=FailureConfig(max_failures=1), **storage),
@@ -220,11 +224,14 @@ def main() -> None:
     parser.add_argument("--storages", default="local,s3", help="local, s3 (a moto server on loopback), or both")
     parser.add_argument("--systems", default="raytf_async,raytf_sync,ray_train_async,ray_train_sync")
     parser.add_argument("--restores", action="store_true", help="measure restarts (see above), not checkpoints")
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
+    w1.use_gpus(args.gpus_per_worker)
     import ray
 
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    ray.init(num_cpus=4, include_dashboard=False)
+    gpu_env = {k: v for k, v in w1.WORKER_ENV.items() if k == "TF_FORCE_GPU_ALLOW_GROWTH"}
+    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": gpu_env} if gpu_env else None)
     local = tempfile.mkdtemp(prefix="w3-")
     storages = {}
     if "local" in args.storages.split(","):
