@@ -14,7 +14,9 @@ import logging
 from typing import Any, Optional, Sequence
 
 import raytf.session as session
+from raytf._internal.checkpoint.state import prewarm
 from raytf._internal.data.planned import last_iterated
+from raytf._internal.protocol import CheckpointUpload
 from raytf._internal.worker.session import current
 from raytf.checkpoint import Checkpoint
 from raytf.errors import RaytfError
@@ -22,7 +24,7 @@ from raytf.keras._local_sgd import average_weights
 from raytf.keras._model import state_of
 
 logger = logging.getLogger(__name__)
-_concrete: dict[type, type] = {}  # Keras Callback base -> ReportCallback subclass of it
+_concrete: dict[tuple[type, type], type] = {}  # (ReportCallback or a subclass, Keras Callback base) -> both
 
 
 class ReportCallback:
@@ -59,9 +61,11 @@ class ReportCallback:
 
             keras = tf.keras
         base = keras.callbacks.Callback
-        if base not in _concrete:
-            _concrete[base] = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
-        return object.__new__(_concrete[base])
+        if issubclass(cls, base):
+            return object.__new__(cls)
+        if (cls, base) not in _concrete:  # per class: ReportCheckpointCallback is one of its own
+            _concrete[cls, base] = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
+        return object.__new__(_concrete[cls, base])
 
     def __init__(self, *, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None,
                  preemption_check_every: Optional[int] = 20, keras: Any = None):
@@ -98,6 +102,8 @@ class ReportCallback:
         self.batch_ends += 1
         state = current("keras.ReportCallback")
         state.note_progress(step=batch + 1)
+        if self.batch_ends == 1 and self.save and state.upload is CheckpointUpload.ASYNC:
+            prewarm(state_of(self.model))  # the optimizer's slots exist from the first step on
         if self.check_every is None or self.preempted or self.batch_ends % self.check_every:
             return
         if session.preemption_requested():  # the same answer on every rank

@@ -360,3 +360,40 @@ def test_a_synchronous_collective_report_still_returns_only_after_the_commit(tmp
     assert ranks.report_all({"epoch": 0}, [zero, one], upload=CheckpointUpload.SYNC)
     assert [e.name for e in ranks.manager.entries] == ["checkpoint_000000"]  # committed before report returned
     assert ranks.committed_files() == {"part-0.txt": "a", "part-1.txt": "b"}
+
+
+@pytest.mark.parametrize("upload", [CheckpointUpload.ASYNC, CheckpointUpload.SYNC])
+def test_report_callback_sets_aside_host_memory_for_the_first_asynchronous_checkpoints_copy(
+        tmp_path, monkeypatch, upload):
+    # After the first batch (the optimizer's variables exist), ReportCallback has host memory of
+    # the state's sizes faulted in (state.prewarm), so that the epoch's checkpoint copies into it;
+    # a synchronous run copies nothing in report, and sets nothing aside.
+    import tensorflow as tf
+
+    from raytf._internal.worker import session as worker_session
+    from raytf.keras import _callback
+
+    run = Run(tmp_path, upload=upload)
+    monkeypatch.setattr(worker_session, "_session", run.session)
+    asked = []
+
+    def prewarm(trackables):
+        asked.append((int(trackables["model"].optimizer.iterations.numpy()),
+                      sum(_state._nbytes(v) for v in trackables["model"].variables)))
+        warming = _state.prewarm(trackables)
+        if warming is not None:
+            warming.result()
+        return warming
+
+    monkeypatch.setattr(_callback, "prewarm", prewarm)
+    keras = tf.keras
+    model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(4096)])  # 64 MiB of kernel
+    model.compile(optimizer=keras.optimizers.SGD(), loss="mse")
+    model.fit(tf.ones([8, 4096]), tf.ones([8, 4096]), batch_size=4, epochs=1, verbose=0,
+              callbacks=[raytf.keras.ReportCallback()])
+    run.session.finish_uploads()
+    assert len(run.manager.entries) == 1  # the epoch's checkpoint, committed
+    if upload is CheckpointUpload.ASYNC:
+        assert asked == [(1, 4096 * 4096 * 4 + 4096 * 4)]  # once, after the first step, the whole model
+    else:
+        assert asked == []

@@ -52,19 +52,17 @@ def dataset_functions(dataset: Any) -> list:
     return [f.function for f in dataset._functions()]  # noqa: SLF001
 
 
-def host_copies(checkpoint: Any) -> Any:
-    """A host copy of the state of every object ``checkpoint`` (a ``tf.train.Checkpoint``) saves,
-    found and copied as TensorFlow's own asynchronous checkpoint does (its helper's
-    ``_get_all_trackables``, slot variables, ``_copy_trackable_to_cpu``): {object: its copy}. A
-    host variable's copy shares its buffer until training next writes it (TensorFlow's copy on
-    write), or is copied at once where sparse updates put the variable in copy-on-read mode.
-    Raises NotImplementedError, naming the object, where one cannot copy itself."""
+def saveables(checkpoint: Any) -> list:
+    """Every object whose state ``checkpoint`` (a ``tf.train.Checkpoint``) saves, found as
+    TensorFlow's own asynchronous checkpoint finds them (its helper's ``_get_all_trackables``,
+    and the optimizers' slot variables, which are not their descendants: asked for, as the
+    helper does)."""
     from tensorflow.python.checkpoint import async_checkpoint_helper as helper
     from tensorflow.python.util import object_identity
 
     saveable, every = helper._get_all_trackables(  # noqa: SLF001
         root=checkpoint, exclude_set=object_identity.ObjectIdentitySet([checkpoint]))
-    for owner in every:  # an optimizer's slot variables are not its descendants: ask it, as the helper does
+    for owner in every:
         if "get_slot_names" not in dir(owner):
             continue
         for slot_name in owner.get_slot_names():
@@ -75,15 +73,49 @@ def host_copies(checkpoint: Any) -> Any:
                     continue
                 if slot is not None:
                     saveable.append(slot)
+    return saveable
+
+
+def host_copies(checkpoint: Any, device: str) -> Any:
+    """A host copy of the state of every object ``checkpoint`` (a ``tf.train.Checkpoint``) saves
+    (:func:`saveables`), copied as TensorFlow's own asynchronous checkpoint does
+    (``_copy_trackable_to_cpu``), under ``device`` (this process's CPU): {object: its copy}. A
+    host variable's copy shares its buffer until training next writes it (TensorFlow's copy on
+    write), or is copied at once where sparse updates put the variable in copy-on-read mode.
+    Raises NotImplementedError, naming the object, where one cannot copy itself.
+
+    A Keras 3 variable's copy is its TensorFlow variable's (the one it wraps, whose tensors it
+    saves): Keras's own ``_copy_trackable_to_cpu`` makes a second variable from that copy, a
+    second copy of the state, and on the default device, a GPU worker's GPU."""
+    import tensorflow as tf
+    from tensorflow.python.util import object_identity
+
     copies = object_identity.ObjectIdentityDictionary()
-    for obj in saveable:
-        if obj in copies:
-            continue
-        try:
-            obj._copy_trackable_to_cpu(object_map=copies)  # noqa: SLF001
-        except NotImplementedError as error:
-            raise NotImplementedError(f"{type(obj).__name__} cannot copy its state to the host: {error}") from None
+    with tf.device(device):
+        for obj in saveables(checkpoint):
+            if obj in copies:
+                continue
+            wrapped = _keras_wrapped_variable(obj)
+            try:
+                if wrapped is not None:
+                    wrapped._copy_trackable_to_cpu(object_map=copies)  # noqa: SLF001
+                    copies[obj] = copies[wrapped]
+                else:
+                    obj._copy_trackable_to_cpu(object_map=copies)  # noqa: SLF001
+            except NotImplementedError as error:
+                raise NotImplementedError(f"{type(obj).__name__} cannot copy its state to the host: {error}") from None
     return copies
+
+
+def _keras_wrapped_variable(obj: Any) -> Any:
+    """The TensorFlow variable a Keras 3 variable wraps, or None (anything else, or a Keras whose
+    variable no longer keeps one in ``_value``: then Keras's own copy is used)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    if not type(obj).__module__.startswith("keras."):
+        return None
+    value = vars(obj).get("_value")
+    return value if isinstance(value, resource_variable_ops.BaseResourceVariable) else None
 
 
 def write_copies(checkpoint: Any, copies: Any, prefix: str, options: Any) -> None:

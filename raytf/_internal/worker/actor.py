@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 import ray
 
+from raytf._internal.background import Background
 from raytf._internal.checkpoint import memory
 from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker import logs as _logs
@@ -271,24 +272,4 @@ def _live_placement_groups() -> set[str]:
 def in_background(work: Any, name: str) -> None:
     """Run ``work`` to its end in a thread of the lowest CPU priority (where the OS gives threads
     their own: Linux), raising what it raised."""
-    import os
-    import sys
-
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        if sys.platform.startswith("linux"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except OSError:  # a sandbox that refuses it: at normal priority, as before
-                pass
-        try:
-            work()
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
-            failed.append(error)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
+    Background(work, name, low_priority=True).result()

@@ -68,7 +68,7 @@ class WorkerSession:
         # This node's copy of the checkpoint resumed from is checked (every file's CRC32) from the
         # start, while train_fn builds its model, so that get_checkpoint rarely waits for it.
         self._copy_check = Background(self._memory_copy, "raytf-check-copy") if restore_from_memory and resume.path else None
-        self._upload = CheckpointUpload(upload)
+        self.upload = CheckpointUpload(upload)  # the run's CheckpointConfig.upload
         self._uploads = Uploads()  # CheckpointUpload.ASYNC: the checkpoint on its way to storage
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
         # checkpoint's, so a resumed run sees the orders a run without a failure saw.
@@ -260,7 +260,7 @@ class WorkerSession:
         if isinstance(step, int) and not isinstance(step, bool):
             self._progress["global_step"] = step
         self._uploads.raise_failure()  # an asynchronous checkpoint that failed: this report raises it
-        mode = self._upload if upload is None else CheckpointUpload(upload)
+        mode = self.upload if upload is None else CheckpointUpload(upload)
         uploaded, part, snapshot = None, None, None
         if ranks == "all" and mode is CheckpointUpload.ASYNC:
             self._report_part_async(clean, checkpoint, data)

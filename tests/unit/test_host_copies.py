@@ -1,0 +1,71 @@
+"""An asynchronous report's host copy of the state (checkpoint/state.py), in a TensorFlow of its
+own: one with two logical CPUs, so that a copy made while another device is the default shows
+where it lands, and whose allocator has not yet held memory of the sizes the test copies."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = r"""
+import json, resource
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from raytf._internal.checkpoint import state
+
+out = {}
+keras = tf.keras  # Keras 3
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+model.fit(tf.ones([4, 64]), tf.ones([4, 1]), verbose=0)
+with tf.device("/CPU:1"):  # the report's thread with another default device (a GPU worker's GPU)
+    copy = state.host_copy({"model": model, "optimizer": model.optimizer})
+copies = list(copy._copies.values())
+out["devices"] = sorted({tf.DeviceSpec.from_string(c.device).device_index for c in copies})
+out["distinct_copies"] = len({id(c) for c in copies})
+out["variables"] = len(model.variables) + len(model.optimizer.variables)
+out["nbytes"] = copy.nbytes
+out["state_bytes"] = sum(v.numpy().nbytes for v in model.variables + list(model.optimizer.variables))
+
+MIB = 1 << 20
+def faulted(v):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    state.host_copy({"table": v}).release()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * 4096 / (v.shape.num_elements() * 4)
+
+def table(mib):  # a sparse update puts it in copy-on-read mode: report copies it
+    v = tf.Variable(tf.zeros([mib * MIB // 256, 64]))
+    v.scatter_add(tf.IndexedSlices(tf.ones([1, 64]), tf.constant([0], tf.int64)))
+    return v
+
+out["cold"] = faulted(table(80))
+warm = table(96)  # larger than anything the allocator held so far
+out["small_state_warmed"] = state.prewarm({"model": model}) is not None
+state.prewarm({"table": warm}).result()
+out["again"] = state.prewarm({"table": warm}) is not None
+out["warm"] = faulted(warm)
+print(json.dumps(out))
+"""
+
+
+def test_copies_are_on_this_processs_cpu_once_per_keras_variable_and_prewarmed_memory_takes_no_new_pages():
+    """Keras 3's own copy of its variable is a second variable on the default device (a GPU
+    worker's GPU: the state twice, there); raytf copies the TensorFlow variable it wraps, on the
+    CPU. A first copy of a state maps every page of it anew; after ``prewarm`` none."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["devices"] == [0], out  # this process's CPU, not the default device of the caller
+    assert out["distinct_copies"] == out["variables"], out  # one copy per variable, not two per Keras variable
+    assert out["state_bytes"] <= out["nbytes"] <= out["state_bytes"] + 64, out  # counted once (shared memory's check)
+    assert out["cold"] > 0.9, out  # the allocator had no memory of this size: every page new
+    assert out["warm"] < 0.05, out  # prewarm left faulted memory of the copy's size
+    assert not out["small_state_warmed"] and not out["again"], out  # under PREWARM_MIN_BYTES; sizes warmed before
