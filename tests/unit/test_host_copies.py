@@ -32,6 +32,13 @@ out["distinct_copies"] = len({id(c) for c in copies})
 out["variables"] = len(model.variables) + len(model.optimizer.variables)
 out["nbytes"] = copy.nbytes
 out["state_bytes"] = sum(v.numpy().nbytes for v in model.variables + list(model.optimizer.variables))
+with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():  # Keras variables wrapping distributed ones
+    mirrored = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32)])
+    mirrored.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+mirrored.fit(tf.ones([4, 64]), tf.ones([4, 32]), verbose=0)
+copies = state.host_copy({"model": mirrored, "optimizer": mirrored.optimizer})._copies.values()
+out["mirrored_distinct_copies"] = len({id(c) for c in copies})
+out["mirrored_variables"] = len(mirrored.variables) + len(mirrored.optimizer.variables)
 
 MIB = 1 << 20
 def faulted(v):
@@ -65,6 +72,7 @@ def test_copies_are_on_this_processs_cpu_once_per_keras_variable_and_prewarmed_m
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["devices"] == [0], out  # this process's CPU, not the default device of the caller
     assert out["distinct_copies"] == out["variables"], out  # one copy per variable, not two per Keras variable
+    assert out["mirrored_distinct_copies"] == out["mirrored_variables"], out  # under a strategy too
     assert out["state_bytes"] <= out["nbytes"] <= out["state_bytes"] + 64, out  # counted once (shared memory's check)
     assert out["cold"] > 0.9, out  # the allocator had no memory of this size: every page new
     assert out["warm"] < 0.05, out  # prewarm left faulted memory of the copy's size

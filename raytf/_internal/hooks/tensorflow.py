@@ -108,14 +108,15 @@ def host_copies(checkpoint: Any, device: str) -> Any:
 
 
 def _keras_wrapped_variable(obj: Any) -> Any:
-    """The TensorFlow variable a Keras 3 variable wraps, or None (anything else, or a Keras whose
-    variable no longer keeps one in ``_value``: then Keras's own copy is used)."""
-    from tensorflow.python.ops import resource_variable_ops
+    """The TensorFlow variable a Keras 3 variable wraps (under a strategy, its distributed
+    variable), or None (anything else, or a Keras whose variable no longer keeps one in
+    ``_value``: then Keras's own copy is used)."""
+    import tensorflow as tf
 
     if not type(obj).__module__.startswith("keras."):
         return None
     value = vars(obj).get("_value")
-    return value if isinstance(value, resource_variable_ops.BaseResourceVariable) else None
+    return value if isinstance(value, tf.Variable) else None
 
 
 def write_copies(checkpoint: Any, copies: Any, prefix: str, options: Any) -> None:
