@@ -17,7 +17,8 @@ summary line; sizes in GiB, rates in GB/s.
 ``--tensorflow`` measures raytf's own copy instead (``checkpoint/state.py``'s ``host_copy`` of a
 ``--gib`` variable, on the GPU where TensorFlow sees one, else a host table in copy-on-read mode,
 as an embedding's): the seconds of each of four copies and the pages each faulted in per GiB (1.0:
-every page new; 0: memory TensorFlow's allocator had used before).
+every page new; 0: memory TensorFlow's allocator had used before); with ``--prewarm`` after
+``state.prewarm``, as ``ReportCallback`` has it done after a run's first step.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _gpu(nbytes: int, repeat: int) -> list[dict]:
     return out
 
 
-def _tensorflow(nbytes: int) -> list[dict]:
+def _tensorflow(nbytes: int, prewarm: bool) -> list[dict]:
     import resource
 
     import tensorflow as tf
@@ -154,6 +155,11 @@ def _tensorflow(nbytes: int) -> list[dict]:
     if not on_gpu:  # a sparse update puts a host table in copy-on-read mode: report copies it
         variable.scatter_add(tf.IndexedSlices(tf.ones([1, 1024]), tf.constant([0], tf.int64)))
     out = []
+    if prewarm:  # what ReportCallback does after the first step
+        start = time.perf_counter()
+        _state.prewarm({"table": variable}).result()
+        out.append(_emit({"measure": "raytf prewarm (background)", "gib": round(nbytes / GIB, 3),
+                          "seconds": [round(time.perf_counter() - start, 3)]}))
     for copy in range(4):
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
@@ -177,10 +183,11 @@ def main() -> None:
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU copies")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU copies")
     parser.add_argument("--tensorflow", action="store_true", help="raytf's own host copy (see above)")
+    parser.add_argument("--prewarm", action="store_true", help="with --tensorflow: state.prewarm before the copies")
     args = parser.parse_args()
     nbytes = int(args.gib * GIB)
     if args.tensorflow:
-        _tensorflow(nbytes)
+        _tensorflow(nbytes, args.prewarm)
         return
     records = [_node()] if not args.gpu_only else []
     if not args.no_gpu:

@@ -28,7 +28,7 @@ writes them. The copies are plain host variables, so writing runs no collective.
 
 A copy into host pages the process has never touched pays for faulting each one in: on the lent
 H100 virtual machine 0.7-0.9 s per GiB of GPU state against 0.09 s into memory used before, here
-about 1.6 s against 0.13 s per GiB for a table in copy-on-read mode (docs/benchmarks/
+0.73 s against 0.10-0.13 s per GiB for a table in copy-on-read mode (docs/benchmarks/
 checkpoints.md). TensorFlow's host allocator keeps the memory it frees, so every checkpoint after
 the first reuses it; :func:`prewarm` makes the first one do so too, faulting in, off the training
 thread, memory of the sizes the copies will take.
