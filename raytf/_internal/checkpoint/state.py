@@ -59,7 +59,8 @@ class HostCopy:
         self._checkpoint = checkpoint  # the tf.train.Checkpoint of the user's objects
         self._copies = copies
         self._device = this_cpu()  # a new thread has no default device: a ps chief's must be its own
-        self.nbytes = sum(_nbytes(copy) for copy in {id(c): c for c in copies.values()}.values())  # one copy may stand for two objects
+        distinct = {id(copy): copy for copy in copies.values()}  # one copy may stand for two objects
+        self.nbytes = sum(_nbytes(copy) for copy in distinct.values())
 
     def write(self, prefix: str) -> None:
         import tensorflow as tf
@@ -100,11 +101,16 @@ def prewarm(trackables: dict[str, Any]) -> Optional[Background]:
     page written (from this thread, at the lowest CPU priority: not TensorFlow's thread pools,
     which train), and all of them dropped together. Returns the background work, or None where
     there is nothing to warm: a state under ``PREWARM_MIN_BYTES``, or one of sizes warmed before
-    in this process. A failure (no memory to spare) is logged; the checkpoint only pays later."""
+    in this process. A failure (no memory to spare, a state it cannot size) is logged, never
+    raised: the first checkpoint then only pays for its pages."""
     import tensorflow as tf
 
-    checkpoint = tf.train.Checkpoint(**trackables)
-    sizes = tuple(sorted(n for n in map(_nbytes, _tf_hooks.saveables(checkpoint)) if n))
+    try:
+        checkpoint = tf.train.Checkpoint(**trackables)
+        sizes = tuple(sorted(n for n in map(_nbytes, _tf_hooks.saveables(checkpoint)) if n))
+    except Exception as error:  # noqa: BLE001 - training goes on; only the first copy is slower
+        logger.warning("raytf: could not size the state to set host memory aside for its first copy: %s", error)
+        return None
     if sum(sizes) < PREWARM_MIN_BYTES or sizes in _prewarmed:
         return None
     _prewarmed.add(sizes)
