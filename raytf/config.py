@@ -7,12 +7,14 @@ any actor starts. Names follow Ray Train's where they mean the same thing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from raytf._internal import env as _env
+from raytf._internal.redact import redact
 from raytf._internal.validate import (
     check_bool,
     check_choice,
@@ -20,6 +22,7 @@ from raytf._internal.validate import (
     check_int,
     check_number,
     check_resources,
+    check_storage,
     check_timeout,
 )
 from raytf.errors import ConfigError
@@ -307,24 +310,7 @@ class RunConfig:
                 f"RunConfig.name must be one path component of letters, digits, '.', '_' and '-' "
                 f"(at most 128 characters, not starting with '.'), got {self.name!r}"
             )
-        if not isinstance(self.storage_path, (str, os.PathLike)) or not str(self.storage_path):
-            raise ConfigError(
-                f"RunConfig.storage_path must be a directory or a URI such as s3://bucket/prefix, "
-                f"got {self.storage_path!r}"
-            )
-        if self.storage_filesystem is not None:
-            import pyarrow.fs as pafs
-
-            if not isinstance(self.storage_filesystem, pafs.FileSystem):
-                raise ConfigError(
-                    "RunConfig.storage_filesystem must be a pyarrow.fs.FileSystem, got "
-                    f"{type(self.storage_filesystem).__name__}"
-                )
-            if "://" in str(self.storage_path):
-                raise ConfigError(
-                    "RunConfig.storage_path must be a plain path on storage_filesystem, not a URI, "
-                    f"got {self.storage_path!r}"
-                )
+        check_storage(self.storage_path, self.storage_filesystem)
         if not isinstance(self.failure_config, FailureConfig):
             raise ConfigError(
                 f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}"
@@ -336,6 +322,11 @@ class RunConfig:
         if self.resume not in ("auto", "never"):
             raise ConfigError(f"RunConfig.resume must be 'auto' or 'never', got {self.resume!r}")
         check_int("RunConfig.verbose", self.verbose, minimum=0)
+
+    def __repr__(self) -> str:  # the storage path as raytf shows it: no credentials (raytf._internal.redact)
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["storage_path"] = redact(shown["storage_path"])
+        return "RunConfig(" + ", ".join(f"{name}={value!r}" for name, value in shown.items()) + ")"
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ class Trainer:
 
     def _run_spec(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes) -> RunSpec:
         return RunSpec(
-            run_name=name, run_path=storage.uri, payload=payload, tensorflow=self._tensorflow_settings(),
+            run_name=name, run_path=storage.uri, run_uri=storage.full_uri, payload=payload, tensorflow=self._tensorflow_settings(),
             storage=StorageRef(storage.filesystem, storage.root), lease_token=lease.token,
             save_every=_save_every(self.run.checkpoint_config),
             upload=CheckpointUpload(self.run.checkpoint_config.upload),

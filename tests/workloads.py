@@ -119,12 +119,17 @@ def report_until_stopped(config: dict) -> None:
 
 
 def fail_on_rank(config: dict) -> None:
-    """Rank ``config['rank']`` raises after one report; the others wait in a collective."""
+    """Rank ``config['rank']`` raises after one report; the others wait in a collective.
+
+    The report carries a 1 MiB state checkpoint: with ``upload="sync"`` it returns on every rank
+    once the checkpoint is committed and kept in host memory on the chief's node, and a collective
+    comes between it and the raise."""
     import tensorflow as tf
 
     ctx = raytf.get_context()
     strategy = raytf.strategy()
-    raytf.report({"epoch": 0})
+    raytf.report({"epoch": 0}, checkpoint=raytf.Checkpoint.from_state(table=tf.Variable(tf.zeros([1 << 18]))))
+    strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
     if ctx.world_rank == config["rank"]:
         raise ValueError(f"bad batch on rank {ctx.world_rank}")
     strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)

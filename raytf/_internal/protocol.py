@@ -353,7 +353,7 @@ class RunSpec:
     """What every worker of a run shares, built once by the driver."""
 
     run_name: str
-    run_path: str
+    run_path: str  # as shown: storage.redact's, no credentials
     payload: bytes  # a cloudpickled UserCode
     tensorflow: TensorflowSettings
     storage: Optional[StorageRef] = None
@@ -366,6 +366,9 @@ class RunSpec:
     # nothing above it): imported while it loads, then ``on_strategy(strategy, keras3)`` once its
     # strategy is up (raytf.keras._keras3 routes Keras 3's fit there).
     plugins: tuple[str, ...] = ()
+    # The run's URI with the credentials the user put in it, for a launched script that opens the
+    # storage itself (RAYTF_RUN_DIR); never printed. Empty: run_path is the whole URI.
+    run_uri: str = ""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from raytf._internal.checkpoint.manager import CheckpointManager
 from raytf._internal.driver.history import HISTORY_FILE, RUN_FILE
 from raytf._internal.driver.progress import format_metrics
 from raytf._internal.protocol import HISTORY_KEYS
-from raytf._internal.storage import RunStorage, resolve_storage
+from raytf._internal.storage import RunStorage, redact, resolve_storage
 from raytf.config import default_storage_path
 from raytf.errors import CheckpointError
 
@@ -79,7 +79,7 @@ def _has(run: RunStorage, relpath: str) -> bool:
 def print_runs(storage_path: Optional[str] = None) -> None:
     rows = describe_runs(storage_path)
     if not rows:
-        print(f"no raytf runs in {storage_path or default_storage_path()}")
+        print(f"no raytf runs in {redact(storage_path or default_storage_path())}")
         return
     for row in rows:
         print(f"{row['name']}: {row['driver_starts']} driver start(s), {row['attempts']} attempt(s) with reports, "

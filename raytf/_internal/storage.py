@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import pyarrow.fs as pafs
 
+from raytf._internal.redact import redact, scrub
 from raytf.errors import ConfigError
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -26,7 +27,7 @@ _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 def resolve_storage(
     storage_path: str | os.PathLike, filesystem: Optional[pafs.FileSystem] = None
 ) -> tuple[pafs.FileSystem, str, str]:
-    """(filesystem, root path on it, root as the user should see it)."""
+    """(filesystem, root path on it, root as the user should see it: :func:`redact`'s)."""
     text = os.fspath(storage_path)
     if filesystem is not None:
         root = text.rstrip("/")
@@ -38,9 +39,9 @@ def resolve_storage(
         filesystem, root = pafs.FileSystem.from_uri(text)
     except (ValueError, OSError) as error:  # pyarrow.ArrowInvalid is a ValueError
         raise ConfigError(
-            f"RunConfig.storage_path={text!r} is not a URI pyarrow.fs can open: {error}"
+            f"RunConfig.storage_path={redact(text)!r} is not a URI pyarrow.fs can open: {scrub(str(error), text)}"
         ) from None
-    return filesystem, root.rstrip("/"), text.rstrip("/")
+    return filesystem, root.rstrip("/"), redact(text.rstrip("/"))
 
 
 def join(fs: pafs.FileSystem, *parts: str) -> str:
@@ -109,8 +110,13 @@ class RunStorage:
     def __init__(self, storage_path: str | os.PathLike, name: str, filesystem: Optional[pafs.FileSystem] = None):
         self.filesystem, root, shown_root = resolve_storage(storage_path, filesystem)
         self.root = join(self.filesystem, root, name)
+        self._given = os.fspath(storage_path)  # with any credentials: only to hide them in errors
         base, _, query = shown_root.partition("?")  # s3://b/p?endpoint_override=... keeps its query last
-        self.uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
+        self.uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")  # as shown: redacted
+        given_base, _, given_query = self._given.rstrip("/").partition("?")
+        # The run's URI with its credentials, for what opens the filesystem itself (a launched script).
+        self.full_uri = (f"{given_base.rstrip('/')}/{name}" + (f"?{given_query}" if given_query else "")
+                         if "://" in self._given and filesystem is None else self.uri)
         try:
             self.filesystem.create_dir(self.root, recursive=True)
         except OSError as error:
@@ -129,9 +135,13 @@ class RunStorage:
 
     def _unwritable(self, error: OSError) -> ConfigError:
         return ConfigError(
-            f"RunConfig.storage_path: raytf cannot write the run's directory {self.uri} ({error}). Give a "
-            "storage_path that is a directory (or bucket prefix) this user can write; raytf creates it if missing"
+            f"RunConfig.storage_path: raytf cannot write the run's directory {self.uri} ({self.scrub(str(error))}). "
+            "Give a storage_path that is a directory (or bucket prefix) this user can write; raytf creates it if missing"
         )
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the storage path's secrets hidden (:func:`scrub`)."""
+        return scrub(text, self._given)
 
     def path(self, relpath: str) -> str:
         return join(self.filesystem, self.root, relpath)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+import os
+from typing import Any, Mapping, Optional, Sequence
 
+from raytf._internal.redact import redact
 from raytf.errors import ConfigError
 
 
@@ -99,3 +101,22 @@ def check_resources(setting: str, value: object, *, cpus: str, gpus: str) -> dic
             raise ConfigError(f"{setting}[{name!r}]: set CPUs and GPUs with {cpus} and {gpus} instead")
         check_number(f"{setting}[{name!r}]", amount)
     return resources
+
+
+def check_storage(storage_path: object, storage_filesystem: Any) -> None:
+    """RunConfig's storage: a path or URI, or a plain path on a ``pyarrow.fs.FileSystem``. A URI is
+    shown redacted (it may hold the keys pyarrow reads from it)."""
+    if not isinstance(storage_path, (str, os.PathLike)) or not str(storage_path):
+        raise ConfigError(
+            f"RunConfig.storage_path must be a directory or a URI such as s3://bucket/prefix, got {storage_path!r}"
+        )
+    if storage_filesystem is not None:
+        import pyarrow.fs as pafs
+
+        if not isinstance(storage_filesystem, pafs.FileSystem):
+            raise ConfigError(
+                f"RunConfig.storage_filesystem must be a pyarrow.fs.FileSystem, got {type(storage_filesystem).__name__}"
+            )
+        if "://" in str(storage_path):
+            raise ConfigError("RunConfig.storage_path must be a plain path on storage_filesystem, not a URI, "
+                              f"got {redact(storage_path)!r}")

@@ -44,10 +44,21 @@ def test_ray_train_code_with_its_imports_swapped_trains(cluster, tmp_path, no_le
     assert result.checkpoint is not None and result.checkpoint.epoch == 2
 
 
-def test_the_recipe_checkpoints_to_s3_through_a_storage_uri(cluster, s3_uri, s3_filesystem, no_leaks):
-    result = example("recipe_gpus_s3").main(storage_path=s3_uri, num_workers=1, gpus_per_worker=0,
+def test_the_recipe_checkpoints_to_s3_through_a_storage_uri_and_shows_none_of_its_credentials(
+        cluster, s3_uri, s3_filesystem, no_leaks, capfd, caplog):
+    """The keys in the URI (pyarrow's only way to take them from it) open the bucket and appear in
+    nothing raytf prints, logs, raises or returns: the progress lines, the result, its repr and
+    checkpoint, a storage error, ``raytf runs`` on an empty prefix."""
+    from raytf import ConfigError
+    from raytf._internal.runs import print_runs
+    from raytf._internal.storage import RunStorage
+
+    key, secret = "AKIARAYTFTESTKEY", "RAYTFTESTSECRETVALUE"
+    uri = s3_uri.replace("s3://", f"s3://{key}:{secret}@")
+    result = example("recipe_gpus_s3").main(storage_path=uri, num_workers=1, gpus_per_worker=0,
                                             cpus_per_worker=1, epochs=2, num_rows=4096)
-    assert result.path == s3_uri.replace("/uri?", "/uri/tf-keras-gpus?")  # a URI that opens the run, query kept
+    # A URI that opens the run once its keys are put back, query kept.
+    assert result.path == s3_uri.replace("s3://", "s3://***:***@").replace("/uri?", "/uri/tf-keras-gpus?")
     assert result.checkpoint.path.startswith("raytf-test/uri/tf-keras-gpus/checkpoints/")  # on its filesystem
     import pyarrow.fs as pafs
 
@@ -55,6 +66,15 @@ def test_the_recipe_checkpoints_to_s3_through_a_storage_uri(cluster, s3_uri, s3_
              if i.type == pafs.FileType.Directory]
     assert len(names) == 2, names
     assert result.metrics["accuracy"] > 0.2  # 10 classes: well above chance after two epochs
+    with pytest.raises(ConfigError) as missing:  # a bucket that does not exist
+        RunStorage(uri.replace("s3://{key}:{secret}@raytf-test/".format(key=key, secret=secret),
+                               f"s3://{key}:{secret}@raytf-no-such-bucket/"), "r")
+    print_runs(uri.replace("/uri?", "/empty-prefix?"))
+    shown = capfd.readouterr()
+    assert "results in s3://***:***@raytf-test/uri/tf-keras-gpus?" in shown.out  # the progress line
+    assert "no raytf runs in s3://***:***@raytf-test/empty-prefix?" in shown.out
+    for text in (shown.out, shown.err, caplog.text, repr(result), str(result.checkpoint), str(missing.value)):
+        assert key not in text and secret not in text, text[-2000:]
 
 
 def test_a_ray_tune_trial_is_a_raytf_run(cluster, tmp_path, no_leaks):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import _thread
+import dataclasses
 import json
+import os
 import signal
 import threading
 
@@ -101,11 +103,25 @@ def test_custom_resources_pin_workers_to_a_node(pack_run):
     assert {i["node_id"] for i in read_ranks(tmp_path, 2)} == {node_b}
 
 
-def test_exception_on_one_rank_is_raised_with_its_rank_and_traceback(tmp_path, no_leaks):
+def test_exception_on_one_rank_is_raised_with_its_rank_and_traceback_and_no_copy_is_left(tmp_path, no_leaks):
+    """The failed run committed a checkpoint, which the chief kept in host memory; the run's end
+    removes that copy although no worker of its last attempt is left to (its actors were gone
+    before the run ended)."""
+    from raytf._internal.checkpoint import memory
+    from raytf._internal.protocol import StorageRef
+    from raytf._internal.storage import RunStorage
+
     run = trainer(workloads.fail_on_rank, tmp_path, "boom")
     run.config["rank"] = 1
+    run.run = dataclasses.replace(run.run, checkpoint_config=raytf.CheckpointConfig(upload="sync"))
     with pytest.raises(raytf.TrainingFailedError) as info:
         run.fit()
+    storage = RunStorage(str(tmp_path / "results"), "boom")
+    index = json.loads((tmp_path / "results" / "boom" / "checkpoints" / "index.json").read_text())
+    assert [c["name"] for c in index["checkpoints"]] == ["checkpoint_000000"]
+    ref = StorageRef(storage.filesystem, storage.root)
+    assert memory.find(ref, "checkpoint_000000") is None  # committed, kept in memory, then dropped
+    assert not any(os.path.exists(d) for d in memory._run_dirs(ref))
     error = info.value
     assert error.rank == 1
     assert error.failure.error_type == "ValueError"

@@ -139,15 +139,23 @@ def test_the_copies_of_runs_whose_placement_group_is_gone_are_swept(tmp_path, me
     memory.configure("10.0.0.1:6379", "live", lambda: {"live"})
 
     def left():
-        return sorted(open(memory_roots / d / memory.OWNER).read() for d in copies(memory_roots))
+        return sorted(open(memory_roots / d / memory.OWNER).read() for d in copies(memory_roots)
+                      if (memory_roots / d / memory.OWNER).exists())
 
+    orphan = memory_roots / f"{memory.PREFIX}killed-before-its-owner-file" / "checkpoint_000001"
+    orphan.mkdir(parents=True)  # a worker killed between keeping a copy and naming its owner
     memory.sweep_once()
     # A live cluster's copy (another ray start on the machine) is not this one's to judge, a cluster
-    # that no longer listens left its copy behind, and one without an owner is left for its run.
-    assert left() == ["", "10.0.0.1:6379 live", f"{other} removed"]
+    # that no longer listens left its copy behind, and one without an owner is left while it is new.
+    assert left() == ["", "10.0.0.1:6379 live", f"{other} removed"] and orphan.exists()
     memory.configure("10.0.0.1:6379", "live", set)
     memory.sweep_once()  # once per process: the next snapshot does not ask Ray again
     assert left() == ["", "10.0.0.1:6379 live", f"{other} removed"]
+    old = __import__("time").time() - memory.ORPHAN_AGE_S - 1
+    for path in memory_roots.rglob("*"):
+        os.utime(path, (old, old))
+    memory.sweep(str(memory_roots))  # past ORPHAN_AGE_S with no owner: swept (and "live" is gone now)
+    assert left() == [f"{other} removed"] and not orphan.parent.exists()
     alive.close()
 
 

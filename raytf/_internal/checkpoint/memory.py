@@ -16,7 +16,7 @@ are bounded: one checkpoint per run per node; when the run ends its group's memb
 copies on their nodes (``MemoryCopies``, driver/callbacks.py); and a copy whose run's placement
 group is gone (a driver that died, a run whose last worker on the node crashed), or whose Ray
 cluster is gone, is swept by the next raytf worker that snapshots a checkpoint on the node
-(:func:`sweep`).
+(:func:`sweep`), as is a copy that names no owner once it is ``ORPHAN_AGE_S`` old.
 
 Layout: ``<root>/raytf-memory-<run key>/<checkpoint name>/``, the run key a hash of the run's
 storage (filesystem type and path), so runs sharing a node never see each other's copies, and
@@ -31,6 +31,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from typing import Callable, Optional
 
 from raytf._internal.checkpoint.files import seq_of_name, verify
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "raytf-memory-"
 OWNER = "owner"
+# A copy with no owner (its worker was killed between keeping it and naming its owner, or knew no
+# placement group) cannot be judged by its run's placement group: it is swept once this old.
+ORPHAN_AGE_S = 600.0
 
 
 def _run_dir(root: str, storage: StorageRef) -> str:
@@ -104,7 +108,10 @@ def sweep(root: str) -> None:
                 with open(os.path.join(root, entry, OWNER)) as stream:
                     owners[entry] = stream.read().strip()
             except OSError:
-                continue
+                owners[entry] = ""
+            if not owners[entry]:
+                del owners[entry]
+                _sweep_orphan(os.path.join(root, entry))
     cluster = _owner.rpartition(" ")[0]
     for entry, owner in list(owners.items()):
         other = owner.rpartition(" ")[0]
@@ -123,6 +130,17 @@ def sweep(root: str) -> None:
         if owner not in live:
             logger.info("raytf: removing %s, the checkpoint copy of a run that ended", entry)
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+
+
+def _sweep_orphan(run_dir: str) -> None:
+    """Remove a copy that names no owner once nothing in it changed for ``ORPHAN_AGE_S``."""
+    try:
+        newest = max([os.stat(run_dir).st_mtime] + [os.stat(os.path.join(run_dir, n)).st_mtime for n in _names(run_dir)])
+    except OSError:
+        return
+    if time.time() - newest > ORPHAN_AGE_S:
+        logger.info("raytf: removing %s, a checkpoint copy that names no owner", os.path.basename(run_dir))
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def find(storage: StorageRef, name: str) -> Optional[str]:

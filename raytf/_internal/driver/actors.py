@@ -71,6 +71,22 @@ def kill_and_wait(actors: Sequence[Any], what: str) -> None:
             logger.warning("a killed %s actor is still alive after the shutdown timeout", what)
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def _drop_copies(storage: Any) -> None:
+    from raytf._internal.checkpoint import memory
+
+    memory.drop(storage)
+
+
+def drop_copies_on(nodes: Sequence[str], storage: Any, *, timeout_s: float) -> None:
+    """Remove the run's checkpoint copies in memory on each of ``nodes`` (ids), where no worker of
+    the run is left to do it; a best effort, like :func:`ask_each`."""
+    refs = [_drop_copies.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(storage)
+            for node in nodes]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+
 def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple], what: str,
               timeout_s: float) -> list:
     """``actors[i].method(*args_of(i))`` on every actor, retried where Ray says an actor is only

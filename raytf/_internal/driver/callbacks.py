@@ -151,13 +151,25 @@ class MemoryCopies(GroupCallback):
     """``CheckpointConfig(restore_from_memory=True)``: the chief keeps the newest committed
     checkpoint in host memory on its node (checkpoint/memory.py). The placement group is kept
     across attempts (while its nodes stay), so a restarted rank lands on the node it left and finds
-    the copy; when the run ends, the members still up remove their nodes' copies."""
+    the copy. When the run ends, every node the run placed a worker on drops the run's copy: the
+    members still up on theirs, a task of no resources on each other live one (a run that failed
+    has no member left: its last attempt's actors are gone before the run ends)."""
 
     keeps_placement = True
 
-    def on_close(self, group: GroupView) -> None:
-        from raytf._internal.driver.actors import ask_each
+    def __init__(self) -> None:
+        self._nodes: set[str] = set()  # every node any attempt placed a bundle on
 
-        if group.run.storage is not None:
-            ask_each([m.actor for m in group.members if m.actor is not None], "drop_checkpoint_copies",
-                     group.run.storage, timeout_s=_DROP_TIMEOUT_S)
+    def after_placement(self, group: GroupView) -> None:
+        self._nodes.update(group.bundle_nodes().values())
+
+    def on_close(self, group: GroupView) -> None:
+        from raytf._internal.driver.actors import ask_each, drop_copies_on
+
+        if group.run.storage is None:
+            return
+        members = [m for m in group.members if m.actor is not None]
+        ask_each([m.actor for m in members], "drop_checkpoint_copies", group.run.storage, timeout_s=_DROP_TIMEOUT_S)
+        covered = {m.address.node_id for m in members if m.address is not None}
+        drop_copies_on(sorted((self._nodes & cluster.live_node_ids()) - covered), group.run.storage,
+                       timeout_s=_DROP_TIMEOUT_S)

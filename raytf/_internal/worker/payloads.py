@@ -193,16 +193,23 @@ class SubprocessPayload:
 
 def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
     """What a launched script finds besides TF_CONFIG: its run's directories and its place in the group."""
-    root = run.storage.root if run.storage is not None else run.run_path
+    uri = run.run_uri or run.run_path  # the script opens the storage itself: with its credentials
+    root = run.storage.root if run.storage is not None else uri
     return {
-        _env.RUN_DIR: run.run_path,
+        _env.RUN_DIR: uri,
         # Shared by every rank and every restart: BackupAndRestore(backup_dir=...) resumes from it.
         _env.CHECKPOINT_DIR: os.path.join(root, "script_checkpoints") if run.storage is not None
-        and isinstance(run.storage.filesystem, pafs.LocalFileSystem) else f"{run.run_path}/script_checkpoints",
+        and isinstance(run.storage.filesystem, pafs.LocalFileSystem) else _join_uri(uri, "script_checkpoints"),
         _env.RANK: str(spec.rank.world_rank),
         _env.WORLD_SIZE: str(spec.rank.world_size),
         _env.ATTEMPT: str(spec.attempt),
     }
+
+
+def _join_uri(uri: str, name: str) -> str:
+    """``name`` under the directory ``uri`` (before its query: ``s3://b/run?endpoint_override=...``)."""
+    base, sep, query = uri.partition("?")
+    return f"{base.rstrip('/')}/{name}{sep}{query}"
 
 
 def user_code(run: RunSpec) -> UserCode:
