@@ -118,6 +118,45 @@ def report_until_stopped(config: dict) -> None:
         time.sleep(0.05)
 
 
+def checkpoints_until_stopped(config: dict) -> None:
+    """A directory checkpoint every report, forever, each rank in step with the other (a collective
+    a report); the test stops the run from the driver. Writes running<rank> after 2 reports."""
+    import tempfile
+
+    import tensorflow as tf
+
+    ctx = raytf.get_context()
+    strategy = raytf.strategy()
+    step = 0
+    while True:
+        strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+        directory = tempfile.mkdtemp()
+        with open(os.path.join(directory, "owner.txt"), "w") as f:
+            f.write(f"step {step}")
+        raytf.report({"step": step}, checkpoint=raytf.Checkpoint.from_directory(directory))
+        if step == 2:
+            _write(config["out_dir"], f"running{ctx.world_rank}", {"pid": os.getpid()})
+        step += 1
+        time.sleep(0.05)
+
+
+def gated_filesystem(gate: str) -> Any:
+    """The local filesystem, except that a checkpoint file written while the file ``gate`` exists
+    waits until it is gone (``<gate>.blocked`` says one waits): an upload held in flight."""
+    import fsspec
+    import pyarrow.fs as pafs
+
+    class Gated(pafs.FSSpecHandler):
+        def open_output_stream(self, path: str, metadata: Any) -> Any:
+            if path.endswith("owner.txt") and os.path.exists(gate):
+                open(gate + ".blocked", "w").close()
+                while os.path.exists(gate):
+                    time.sleep(0.05)
+            return super().open_output_stream(path, metadata)
+
+    return pafs.PyFileSystem(Gated(fsspec.filesystem("file")))
+
+
 def fail_on_rank(config: dict) -> None:
     """Rank ``config['rank']`` raises after one report; the others wait in a collective.
 

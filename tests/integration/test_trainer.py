@@ -321,40 +321,65 @@ cloudpickle.register_pickle_by_value(workloads)
 ray.init(address=sys.argv[1])
 out_dir = sys.argv[2]
 try:
-    raytf.Trainer(workloads.report_until_stopped, config={"out_dir": out_dir},
+    raytf.Trainer(workloads.checkpoints_until_stopped, config={"out_dir": out_dir},
                   scaling=raytf.ScalingConfig(num_workers=2),
-                  run=raytf.RunConfig(name="sigterm", storage_path=out_dir, verbose=0)).fit()
+                  run=raytf.RunConfig(name="sigterm", storage_path=out_dir + "/results", verbose=0,
+                                      storage_filesystem=workloads.gated_filesystem(out_dir + "/gate"))).fit()
 except SystemExit as exit_:
     print("fit ended by SystemExit", exit_.code, flush=True)
 sys.stdin.read()  # stay connected until the test has looked
 """
 
 
-def test_sigterm_to_the_driver_stops_every_actor(cluster, tmp_path):
+def test_sigterm_to_the_driver_stops_training_first_then_commits_the_upload_in_flight(cluster, tmp_path):
+    """``ray job stop`` sends the driver SIGTERM while the chief's checkpoint is on its way to
+    storage (held there by the test): training stops at once (the other rank is gone, the chief
+    takes no further report), the checkpoint in flight is committed and nothing after it, then
+    every actor and the placement group go, and no copy of the run's checkpoints stays in memory."""
     import os
     import signal
     import subprocess
     import sys
 
+    from raytf._internal.checkpoint import memory
+    from raytf._internal.protocol import StorageRef
+
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen(
         [sys.executable, "-c", SIGTERM_DRIVER, cluster.address, str(tmp_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONPATH": os.path.dirname(repo)},
     )
+    gate = tmp_path / "gate"
     try:
         wait_for((tmp_path / "running0").exists, timeout_s=120, message="training to start")
         assert len(live_placement_groups()) == 1
+        gate.touch()  # the next checkpoint's upload waits
+        wait_for((tmp_path / "gate.blocked").exists, timeout_s=60, message="an upload to be in flight")
+        index = tmp_path / "results" / "sigterm" / "checkpoints" / "index.json"
+        before = [c["step"] for c in json.loads(index.read_text())["checkpoints"]]
         driver.send_signal(signal.SIGTERM)
+        wait_for(lambda: "waiting up to" in (tmp_path / "driver.log").read_text(), timeout_s=60,
+                 message="the driver to wait for the upload")
+        wait_for(lambda: len(live_workers()) == 1, timeout_s=30, message="the other rank to be stopped")
+        assert [c["step"] for c in json.loads(index.read_text())["checkpoints"]] == before  # still in flight
+        gate.unlink()
         assert driver.stdout.readline().strip() == f"fit ended by SystemExit {128 + signal.SIGTERM}"
+        # The one in flight was committed, and none after it: training had stopped.
+        after = [c["step"] for c in json.loads(index.read_text())["checkpoints"]]
+        assert after == before + [before[-1] + 1], (before, after)
         # The driver is still connected, so this is raytf's teardown, not Ray's end-of-job cleanup.
         assert live_placement_groups() == []
         wait_for(lambda: not live_workers(), timeout_s=10, message="worker actors to be gone")
+        root = str(tmp_path / "results" / "sigterm")
+        assert not any(os.path.exists(d) for d in memory._run_dirs(StorageRef(workloads.gated_filesystem(""), root)))
     finally:
+        if gate.exists():
+            gate.unlink()
         driver.stdin.close()
         driver.wait(timeout=60)
+        log.close()
 
 
 def test_reported_metrics_reach_tensorboard_event_files_in_the_run_directory(pack_run):

@@ -44,6 +44,9 @@ class FakeGroup:
     def close(self):
         self.shutdown()
 
+    def halt(self):
+        self.halted_at = self.polls
+
     def can_replace(self, failure):
         return False
 
@@ -420,14 +423,27 @@ def test_ctrl_c_waits_for_the_asynchronous_checkpoint_in_flight_then_stops():
     pending = Report(rank=0, seq=3, metrics={"step": 3}, time=3.0, stage=ReportStage.PENDING)
     uploaded = Report(rank=0, seq=3, metrics={"step": 3}, time=3.0, stage=ReportStage.UPLOADED,
                       checkpoint=UploadedCheckpoint("checkpoint_000000", 0))
+    lost = failure(rank=1, kind="died", message="halted")  # the halt ended the other ranks: no reason to stop waiting
     group = InterruptedGroup({0: [GroupStatus(reports=(pending,), progress=uploading), None,
-                                  GroupStatus(progress=uploading), GroupStatus(reports=(uploaded,), progress=uploading),
+                                  GroupStatus(progress=uploading), GroupStatus(progress=uploading, failures=(lost,)),
+                                  GroupStatus(reports=(uploaded,), progress=uploading),
                                   GroupStatus(progress=idle), GroupStatus(finished=True)]}, at=1)
     controller, seen = run(group)
     with pytest.raises(KeyboardInterrupt):
         controller.run()
+    assert group.halted_at == 3  # training stopped at the first poll after the stop, before any wait
     assert seen == [pending, uploaded]  # the upload's report was handled (committed) before the group went
-    assert group.acks == [(0, 3, None)] and group.polls == 5 and not group.live
+    assert group.acks == [(0, 3, None)] and group.polls == 6 and not group.live
+
+
+def test_a_stop_with_no_upload_in_flight_halts_nothing_and_waits_for_nothing():
+    from raytf._internal.protocol import Progress
+
+    group = InterruptedGroup({0: [GroupStatus(progress=Progress()), None, GroupStatus(progress=Progress())]}, at=1)
+    controller, _ = run(group)
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    assert not hasattr(group, "halted_at") and group.polls == 3 and not group.live
 
 
 def test_a_stopped_run_waits_for_an_upload_no_longer_than_its_bound():

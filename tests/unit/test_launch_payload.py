@@ -32,6 +32,9 @@ class Host:
     def preempt_requested(self):
         return False
 
+    def halted(self):
+        return False
+
 
 def run(code):
     spec = RunSpec(run_name="r", run_path="/tmp/r", payload=cloudpickle.dumps(UserCode(command=(sys.executable, "-c", code))),

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from raytf._internal import env as _env
 from raytf._internal.driver.relay import ActorRelay, PollRelay, ThreadRelay
@@ -121,3 +121,35 @@ def ask_each(actors: Sequence[Any], method: str, *args: Any, timeout_s: float) -
     refs = [getattr(actor, method).remote(*args) for actor in actors]
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+
+def reserve(members: Sequence[Any], timeout_s: float, new_actor: Callable[[Any], Any], attempt: int) -> None:
+    """Each member's address, once its actor reserved its port. A warm standby found dead (an
+    OOM kill, a stray ``ray.kill``) or unable to take its bundle's GPUs is replaced by a cold
+    actor: a slower start, never a lost attempt. Another actor that dies: WorkerStartError."""
+    deadline = time.monotonic() + timeout_s
+    pending = {m.actor.reserve.remote(**m.reserve_args): m for m in members}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise WorkerStartError(
+                f"worker actors did not start within {timeout_s:g} s (FailureConfig.start_timeout_s); "
+                "check the actors' logs for import errors or a slow runtime environment"
+            )
+        member = pending.pop(ready[0])
+        try:
+            member.address = ray.get(ready[0])
+        except ActorUnavailableError:  # a fresh process whose RPC server is not up yet: ask again
+            time.sleep(UNAVAILABLE_RETRY_S)
+            pending[member.actor.reserve.remote(**member.reserve_args)] = member
+        except (RayActorError, RayTaskError) as error:
+            if not member.warm:
+                why = error if isinstance(error, RayActorError) else error.cause
+                raise WorkerStartError(f"a worker actor could not start: {why}") from None
+            why = f"cannot take it ({error.cause})" if isinstance(error, RayTaskError) else "is dead"
+            logger.warning("attempt %d: the warm standby for bundle %d %s; starting a new worker there instead",
+                           attempt, member.bundle, why)
+            ray.kill(member.actor, no_restart=True)
+            member.warm, member.reserve_args = False, {}
+            member.actor = new_actor(member)
+            pending[member.actor.reserve.remote()] = member

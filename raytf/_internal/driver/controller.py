@@ -33,6 +33,8 @@ class WorkerGroup(Protocol):
 
     def close(self) -> None: ...  # the run ended: shut down, and end what outlives attempts (standbys)
 
+    def halt(self) -> None: ...  # the run is stopping: training stops now, an upload in flight goes on
+
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None: ...
 
     def can_replace(self, failure: WorkerFailure) -> bool: ...  # ride the failure out with a new actor
@@ -142,25 +144,30 @@ class Controller:
         return self.state
 
     def _wait_for_upload(self, timeout_s: float = UPLOAD_WAIT_S) -> None:
-        """Stopped (Ctrl-C, SIGTERM): before the group goes, let the chief's asynchronous checkpoint
-        in flight reach the index, for at most ``timeout_s`` (a second Ctrl-C stops the wait)."""
+        """Stopped (Ctrl-C, SIGTERM): training stops at once (:meth:`WorkerGroup.halt`), and before
+        the group goes, the chief's asynchronous checkpoint in flight may reach the index, for at most
+        ``timeout_s`` (a second Ctrl-C stops the wait). The workers' ends that the halt causes are
+        the stop, not failures."""
         if not isinstance(self.state, Running):
             return
-        deadline = self._clock() + timeout_s
         status = self._group.poll()
-        if status.progress is not None and status.progress.uploading:
-            logger.warning("raytf: stopping; waiting up to %.0f s for the checkpoint being uploaded to be "
-                           "committed (Ctrl-C again to stop now)", timeout_s)
+        self._handle_reports(status)
+        if status.progress is None or not status.progress.uploading:
+            return
+        self._group.halt()  # first: a group left training would commit its next checkpoints meanwhile
+        logger.warning("raytf: stopping; training stopped, waiting up to %.0f s for the checkpoint being uploaded "
+                       "to be committed (Ctrl-C again to stop now)", timeout_s)
+        deadline = self._clock() + timeout_s
         while True:
+            self._sleep(self._poll_interval_s)
+            status = self._group.poll()
             self._handle_reports(status)
-            if status.failures or status.progress is None or not status.progress.uploading:
+            if status.progress is None or not status.progress.uploading:
                 return
             if self._clock() > deadline:
                 logger.warning("raytf: the checkpoint being uploaded was not committed within %.0f s; the "
                                "last committed checkpoint is the one a resume starts from", timeout_s)
                 return
-            self._sleep(self._poll_interval_s)
-            status = self._group.poll()
 
     def _handle_reports(self, status: GroupStatus) -> None:
         for report in status.reports:

@@ -22,12 +22,12 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import UNAVAILABLE_RETRY_S, call_each, kill_and_wait, new_worker, relay_for
+from raytf._internal.driver.actors import call_each, kill_and_wait, new_worker, relay_for, reserve
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -212,36 +212,7 @@ class WorkerGroup:
                           task=task_id(member, self.shape))
 
     def _reserve(self, members: Sequence[Member]) -> None:
-        """Each member's address, once its actor reserved its port. A warm standby found dead (an
-        OOM kill, a stray ``ray.kill``) or unable to take its bundle's GPUs is replaced by a cold
-        actor: a slower start, never a lost attempt. Another actor that dies: WorkerStartError."""
-        timeout = self._start_timeout_s
-        deadline = time.monotonic() + timeout
-        pending = {m.actor.reserve.remote(**m.reserve_args): m for m in members}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise WorkerStartError(
-                    f"worker actors did not start within {timeout:g} s (FailureConfig.start_timeout_s); "
-                    "check the actors' logs for import errors or a slow runtime environment"
-                )
-            member = pending.pop(ready[0])
-            try:
-                member.address = ray.get(ready[0])
-            except ActorUnavailableError:  # a fresh process whose RPC server is not up yet: ask again
-                time.sleep(UNAVAILABLE_RETRY_S)
-                pending[member.actor.reserve.remote(**member.reserve_args)] = member
-            except (RayActorError, RayTaskError) as error:
-                if not member.warm:
-                    why = error if isinstance(error, RayActorError) else error.cause
-                    raise WorkerStartError(f"a worker actor could not start: {why}") from None
-                why = f"cannot take it ({error.cause})" if isinstance(error, RayTaskError) else "is dead"
-                logger.warning("attempt %d: the warm standby for bundle %d %s; starting a new worker there instead",
-                               self._attempt, member.bundle, why)
-                ray.kill(member.actor, no_restart=True)
-                member.warm, member.reserve_args = False, {}
-                member.actor = self._new_actor(member)
-                pending[member.actor.reserve.remote()] = member
+        reserve(members, self._start_timeout_s, self._new_actor, self._attempt)
 
     def connect(self) -> None:
         """Release the start barrier: every member is ready, so all build the strategy together
@@ -368,6 +339,16 @@ class WorkerGroup:
         self.notify(f"{member.label} lost ({failure.kind.value}); replaced at {address.host_port}, training goes on")
 
     # Ending it.
+
+    def halt(self) -> None:
+        """The run is stopping while the chief uploads a checkpoint: the other members are killed
+        (training stops) and the chief takes no further report (``raytf.report`` raises); its
+        upload goes on, and the controller waits for its commit before the shutdown."""
+        for index, member in enumerate(self.members):
+            if index == self.trainer_index:
+                member.actor.halt.remote()
+            elif member.actor is not None:
+                ray.kill(member.actor, no_restart=True)
 
     def shutdown(self) -> None:
         """The attempt ended: let members that keep files on their node remove them, kill every

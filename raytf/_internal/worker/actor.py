@@ -44,6 +44,7 @@ class TrainWorker:
         self._rank = -1
         self._payload: Any = None
         self._preempt_reason: Optional[str] = None
+        self._halted = False  # the run is stopping (halt): report raises
         self._go = threading.Event()  # set by connect(): every peer is ready to build the strategy
         self._go_message: Any = None
         self._task = ""  # "ps 0", "worker 1", ... in a parameter-server group; "" in a synchronous one
@@ -206,6 +207,13 @@ class TrainWorker:
 
     def preempt_requested(self) -> bool:
         return self._preempt_reason is not None
+
+    def halt(self) -> None:
+        """The run is stopping: ``raytf.report`` raises from now on (an upload in flight goes on)."""
+        self._halted = True
+
+    def halted(self) -> bool:
+        return self._halted
 
     # Parameter-server groups (payloads.py): what the driver asks of a chief, a worker, an evaluator.
 

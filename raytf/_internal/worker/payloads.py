@@ -53,6 +53,8 @@ class Host(Protocol):
 
     def preempt_requested(self) -> bool: ...
 
+    def halted(self) -> bool: ...  # the run is stopping: no further report
+
 
 class TrainFnPayload:
     """``train_fn(config)`` in the worker thread, under this group's MultiWorkerMirroredStrategy."""
@@ -96,7 +98,7 @@ class TrainFnPayload:
         self.session = WorkerSession(
             context, strategy, host.sink, spec.datasets, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, split=run.split,
-            preempt_requested=host.preempt_requested, upload=run.upload,
+            preempt_requested=host.preempt_requested, halted=host.halted, upload=run.upload,
             restore_from_memory=run.restore_from_memory,
         )
         _session.install(self.session)
@@ -265,7 +267,7 @@ class ChiefPayload:
         self.session = WorkerSession(
             _context(run, spec), strategy, host.sink, {}, spec.resume, run.storage,
             save_every=run.save_every, lease_token=run.lease_token, preempt_requested=host.preempt_requested,
-            parameter_server=PsData(self._coordinator, list(shard_files or [])), upload=run.upload,
+            halted=host.halted, parameter_server=PsData(self._coordinator, list(shard_files or [])), upload=run.upload,
             restore_from_memory=run.restore_from_memory,
         )
         _session.install(self.session)

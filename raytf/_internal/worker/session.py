@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import numbers
 import threading
 import time
 from dataclasses import asdict
@@ -25,8 +24,9 @@ from raytf._internal.background import Background
 from raytf._internal.data.planned import completed_epoch, positions_at
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import (
-    HISTORY_KEYS, CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
+    CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
 )
+from raytf._internal.worker.metrics import clean_metrics, to_plain  # noqa: F401 - to_plain: payloads.py's too
 from raytf._internal.worker.uploads import Uploads
 from raytf.errors import CheckpointError, RaytfError
 
@@ -47,6 +47,7 @@ class WorkerSession:
         *,
         save_every: Optional[SaveEvery] = None,
         preempt_requested: Callable[[], bool] = lambda: False,
+        halted: Callable[[], bool] = lambda: False,
         lease_token: Optional[str] = None,
         split: Sequence[str] = (),
         parameter_server: Any = None,
@@ -57,6 +58,7 @@ class WorkerSession:
         self.strategy = strategy
         self._storage = storage
         self._sink = sink
+        self._halted = halted
         self._seq = 0
         self._lock = threading.Lock()
         self._resume = resume
@@ -233,20 +235,12 @@ class WorkerSession:
                upload: Optional[CheckpointUpload] = None) -> None:
         """``raytf.report``; ``upload`` overrides the run's ``CheckpointConfig.upload`` for this
         report (``raytf.train.report``'s ``checkpoint_upload_mode``)."""
+        self._stop_if_halted()
         if ranks not in ("chief", "all"):
             raise ValueError(f"raytf.report(ranks=...) must be 'chief' or 'all', got {ranks!r}")
         if not isinstance(metrics, dict):
             raise TypeError(f"raytf.report(metrics): metrics must be a dict, got {type(metrics).__name__}")
-        clean = {}
-        for key, value in metrics.items():
-            if not isinstance(key, str):
-                raise TypeError(f"raytf.report(metrics): metric names must be str, got {key!r}")
-            if key in HISTORY_KEYS:
-                raise ValueError(
-                    f"raytf.report(metrics): the metric name {key!r} is raytf's (every history entry "
-                    f"carries {', '.join(HISTORY_KEYS)}); rename the metric, e.g. to 'my_{key}'"
-                )
-            clean[key] = to_plain(value, key)
+        clean = clean_metrics(metrics)
         # Where each planned dataset stands (data/planned.py), for the checkpoint to record.
         data = None if checkpoint is None else positions_at(
             self._shards.cursors, clean.get("epoch"), self._progress.get("epoch"), self._progress.get("step") or 0,
@@ -273,6 +267,7 @@ class WorkerSession:
         elif checkpoint is not None and mode is CheckpointUpload.ASYNC:
             if self._saver.due(clean, self.preempted):
                 self.finish_uploads()  # one in flight (uploads.py): the previous one's commit first
+                self._stop_if_halted()  # the run began stopping while this report waited for that commit
             snapshot = self._saver.snapshot(clean, checkpoint, self.preempted)
         elif checkpoint is not None:
             uploaded = self._saver.save(clean, checkpoint, self.preempted)
@@ -354,33 +349,16 @@ class WorkerSession:
         done.wait()
         return self._ack_errors.pop(report.seq, None)
 
+    def _stop_if_halted(self) -> None:
+        if self._halted():
+            raise RaytfError("raytf.report: the run is stopping (its driver was stopped); no further report or "
+                             "checkpoint is taken, and the checkpoint in flight is committed if it can be")
+
     def finish_uploads(self) -> None:
         """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
         an earlier one was not). ``train_fn``'s end calls it: a run ends once its last checkpoint is."""
         self._uploads.wait()
         self._uploads.raise_failure()
-
-
-def to_plain(value: Any, name: str) -> Any:
-    """A metric as JSON-friendly Python: tensors and NumPy values become numbers and lists."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if hasattr(value, "numpy") and callable(value.numpy):  # tf.Tensor, tf.Variable
-        return to_plain(value.numpy(), name)
-    if hasattr(value, "tolist") and callable(value.tolist):  # NumPy scalars and arrays
-        return to_plain(value.tolist(), name)
-    if isinstance(value, (list, tuple)):
-        return [to_plain(v, name) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_plain(v, f"{name}.{k}") for k, v in value.items()}
-    raise TypeError(
-        f"raytf.report(metrics): metric {name!r} is a {type(value).__name__}; "
-        "report numbers, strings, tensors or lists of them"
-    )
 
 
 _session: Optional[WorkerSession] = None
