@@ -71,7 +71,7 @@ def test_the_recipe_checkpoints_to_s3_through_a_storage_uri_and_shows_none_of_it
                                f"s3://{key}:{secret}@raytf-no-such-bucket/"), "r")
     print_runs(uri.replace("/uri?", "/empty-prefix?"))
     shown = capfd.readouterr()
-    assert "results in s3://***:***@raytf-test/uri/tf-keras-gpus?" in shown.out  # the progress line
+    assert "results in s3://***:***@raytf-test/uri/tf-keras-gpus?" in shown.out + shown.err  # the progress line
     assert "no raytf runs in s3://***:***@raytf-test/empty-prefix?" in shown.out
     for text in (shown.out, shown.err, caplog.text, repr(result), str(result.checkpoint), str(missing.value)):
         assert key not in text and secret not in text, text[-2000:]
