@@ -24,6 +24,10 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the GPUs Ray assigned the worke
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"  # from TensorflowConfig.log_level
 TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # "1": tf.keras is tf-keras 2 (TensorflowConfig.keras)
 GRPC_FAIL_FAST = "GRPC_FAIL_FAST"  # "use_caller" on parameter-server roles: a call to a lost task fails at once
+# "1": ReportCallback has host memory of the state's sizes filled once before the first asynchronous
+# checkpoint (checkpoint/state.py: prewarm). Off by default: it helps only where TensorFlow's host
+# allocator keeps the memory it frees, which differs from one machine and allocator to the next.
+PREWARM_HOST_COPIES = "RAYTF_PREWARM_HOST_COPIES"  # set it through TensorflowConfig.worker_env
 
 # Set for a script run by raytf launch, besides the worker's variables above.
 RUN_DIR = "RAYTF_RUN_DIR"  # the run's directory in its storage

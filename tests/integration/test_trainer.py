@@ -234,7 +234,8 @@ def test_a_stalled_worker_is_found_by_the_worker_timeout_and_the_group_restarted
     assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
 
 
-def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left(cluster, tmp_path, no_leaks):
+def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left_and_counts_one_failure(
+        cluster, tmp_path, no_leaks):
     # A twin of the session's second node: whichever of the two is removed, the
     # cluster keeps its shape (head + one {"node_b": 2} node) for the tests after.
     extra = cluster.add_node(num_cpus=2, resources={"node_b": 2})
@@ -247,7 +248,9 @@ def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left(cluste
         head = cluster.list_all_nodes()[0]
         victim = next(n for n in cluster.list_all_nodes() if n.node_id in used and n is not head)
         removed.append(victim.node_id)
-        cluster.remove_node(victim)
+        # Killed, not shut down: Ray declares the node dead only when its health checks fail, so
+        # the restart meets a placement whose node Ray still counts alive (a crashed machine).
+        cluster.remove_node(victim, allow_graceful=False)
 
     threading.Thread(target=remove_a_worker_node, daemon=True).start()
     try:
@@ -262,6 +265,7 @@ def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left(cluste
         if len(twins) > 1:  # nothing was removed (the test failed early): drop the twin
             cluster.remove_node(extra)
     assert result.attempts == 2
+    assert len(result.failures) == 1, result.failures  # one lost node, one of max_failures=1
     after = {json.loads((tmp_path / f"node{r}_attempt1.json").read_text())["node_id"] for r in range(2)}
     assert len(after) == 2 and removed[0] not in after  # two nodes still, neither of them the lost one
     assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]

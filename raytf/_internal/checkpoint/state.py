@@ -29,16 +29,19 @@ writes them. The copies are plain host variables, so writing runs no collective.
 A copy into host pages the process has never touched pays for faulting each one in: on the lent
 H100 virtual machine 0.7-0.9 s per GiB of GPU state against 0.09 s into memory used before, here
 0.73 s against 0.10-0.13 s per GiB for a table in copy-on-read mode (docs/benchmarks/
-checkpoints.md). TensorFlow's host allocator keeps the memory it frees, so every checkpoint after
-the first reuses it; :func:`prewarm` makes the first one do so too, faulting in, off the training
-thread, memory of the sizes the copies will take.
+checkpoints.md). Where TensorFlow's host allocator keeps the memory it frees (seen on one 2-CPU
+machine; on another of the same kind, every copy mapped its pages anew), every checkpoint after the
+first reuses it, and :func:`prewarm` (opt-in: ``RAYTF_PREWARM_HOST_COPIES=1``) makes the first one
+do so too, by having TensorFlow fill memory of the sizes the copies will take.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional
 
+from raytf._internal import env as _env
 from raytf._internal import hooks as _hooks
 from raytf._internal.background import Background
 from raytf._internal.hooks import tensorflow as _tf_hooks
@@ -48,7 +51,6 @@ logger = logging.getLogger(__name__)
 _checked = False
 _warned: set[str] = set()
 PREWARM_MIN_BYTES = 64 << 20  # below it the first copy's new pages cost milliseconds: nothing to warm
-_PAGE = 4096  # the smallest page size of the platforms TensorFlow runs on: a write every _PAGE bytes touches each
 _prewarmed: set[tuple[int, ...]] = set()  # the sizes warmed in this process
 
 
@@ -93,18 +95,21 @@ def host_copy(trackables: dict[str, Any]) -> Optional[HostCopy]:
 
 
 def prewarm(trackables: dict[str, Any]) -> Optional[Background]:
-    """Have TensorFlow's host allocator hold memory already faulted in for the host copy of
-    ``trackables``' state (what ``Checkpoint.from_state(**trackables)`` saves), so that the first
-    asynchronous report's copy pauses training no longer than the later ones (module docstring).
+    """With ``RAYTF_PREWARM_HOST_COPIES=1``: have TensorFlow's host allocator hold memory already
+    mapped for the host copy of ``trackables``' state (what ``Checkpoint.from_state(**trackables)``
+    saves), so that the first asynchronous report's copy pauses training no longer than the later
+    ones, where the allocator keeps what it frees (module docstring).
 
-    For every variable a host tensor of its bytes is allocated on this process's CPU, one byte a
-    page written (from this thread, at the lowest CPU priority: not TensorFlow's thread pools,
-    which train), and all of them dropped together. Returns the background work, or None where
-    there is nothing to warm: a state under ``PREWARM_MIN_BYTES``, or one of sizes warmed before
-    in this process. A failure (no memory to spare, a state it cannot size) is logged, never
+    For every variable a host tensor of its bytes is filled by TensorFlow's own ``Fill`` op on this
+    process's CPU (from a thread of the lowest priority; the fill itself runs on TensorFlow's
+    pool), and all of them are dropped together. Returns the background work, or None where there
+    is nothing to do: the setting off, a state under ``PREWARM_MIN_BYTES``, or one of sizes warmed
+    before in this process. A failure (no memory to spare, a state it cannot size) is logged, never
     raised: the first checkpoint then only pays for its pages."""
     import tensorflow as tf
 
+    if os.environ.get(_env.PREWARM_HOST_COPIES, "") != "1":
+        return None
     try:
         checkpoint = tf.train.Checkpoint(**trackables)
         sizes = tuple(sorted(n for n in map(_nbytes, _tf_hooks.saveables(checkpoint)) if n))
@@ -118,24 +123,17 @@ def prewarm(trackables: dict[str, Any]) -> Optional[Background]:
 
 
 def _fault_in(sizes: tuple[int, ...], device: str) -> None:
-    import ctypes
-
-    import numpy as np
     import tensorflow as tf
 
     held = []
     try:
         with tf.device(device):
             for nbytes in sizes:
-                tensor = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)  # no fill on TF's threads
-                address = np.from_dlpack(tensor).ctypes.data  # the tensor's own buffer, read-only there
-                pages = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
-                pages[::_PAGE] = 0  # the kernel maps each page now
-                held.append(tensor)
+                held.append(tf.fill([nbytes], tf.constant(0, tf.uint8)))  # every page written by TensorFlow
     except Exception as error:  # noqa: BLE001 - a checkpoint that pays for its pages is still a checkpoint
         logger.warning("raytf: could not set aside host memory for the first checkpoint's copy (%s); "
                        "it will pause training while its pages are mapped", error)
-    del held  # together: the allocator keeps each block for a copy of its size
+    del held  # together: an allocator that keeps freed memory keeps each block for a copy of its size
 
 
 def _nbytes(variable: Any) -> int:

@@ -41,6 +41,7 @@ from raytf.errors import FailureKind, WorkerFailure, WorkerStartError
 logger = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT_S = 5.0  # how long members asked to close() get before the kill
+_PLACEMENTS_AFTER_DEAD_NODES = 3  # new placements within one start after nodes died under the last one
 
 
 class WorkerGroup:
@@ -98,19 +99,34 @@ class WorkerGroup:
     # Starting an attempt.
 
     def start(self, attempt: int, resume: ResumePoint) -> None:
+        """Place the group and start its actors. A node that dies under a bundle before its worker
+        started (lost with the attempt that just ended, but not yet declared dead by Ray when the
+        placement was reused or made) is not a new failure: the group is placed again on live nodes."""
         self._attempt, self._resume = attempt, resume
-        self.preempt_reason, self._preempted = None, {}
         self.times = {"began": time.monotonic()}
-        for callback in self._callbacks:
-            callback.before_start(self, attempt)
-        try:
-            self.shape.prepare(self)
-            self._place()
-            self.times["placed"] = time.monotonic()
-            self._start_members()
-        except BaseException:
-            self.shutdown()
-            raise
+        for again in range(_PLACEMENTS_AFTER_DEAD_NODES, -1, -1):
+            self.preempt_reason, self._preempted = None, {}
+            for callback in self._callbacks:
+                callback.before_start(self, attempt)
+            try:
+                self.shape.prepare(self)
+                self._place()
+                self.times["placed"] = time.monotonic()
+                self._start_members()
+                return
+            except BaseException as error:
+                dead = self._dead_bundle_nodes() if again and isinstance(error, WorkerStartError) else set()
+                self.shutdown()
+                if not dead:
+                    raise
+                placement.remove(self._pg)
+                self._pg = None
+                logger.warning("attempt %d: node(s) %s died under the placement before its workers started (%s); "
+                               "placing the group again on live nodes", attempt, ", ".join(sorted(dead)), error)
+
+    def _dead_bundle_nodes(self) -> set[str]:
+        """The nodes under this placement's bundles that Ray no longer counts alive."""
+        return set(self.bundle_nodes().values()) - cluster.live_node_ids() if self._pg is not None else set()
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
         return [dict(role.bundle) for role in self.roles for _ in range(self.shape.count(role, workers))]
