@@ -35,6 +35,11 @@ class WorkerStartError(RaytfError):
     """A worker actor did not come up (import error, died while starting)."""
 
 
+class StorageError(RaytfError, OSError):
+    """The run's storage refused a write (read-only, full, unreachable); the message names the path
+    and the cause. An ``OSError`` too, for code that catches those."""
+
+
 class RunInUseError(RaytfError):
     """Another driver holds the run's lease, or took the run over from this driver."""
 

@@ -101,6 +101,14 @@ def _claim_of(raw: object) -> Optional[Claim]:
         return None
 
 
+_released: set[str] = set()  # the tokens of the leases this process released
+
+
+def _released_here(claim: Claim) -> bool:
+    """A claim this very process wrote and released (its file outlived the release)."""
+    return claim.token in _released and claim.pid == os.getpid() and claim.host == socket.gethostname()
+
+
 def is_dead(claim: Claim, now: float) -> bool:
     """Expired (not renewed within its TTL), or its driver's process is gone from this machine."""
     if now - claim.renewed > claim.ttl_s:
@@ -184,7 +192,7 @@ class RunLease:
                 continue
             if claim is None:
                 continue  # unreadable now; a holder's next renewal rewrites it whole
-            if is_dead(claim, now):
+            if is_dead(claim, now) or _released_here(claim):
                 logger.info("removing the expired lease claim of %s", claim.describe(now))
                 try:
                     self._fs.delete_file(path)
@@ -266,9 +274,12 @@ class RunLease:
             pass
 
     def release(self) -> None:
-        """Stop renewing and delete the claim (when this driver still holds it)."""
+        """Stop renewing and delete the claim (when this driver still holds it). Storage that no
+        longer takes a delete (read-only, full) may keep the claim file: this process knows it
+        released it, so its own next driver is not refused by it (:func:`_released_here`)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        _released.add(self.token)
         if self._lost is None:
             self._delete_claim()

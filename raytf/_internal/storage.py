@@ -19,7 +19,7 @@ from typing import Any, Optional
 import pyarrow.fs as pafs
 
 from raytf._internal.redact import redact, scrub
-from raytf.errors import ConfigError
+from raytf.errors import ConfigError, StorageError
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -82,17 +82,25 @@ def write_json(fs: pafs.FileSystem, path: str, value: Any) -> None:
     """Replace ``path`` with ``value`` as standard JSON, so a reader never sees half a file.
 
     A local write goes to a temporary name and is renamed into place (atomic
-    on POSIX); an object store writes a whole object with one PUT.
+    on POSIX); an object store writes a whole object with one PUT. A write that fails leaves
+    nothing behind and raises :class:`~raytf.errors.StorageError` naming the path and the cause.
     """
     data = dumps(value)
-    if isinstance(fs, pafs.LocalFileSystem):
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}" if isinstance(fs, pafs.LocalFileSystem) else path
+    try:
         with fs.open_output_stream(tmp) as out:
             out.write(data)
-        os.replace(tmp, path)
-    else:
-        with fs.open_output_stream(path) as out:
-            out.write(data)
+        if tmp != path:
+            os.replace(tmp, path)
+    except OSError as error:
+        if tmp != path:
+            try:
+                os.remove(tmp)  # nothing left over: a disk that filled up mid-write keeps no half file
+            except OSError:
+                pass
+        raise StorageError(f"raytf could not write {path} ({type(error).__name__}: {error}); the run's storage "
+                           "is read-only, full or unreachable: free or fix it, then run again with the same "
+                           "RunConfig to resume from the last committed checkpoint") from error
 
 
 def read_json(fs: pafs.FileSystem, path: str) -> Any:

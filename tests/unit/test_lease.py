@@ -125,3 +125,21 @@ def test_runs_of_other_names_are_independent(tmp_path):
     b.acquire()
     a.release()
     b.release()
+
+
+def test_a_claim_that_storage_kept_after_this_process_released_it_does_not_refuse_its_next_driver(tmp_path, monkeypatch):
+    """Storage gone read-only (or full) mid-run refuses the claim's delete at release; the same
+    process running the run again is not refused by its own stale claim (another is, as before)."""
+    first = RunLease(FS, str(tmp_path), "r", ttl_s=60)
+    first.acquire()
+    monkeypatch.setattr(RunLease, "_delete_claim", lambda self: None)  # the delete refused
+    first.release()
+    monkeypatch.undo()
+    claims = os.listdir(tmp_path / LEASE_DIR)
+    assert len(claims) == 1  # the stale claim is still there, naming this process
+    second = RunLease(FS, str(tmp_path), "r", ttl_s=60)
+    second.acquire()  # not refused by it, and it was removed on the way
+    assert os.listdir(tmp_path / LEASE_DIR) != claims and len(os.listdir(tmp_path / LEASE_DIR)) == 1
+    with pytest.raises(RunInUseError):  # a claim this process holds still refuses
+        RunLease(FS, str(tmp_path), "r", ttl_s=60).acquire()
+    second.release()

@@ -117,3 +117,18 @@ def test_the_run_spec_shows_the_redacted_uri_and_only_a_launched_script_gets_the
     env = payloads.script_environment(run, spec)
     assert env["RAYTF_RUN_DIR"] == run.run_uri
     assert env["RAYTF_CHECKPOINT_DIR"] == f"s3://{KEY}:{SECRET}@bucket/p/r/script_checkpoints?region=us-east-1"
+
+
+def test_a_refused_write_is_a_storage_error_naming_the_path_and_leaves_no_temporary(tmp_path):
+    """history.json or a lease claim written to storage that refuses it (here: its place taken by a
+    directory, as root ignores a read-only mode) fails with the path and the cause, and the
+    temporary it wrote first is removed."""
+    import raytf
+    from raytf._internal.storage import write_json
+
+    (tmp_path / "history.json").mkdir()
+    with pytest.raises(raytf.StorageError) as raised:
+        write_json(RunStorage(str(tmp_path), "x").filesystem, str(tmp_path / "history.json"), [1])
+    assert str(tmp_path / "history.json") in str(raised.value) and "IsADirectoryError" in str(raised.value)
+    assert isinstance(raised.value, OSError) and isinstance(raised.value, raytf.RaytfError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.json", "x"]  # no history.json.tmp-*
