@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -23,7 +24,7 @@ from tests.ports import free_ports
 import yaml
 
 from tests.e2e.test_job_submit import (
-    HEAD_ENV, RAY, REPO, dashboard_get, ray_cli, submit_no_wait, wait_for_job, wait_for_job_server,
+    HEAD_ENV, RAY, REPO, dashboard_get, head_temp_dir, ray_cli, submit_no_wait, wait_for_job, wait_for_job_server,
 )
 
 pytestmark = pytest.mark.autoscaler
@@ -74,6 +75,7 @@ def autoscaling_head(tmp_path):
     config_path = tmp_path / "autoscaling.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / "head.log", "w")
+    temp_dir = head_temp_dir()  # nothing outside the suite finds this head (test_job_submit.py)
     env = {**HEAD_ENV, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
     # With RAY_AUTH_MODE=token the head needs a token to exist (a bare `ray start` makes one, as
     # the job-submit head does); on a fresh machine there is none yet.
@@ -83,7 +85,7 @@ def autoscaling_head(tmp_path):
         [*RAY, "start", "--head", "--block", f"--autoscaling-config={config_path}", "--num-cpus", "1",
          "--num-gpus", "0", "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
          "--dashboard-port", str(ports["dashboard"]), "--ray-client-server-port", str(ports["client"]),
-         "--dashboard-agent-listen-port", str(ports["agent"])],
+         "--dashboard-agent-listen-port", str(ports["agent"]), "--temp-dir", temp_dir],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
@@ -101,6 +103,7 @@ def autoscaling_head(tmp_path):
                 except OSError:
                     pass
             log.close()
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(autoscaling_head, tmp_path):

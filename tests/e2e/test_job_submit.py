@@ -1,9 +1,10 @@
 """End to end: a head started with `ray start --head` on loopback, the README job
 submitted with `ray job submit`, its status and logs read back, the head stopped.
 
-The head runs with --block in a child process on free ports, and is stopped
-by terminating that process, so the test never touches another Ray on the
-machine (as a bare `ray stop` would).
+The head runs with --block in a child process on free ports and a --temp-dir of its own, and is
+stopped by terminating that process, so the test never touches another Ray on the machine (as a
+bare `ray stop` would), and nothing outside the suite sees it: Ray records a head it starts in
+<temp dir>/ray_current_cluster, where a user's bare `ray.init()` would find it in the default one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 # A head told to stop (SIGTERM) drains its node first, for up to 30 s on Ray 2.60; the tests'
 # heads have nothing to hand over, so they stop at once.
-HEAD_ENV = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+HEAD_ENV = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+            # Every process of the head's (a submitted job's driver among them) gives up on a GCS
+            # that has not answered for this long (Ray's default, 60 s): on a loaded 2-CPU machine a
+            # job's driver once did, while the head's GCS was starved, and the job failed.
+            "RAY_gcs_rpc_server_reconnect_timeout_s": "300"}
 
 
 def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -62,17 +67,29 @@ def wait_for_job_server(head: subprocess.Popen, address: str, timeout_s: float =
         time.sleep(0.5)
 
 
+def head_temp_dir() -> str:
+    """A --temp-dir of the head's own, short (Ray's socket paths under it must stay under 108 bytes)."""
+    return tempfile.mkdtemp(prefix="raytf-e2e-")
+
+
+def names_the_head(port: int) -> bool:
+    """Whether the machine's default record of its current Ray head names a head on ``port``."""
+    current = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+    return os.path.exists(current) and open(current).read().strip().endswith(f":{port}")
+
+
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
     log = open(tmp_path_factory.mktemp("head") / "head.log", "w")
+    temp_dir = head_temp_dir()
     process = subprocess.Popen(
         [
             *RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
             "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(ports["dashboard"]),
             "--ray-client-server-port", str(ports["client"]),
-            "--dashboard-agent-listen-port", str(ports["agent"]), "--num-cpus", "2",
+            "--dashboard-agent-listen-port", str(ports["agent"]), "--num-cpus", "2", "--temp-dir", temp_dir,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -81,20 +98,16 @@ def head(tmp_path_factory):
     address = f"http://127.0.0.1:{ports['dashboard']}"
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     wait_for_job_server(process, address)
-    yield address, env
+    yield address, env, ports["gcs"]
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=90)
     log.close()
-    # `ray start` records the head in /tmp/ray/ray_current_cluster and a stopped
-    # --block head leaves it there; a later bare ray.init() would wait on it.
-    current = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
-    if os.path.exists(current) and open(current).read().strip().endswith(f":{ports['gcs']}"):
-        os.remove(current)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def submit_no_wait(head, tmp_path, script: str, *args: str) -> str:
     """Submit ``jobs/<script>`` with ``args`` (jobs/ as the working dir); returns the job id."""
-    address, env = head
+    address, env = head[:2]
     workdir = tmp_path / "job"
     if not workdir.exists():
         shutil.copytree(os.path.join(REPO, "jobs"), workdir)
@@ -116,7 +129,7 @@ def job_status(head, job_id: str) -> str:
 
 def wait_for_job(head, job_id: str, timeout_s: float = 300) -> tuple[str, str]:
     """Wait until the job ends; (its final status, its logs)."""
-    address, env = head
+    address, env = head[:2]
     deadline = time.monotonic() + timeout_s
     while (status := job_status(head, job_id)) == "running":
         assert time.monotonic() < deadline, f"job not done after {timeout_s:g} s"
@@ -162,8 +175,9 @@ def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path, script, extra
     assert "starting 2 workers" in logs
 
 
-def test_the_job_server_still_requires_ray_auth_token(head):
-    address, env = head
+def test_the_job_server_still_requires_ray_auth_token_and_no_bare_ray_init_finds_the_head(head):
+    address, env, gcs_port = head
+    assert not names_the_head(gcs_port)  # a user's bare ray.init() on this machine never joins it
     anonymous = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
     listed = ray_cli("job", "list", "--address", address, env=anonymous)
     assert listed.returncode != 0
@@ -171,7 +185,7 @@ def test_the_job_server_still_requires_ray_auth_token(head):
 
 
 def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head, tmp_path):
-    address, env = head
+    address, env = head[:2]
     results = tmp_path / "results"
     common = ["--name", "digits", "--storage-path", str(results)]
     first = submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", "500", *common)
@@ -198,7 +212,7 @@ def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head,
 
 
 def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
-    address, env = head
+    address, env = head[:2]
     script = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
               "print('rank', c['task']['index'], 'of', len(c['cluster']['worker']))")
     workdir = tmp_path / "job"

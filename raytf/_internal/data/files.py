@@ -58,6 +58,7 @@ class FilePlan:
     chunk_offset: np.ndarray  # TFRecord: the byte offset of its first record
     chunk_bytes: np.ndarray  # its size in bytes (Parquet: the row group's, uncompressed)
     schema: dict = field(default_factory=dict)  # Parquet: column -> (NumPy dtype, per-row shape)
+    file_stats: tuple = ()  # (bytes, modification time in ns) of each file as counted; () = not checked
 
     @property
     def rows(self) -> int:
@@ -177,7 +178,36 @@ def plan_files(source: FileSource, threads: int = 8) -> FilePlan:
         schema = parquet_schema(source, files, [s[4]["arrow"] for s in scanned])
     column = lambda i, dtype=np.int64: np.array([v for s in scanned for v in s[i]], dtype=dtype)  # noqa: E731
     return FilePlan(source, tuple(files), np.repeat(np.arange(len(files), dtype=np.int64), [len(s[0]) for s in scanned]),
-                    column(1), column(0), column(2), column(3), schema)
+                    column(1), column(0), column(2), column(3), schema, tuple(file_stats(files)))
+
+
+def file_stats(files: Sequence[str]) -> list[Optional[tuple[int, int]]]:
+    """Each file's (bytes, modification time in ns), None where it is gone: what a plan checks its
+    files against at every pass, since a file rewritten with as many rows trains other rows."""
+    import pyarrow.fs as pafs
+
+    stats: list[Optional[tuple[int, int]]] = []
+    for path in files:
+        filesystem, on_fs = filesystem_of(path)
+        info = filesystem.get_file_info(on_fs)
+        stats.append(None if info.type == pafs.FileType.NotFound else (int(info.size), int(info.mtime_ns or 0)))
+    return stats
+
+
+def changed_files(plan: FilePlan, indices: Sequence[int]) -> list[str]:
+    """The files among ``plan.files[indices]`` that are not as the plan counted them, each with
+    what changed."""
+    if not plan.file_stats:
+        return []
+    indices = sorted(set(int(i) for i in indices))
+    now = file_stats([plan.files[i] for i in indices])
+    problems = []
+    for i, stat in zip(indices, now):
+        was = plan.file_stats[i]
+        if stat != was:
+            problems.append(f"{plan.files[i]} (counted: {was[0]} bytes, modified at {was[1] / 1e9:.3f}; now: "
+                            + ("gone" if stat is None else f"{stat[0]} bytes, modified at {stat[1] / 1e9:.3f}") + ")")
+    return problems
 
 
 def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[Any]) -> dict:

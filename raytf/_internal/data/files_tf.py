@@ -23,7 +23,7 @@ import numpy as np
 
 from raytf._internal.data import planned
 from raytf._internal.data import position as _position
-from raytf._internal.data.files import FilePlan, Layout, run_slice
+from raytf._internal.data.files import FilePlan, Layout, changed_files, run_slice
 from raytf._internal.data.request import ShardRequest, check_rows
 from raytf._internal.data.tfdata import _finish
 from raytf.errors import DatasetShardError
@@ -171,8 +171,16 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         count = len(bounds) - 1
         cut = int(bounds[-1] if request.drop_remainder or count == 0 else bounds[-2])
         out = []
-        for part in (run_slice(run, 0, cut), run_slice(run, cut, int(bounds[-1]) if count else 0)):
-            pieces = layout.pieces(part)
+        parts = [layout.pieces(run_slice(run, 0, cut)), layout.pieces(run_slice(run, cut, int(bounds[-1]) if count else 0))]
+        changed = changed_files(plan, plan.chunk_file[np.concatenate([p.chunks for pieces in parts for p in pieces] or
+                                                                     [np.zeros(0, np.int64)])])
+        if changed:
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({request.name!r}): {len(changed)} file(s) changed since the run counted "
+                f"them: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. Every epoch reads the files as "
+                "they were when the run planned them (a file rewritten with as many rows would train other rows): "
+                "put the files back, or start a new run (another RunConfig.name) over the new files")
+        for pieces in parts:
             for arrays in ([p.chunks for p in pieces], [_take(p, plan) for p in pieces]):
                 out.append(np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64))
                 out.append(np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64))
