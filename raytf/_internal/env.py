@@ -24,6 +24,11 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the GPUs Ray assigned the worke
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"  # from TensorflowConfig.log_level
 TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # "1": tf.keras is tf-keras 2 (TensorflowConfig.keras)
 GRPC_FAIL_FAST = "GRPC_FAIL_FAST"  # "use_caller" on parameter-server roles: a call to a lost task fails at once
+# "true": TensorFlow's host allocator is BFC, which keeps the memory it frees for the next tensor of
+# its size (worker/tensorflow.py: every asynchronous checkpoint's host copy reuses it). Its limit:
+# this node's memory (TensorFlow's own default is 64 GiB).
+TF_CPU_ALLOCATOR_USE_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+TF_CPU_BFC_MEM_LIMIT_IN_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 # "1": ReportCallback has host memory of the state's sizes filled once before the first asynchronous
 # checkpoint (checkpoint/state.py: prewarm). Off by default: it helps only where TensorFlow's host
 # allocator keeps the memory it frees, which differs from one machine and allocator to the next.

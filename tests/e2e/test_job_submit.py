@@ -83,6 +83,11 @@ def head(tmp_path_factory):
     ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
     log = open(tmp_path_factory.mktemp("head") / "head.log", "w")
     temp_dir = head_temp_dir()
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # `ray start` turns token authentication on only where a token exists (a ray.init() that
+    # started a local cluster made one); on a fresh machine none does yet: make it, as Ray says.
+    generated = ray_cli("get-auth-token", "--generate", env=env)
+    assert generated.returncode == 0, generated.stderr[-2000:]
     process = subprocess.Popen(
         [
             *RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
@@ -93,16 +98,17 @@ def head(tmp_path_factory):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=HEAD_ENV,
+        env={**HEAD_ENV, "RAY_AUTH_MODE": "token"},
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    wait_for_job_server(process, address)
-    yield address, env, ports["gcs"]
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=90)
-    log.close()
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    try:
+        wait_for_job_server(process, address)
+        yield address, env, ports["gcs"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def submit_no_wait(head, tmp_path, script: str, *args: str) -> str:

@@ -79,3 +79,45 @@ def test_copies_are_on_this_processs_cpu_once_per_keras_variable_and_prewarm_is_
     assert out["state_bytes"] <= out["nbytes"] <= out["state_bytes"] + 64, out  # counted once (shared memory's check)
     assert out["off_by_default"] and out["warmed"] and out["copy_equal"], out
     assert not out["small_state_warmed"] and not out["again"], out  # under PREWARM_MIN_BYTES; sizes warmed before
+
+
+REUSE = r"""
+import json, resource
+import tensorflow as tf
+from raytf._internal.checkpoint import state
+
+v = tf.Variable(tf.zeros([(96 << 20) // 256, 64]))  # 96 MiB, in copy-on-read mode after a sparse update
+faults = []
+for step in range(3):
+    v.scatter_add(tf.IndexedSlices(tf.ones([1, 64]), tf.constant([step], tf.int64)))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    copy = state.host_copy({"table": v})
+    faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * 4096 / (96 << 20))
+    copy.release()
+    del copy
+print(json.dumps(faults))
+"""
+
+
+def test_a_workers_host_allocator_keeps_the_memory_of_one_checkpoints_copy_for_the_next():
+    """Workers run TensorFlow with the BFC host allocator (worker/tensorflow.py: host_allocator),
+    whatever oneDNN does: the copy of a large table an asynchronous report makes reuses the memory
+    of the copy before, instead of mapping every page anew at every checkpoint (TensorFlow's own
+    allocator with oneDNN off returns such blocks to the system). The user's worker_env wins."""
+    from raytf._internal.protocol import RunSpec, TensorflowSettings
+    from raytf._internal.worker.tensorflow import host_allocator, run_environment
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
+    env.update(host_allocator(), TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
+    done = subprocess.run([sys.executable, "-c", REUSE], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    faults = json.loads(done.stdout.strip().splitlines()[-1])
+    assert max(faults[1:]) < 0.05, faults  # the second and third copies mapped no new memory
+
+    def settings(**worker_env):
+        return RunSpec(run_name="r", run_path="/r", payload=b"", tensorflow=TensorflowSettings(
+            communication="auto", collective_timeout_s=None, intra_op_threads=1, inter_op_threads=1, use_gpu=False,
+            env=worker_env))
+    assert run_environment(settings())["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
+    assert int(run_environment(settings())["TF_CPU_BFC_MEM_LIMIT_IN_MB"]) > 1024  # the node's memory, not 64 GiB
+    assert run_environment(settings(TF_CPU_ALLOCATOR_USE_BFC="false"))["TF_CPU_ALLOCATOR_USE_BFC"] == "false"
