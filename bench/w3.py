@@ -50,6 +50,7 @@ sys.path.insert(0, HERE)
 import w1  # noqa: E402  (the anchors' strategy, one thread each)
 
 DIM = 1024
+WORKER_ENV: dict = {}  # --worker-env
 ROWS_PER_GIB = (1 << 30) // (DIM * 4)
 BATCH = 256
 LR = 0.1
@@ -135,7 +136,8 @@ def run_raytf(config: dict, storage: dict, upload: str, memory: bool = True) -> 
                             checkpoint_config=raytf.CheckpointConfig(num_to_keep=2, upload=upload,
                                                                      restore_from_memory=memory),
                             failure_config=raytf.FailureConfig(max_failures=1), **storage),
-        tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1, communication=w1.communication()),
+        tensorflow=raytf.TensorflowConfig(intra_op_threads=1, inter_op_threads=1, communication=w1.communication(),
+                                          worker_env=WORKER_ENV),
     ).fit()
     fit = time.perf_counter() - start
     restored = [s["restored_from"] for s in result.startup if "restored_from" in s]
@@ -225,13 +227,19 @@ def main() -> None:
     parser.add_argument("--systems", default="raytf_async,raytf_sync,ray_train_async,ray_train_sync")
     parser.add_argument("--restores", action="store_true", help="measure restarts (see above), not checkpoints")
     parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
+    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in every system's workers (raytf: TensorflowConfig.worker_env, which wins over "
+                             "raytf's own settings; Ray Train: the runtime env), e.g. TF_ENABLE_ONEDNN_OPTS=0 for "
+                             "a CPU without AVX-512, TF_CPU_ALLOCATOR_USE_BFC=false for TensorFlow's own allocator")
     args = parser.parse_args()
     w1.use_gpus(args.gpus_per_worker)
+    WORKER_ENV.update(dict(pair.split("=", 1) for pair in args.worker_env))
     import ray
 
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     gpu_env = {k: v for k, v in w1.WORKER_ENV.items() if k == "TF_FORCE_GPU_ALLOW_GROWTH"}
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": gpu_env} if gpu_env else None)
+    cluster_env = {**gpu_env, **WORKER_ENV}
+    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": cluster_env} if cluster_env else None)
     local = tempfile.mkdtemp(prefix="w3-")
     storages = {}
     if "local" in args.storages.split(","):
@@ -254,7 +262,8 @@ def main() -> None:
             for system in systems:
                 name, _, upload = system.rpartition("_")
                 options = raytf_storage if name == "raytf" else ray_storage
-                row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps, "every": args.every}
+                row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps, "every": args.every,
+                       "worker_env": WORKER_ENV}
                 out = os.path.join(local, "timings.json")
                 config = {"gib": args.gib, "steps": args.steps, "out": out}
                 without = runners[name]({**config, "every": 0}, options, upload)

@@ -234,3 +234,39 @@ def test_a_file_rewritten_between_epochs_with_as_many_rows_is_named_not_read(sou
     os.utime(victim, ns=(os.stat(victim).st_atime_ns, os.stat(victim).st_mtime_ns + 10**9))
     with pytest.raises(Exception, match=f"changed since the run counted them: {victim}"):
         pass_of(plan, fresh, 0, 1, False)
+
+
+def test_a_corrupted_or_unparsable_record_is_named_by_file_and_index(sources, tmp_path):
+    """TensorFlow's errors name neither the file nor the record; raytf finds them after a failed
+    read, in the files the pass was reading (data/diagnose.py)."""
+    import dataclasses
+    import shutil
+
+    import tensorflow as tf
+
+    from raytf._internal.data import diagnose
+
+    copy = tmp_path / "tfrecord"
+    shutil.copytree(sources["tfrecord"].paths[0], copy)
+    source = dataclasses.replace(sources["tfrecord"], paths=(str(copy),))
+    plan = plan_files(source)
+    victim = sorted(p for p in copy.iterdir() if not p.name.startswith("_"))[2]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in a record's payload: its CRC fails
+    victim.write_bytes(bytes(data))
+    plan = dataclasses.replace(plan, file_stats=())  # read it as counted (the check of a pass is tested above)
+    with pytest.raises(tf.errors.DataLossError) as raised:
+        pass_of(plan, P.Position.fresh(0, ROWS, 1), 0, 1, False)
+    cursor = type("Cursor", (), {"plan": plan, "files_read": list(range(len(plan.files)))})()
+    where = diagnose.explain(raised.value, {"train": cursor})
+    assert where.startswith(f"dataset 'train': {victim}, record ") and "corrupted record" in where, where
+
+    wrong = tmp_path / "wrong.tfrecord"  # a record without the feature the spec requires
+    with tf.io.TFRecordWriter(str(wrong)) as writer:
+        for v in range(5):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))}
+            if v != 3:
+                feature["x"] = tf.train.Feature(float_list=tf.train.FloatList(value=[v] * 3))
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    found = diagnose.bad_record(str(wrong), plan.source.features)
+    assert found.startswith(f"{wrong}, record 3: ") and "x" in found, found

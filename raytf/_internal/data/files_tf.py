@@ -40,6 +40,7 @@ class FileCursor(planned.Cursor):
         super().__init__(*args, **kwargs)
         self.plan = plan
         self._layout: Optional[Layout] = None
+        self.files_read: list[int] = []  # the files of the pass being read (indices into plan.files)
 
     def next_run(self) -> tuple[Layout, _position.Ranges, np.ndarray]:
         """The next pass: the epoch's layout, the rank's run in it, the batches' bounds."""
@@ -172,8 +173,9 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         cut = int(bounds[-1] if request.drop_remainder or count == 0 else bounds[-2])
         out = []
         parts = [layout.pieces(run_slice(run, 0, cut)), layout.pieces(run_slice(run, cut, int(bounds[-1]) if count else 0))]
-        changed = changed_files(plan, plan.chunk_file[np.concatenate([p.chunks for pieces in parts for p in pieces] or
-                                                                     [np.zeros(0, np.int64)])])
+        reading = plan.chunk_file[np.concatenate([p.chunks for pieces in parts for p in pieces] or [np.zeros(0, np.int64)])]
+        cursor.files_read = sorted(set(reading.tolist()))  # where a failed read is looked for (data/diagnose.py)
+        changed = changed_files(plan, cursor.files_read)
         if changed:
             raise DatasetShardError(
                 f"raytf.get_dataset_shard({request.name!r}): {len(changed)} file(s) changed since the run counted "

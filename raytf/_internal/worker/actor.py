@@ -19,6 +19,7 @@ import ray
 
 from raytf._internal.background import Background
 from raytf._internal.checkpoint import memory
+from raytf._internal.data import diagnose
 from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker import logs as _logs
 from raytf._internal.worker.activity import ActivityTracker
@@ -257,12 +258,20 @@ class TrainWorker:
         return Phase.PREEMPTED if getattr(self._payload, "preempted", False) else Phase.FINISHED
 
     def _fail(self, spec: WorkerSpec, error: BaseException) -> None:
+        message = str(error)
+        try:  # a TFRecord read that failed: which file and record (TensorFlow's message names neither)
+            where = diagnose.explain(error, getattr(getattr(self._payload, "session", None), "cursors", {}) or {})
+        except Exception as problem:  # noqa: BLE001 - the failure itself is what matters
+            where = None
+            logger.warning("raytf: could not look for the record that failed: %s", problem)
+        if where:
+            message += f"\n(raytf: the failing record is in {where})"
         self._failure = WorkerFailure(
             rank=spec.rank.world_rank,
             kind=error.kind if isinstance(error, ScriptFailed) else failure_kind(error),
             exit_code=error.exit_code if isinstance(error, ScriptFailed) else None,
             error_type=type(error).__qualname__,
-            message=str(error),
+            message=message,
             traceback="".join(traceback.format_exception(error)),
             time=time.time(),
             node_ip=self.node_ip,
