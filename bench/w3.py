@@ -2,7 +2,7 @@
 
     python bench/w3.py [--gib 1] [--steps 60] [--every 20] [--storages local,s3]
                        [--systems raytf_async,raytf_sync,ray_train_async,ray_train_sync]
-                       [--gpus-per-worker 0.5]
+                       [--gpus-per-worker 0.5] [--table variable|keras] [--worker-env NAME=VALUE ...]
 
 W3: one embedding table of ``--gib`` GiB (float32 rows of 1,024) and a 1,024 x 1 head, trained
 on 2 workers under MultiWorkerMirroredStrategy with SGD on random ids (256 per worker per step;
@@ -13,7 +13,9 @@ Ray Train (``TensorflowTrainer``) with a ``tf.train.Checkpoint`` written to a lo
 every rank and ``ray.train.report(..., checkpoint_upload_mode=SYNC or ASYNC)``. Storage: a local
 directory and a loopback S3 server (moto), or one of them with ``--storages``. With
 ``--gpus-per-worker`` every system trains on GPUs (0.5: two workers share one GPU's machine),
-so a checkpoint's pause includes the state's copy from the GPU to the host.
+so a checkpoint's pause includes the state's copy from the GPU to the host. ``--table keras``
+makes the table ``tf.keras.layers.Embedding`` (Keras 3, or tf-keras with ``--worker-env
+TF_USE_LEGACY_KERAS=1``), checkpointed as the layer: a user's embedding model.
 
 Prints one JSON line per run and a summary line:
 
@@ -65,9 +67,15 @@ def train_w3(strategy, rank: int, config: dict, save, restore=None) -> dict:
 
     rows = int(config["gib"] * ROWS_PER_GIB)
     with strategy.scope():
-        table = tf.Variable(tf.zeros([rows, DIM]), name="table")
         head = tf.Variable(tf.fill([DIM, 1], 0.01), name="head")
-    trackables = {"table": table, "head": head}
+        if config.get("table", "variable") == "variable":
+            table = tf.Variable(tf.zeros([rows, DIM]), name="table")
+            owner = table
+        else:  # --table keras: an Embedding layer of tf.keras (Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1)
+            owner = tf.keras.layers.Embedding(rows, DIM, embeddings_initializer="zeros", name="table")
+            owner.build((None,))
+            table = owner.embeddings if isinstance(owner.embeddings, tf.Variable) else owner.embeddings.value
+    trackables = {"table": owner, "head": head}  # the layer itself is checkpointed, as a user would
 
     @tf.function
     def train_step():
@@ -227,6 +235,9 @@ def main() -> None:
     parser.add_argument("--systems", default="raytf_async,raytf_sync,ray_train_async,ray_train_sync")
     parser.add_argument("--restores", action="store_true", help="measure restarts (see above), not checkpoints")
     parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
+    parser.add_argument("--table", choices=["variable", "keras"], default="variable",
+                        help="the table: a tf.Variable, or tf.keras's Embedding layer (Keras 3; tf-keras with "
+                             "--worker-env TF_USE_LEGACY_KERAS=1), checkpointed as the layer")
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every system's workers (raytf: TensorflowConfig.worker_env, which wins over "
                              "raytf's own settings; Ray Train: the runtime env), e.g. TF_ENABLE_ONEDNN_OPTS=0 for "
@@ -263,9 +274,9 @@ def main() -> None:
                 name, _, upload = system.rpartition("_")
                 options = raytf_storage if name == "raytf" else ray_storage
                 row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps, "every": args.every,
-                       "worker_env": WORKER_ENV}
+                       "worker_env": WORKER_ENV, "table": args.table}
                 out = os.path.join(local, "timings.json")
-                config = {"gib": args.gib, "steps": args.steps, "out": out}
+                config = {"gib": args.gib, "steps": args.steps, "out": out, "table": args.table}
                 without = runners[name]({**config, "every": 0}, options, upload)
                 row.update(runners[name]({**config, "every": args.every}, options, upload))
                 row["steps_per_s_without"] = without.get("steps_per_s")
