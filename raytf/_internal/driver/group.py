@@ -108,14 +108,16 @@ class WorkerGroup:
             self.preempt_reason, self._preempted = None, {}
             for callback in self._callbacks:
                 callback.before_start(self, attempt)
+            placed: set[str] = set()
             try:
                 self.shape.prepare(self)
                 self._place()
+                placed = set(self.bundle_nodes().values())  # as placed: Ray moves a dead node's bundles
                 self.times["placed"] = time.monotonic()
                 self._start_members()
                 return
             except BaseException as error:
-                dead = self._dead_bundle_nodes() if again and isinstance(error, WorkerStartError) else set()
+                dead = placed - cluster.live_node_ids() if again and isinstance(error, WorkerStartError) else set()
                 self.shutdown()
                 if not dead:
                     raise
@@ -123,10 +125,6 @@ class WorkerGroup:
                 self._pg = None
                 logger.warning("attempt %d: node(s) %s died under the placement before its workers started (%s); "
                                "placing the group again on live nodes", attempt, ", ".join(sorted(dead)), error)
-
-    def _dead_bundle_nodes(self) -> set[str]:
-        """The nodes under this placement's bundles that Ray no longer counts alive."""
-        return set(self.bundle_nodes().values()) - cluster.live_node_ids() if self._pg is not None else set()
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
         return [dict(role.bundle) for role in self.roles for _ in range(self.shape.count(role, workers))]
