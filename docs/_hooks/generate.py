@@ -1,9 +1,9 @@
 """MkDocs hooks: the reference pages that are read off the code, and the benchmark charts.
 
 A page holds a marker where generated text goes (``<!-- raytf:errors:ConfigError -->``,
-``<!-- raytf:cli -->``, ``<!-- raytf:environment -->``); the charts are drawn by ``bench/charts.py`` from the JSON the
+``<!-- raytf:cli -->``, ``<!-- raytf:environment -->``, ``<!-- raytf:hooks -->``); the charts are drawn by ``bench/charts.py`` from the JSON the
 benches printed (``bench/results/``) and added to the site as ``charts/<name>.svg``. Nothing here
-imports TensorFlow or Ray, so the site builds in seconds.
+imports TensorFlow or Ray (the hooks' table reads raytf's registry, plain data), so the site builds in seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import reference  # noqa: E402
 MARKERS = {
     "<!-- raytf:cli -->": reference.cli_markdown,
     "<!-- raytf:environment -->": reference.environment_markdown,
+    "<!-- raytf:hooks -->": reference.hooks_markdown,
 }
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
 

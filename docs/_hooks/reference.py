@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -150,3 +151,23 @@ def cli_markdown(root: str) -> str:
                 out += [f"### `raytf {name}`", "", "```text", f"$ raytf {name} --help",
                         sub.format_help().rstrip(), "```", ""]
     return "\n".join(out)
+
+
+def hooks_markdown(root: str) -> str:
+    """Every hook into a library's private code and every process-wide patch, as tables: read off
+    raytf._internal.hooks (plain data: importing it imports no library)."""
+    sys.path.insert(0, root)
+    from raytf._internal import hooks
+
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    rows = ["| Hook | Reaches | What needs it | Without it | Checked |", "|---|---|---|---|---|"]
+    for hook in hooks.all_hooks():
+        checked = "probe at worker start" + (", behaviour in a process of its own" if hook.behaves else "")
+        without = ("optional: " if hook.optional else "turn off: ") + hook.turn_off
+        rows.append(f"| `{hook.name}` | {cell(hook.reaches)} | {cell(hook.serves)} | {cell(without)} | {checked} |")
+    patches = ["| Patch | Replaces | When | What it does |", "|---|---|---|---|"]
+    for patch in hooks.PATCHES:
+        patches.append(f"| `{patch.name}` | {cell(patch.replaces)} | {cell(patch.when)} | {cell(patch.does)} |")
+    return "\n".join(rows) + "\n\n### Process-wide patches\n\n" + "\n".join(patches) + "\n"

@@ -139,7 +139,9 @@ def fit(
     that stop training stop every rank at the same epoch.
     """
     keras = keras_of(model)
-    if not getattr(model, "compiled", getattr(model, "_is_compiled", False)):
+    from raytf._internal.hooks import tf_keras as tf_keras_hooks
+
+    if not getattr(model, "compiled", None) and not tf_keras_hooks.is_compiled(model):
         raise RaytfError("raytf.keras.fit: compile the model first (under raytf.strategy().scope())")
     for name, value in (("epochs", epochs), ("steps_per_execution", steps_per_execution)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -147,7 +147,11 @@ def _from_ray_train(value: Any, ours: type, setting: str) -> Any:
         raise ConfigError(f"raytf.train: {setting} must be a raytf.train.{ours.__name__} (or Ray Train's), got "
                           f"{type(value).__name__}")
     if ours is DataConfig:  # not a dataclass in Ray Train
-        return DataConfig(datasets_to_split=getattr(value, "_datasets_to_split", "all"))
+        from raytf._internal import hooks
+        from raytf._internal.hooks import ray as ray_hooks
+
+        hooks.require("ray.train_data_config")
+        return DataConfig(datasets_to_split=ray_hooks.train_datasets_to_split(value))
     known = {f.name for f in dataclasses.fields(ours)}
     reference = type(value)()  # its defaults, as its __post_init__ fills them in
     for field in dataclasses.fields(type(value)):

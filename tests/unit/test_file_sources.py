@@ -270,3 +270,28 @@ def test_a_corrupted_or_unparsable_record_is_named_by_file_and_index(sources, tm
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     found = diagnose.bad_record(str(wrong), plan.source.features)
     assert found.startswith(f"{wrong}, record 3: ") and "x" in found, found
+
+
+def test_a_tensorflow_without_offset_reads_warns_once_and_reads_the_same_rows(sources, monkeypatch, caplog):
+    """The optional hook tensorflow.records_at gone: each chunk is read from its file's start and
+    skipped to, the same batches as with it, and the run is told once what it goes without."""
+    import logging
+
+    from raytf._internal.hooks import _hook
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
+    plan = plan_files(sources["tfrecord"])
+    fresh = P.Position.fresh(0, ROWS, 2)
+    with_offsets = pass_of(plan, fresh, 1, 2, True)[1]
+
+    def gone():
+        raise AttributeError("module 'gen_dataset_ops' has no attribute 'tf_record_dataset_v2'")
+
+    monkeypatch.setattr(tf_hooks, "records_at_class", gone)
+    monkeypatch.setattr(_hook, "_warned", set())
+    with caplog.at_level(logging.WARNING):
+        without = pass_of(plan, fresh, 1, 2, True)[1]
+        pass_of(plan, fresh, 0, 2, True)
+    assert [y.tolist() for _, y in without] == [y.tolist() for _, y in with_offsets]
+    told = [r.getMessage() for r in caplog.records if "tensorflow.records_at" in r.getMessage()]
+    assert len(told) == 1 and "read from its file's start" in told[0] and "goes on without it" in told[0], told

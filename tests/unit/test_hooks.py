@@ -69,7 +69,8 @@ def test_a_tf_keras_without_the_hook_fails_the_same_way(monkeypatch):
 
 def test_a_worker_checks_the_hooks_its_settings_stand_on():
     base = dict(keras3=False, tf_keras=False, compression=False, gpu=False, parameter_server=False)
-    assert hooks.needed(**base) == ["tensorflow.collective_new", "tensorflow.dataset_graph"]
+    assert hooks.needed(**base) == [
+        "tensorflow.collective_new", "tensorflow.dataset_graph", "tensorflow.dataset_options"]
     assert "keras.optimizer_all_reduce" in hooks.needed(**{**base, "keras3": True, "compression": True})
     assert "tf_keras.optimizer_aggregate" in hooks.needed(**{**base, "tf_keras": True, "compression": True})
     assert "tensorflow.physical_devices" in hooks.needed(**{**base, "gpu": True})
@@ -90,3 +91,81 @@ def test_a_tensorflow_without_host_copies_fails_asynchronous_state_checkpoints_n
     with pytest.raises(raytf.HookError) as info:
         state.host_copy({"v": tf.Variable(1.0)})
     assert "_get_all_trackables" in str(info.value) and 'CheckpointConfig(upload="sync")' in str(info.value)
+
+
+def test_drain_watching_on_a_ray_without_its_private_api_warns_once_naming_what_the_run_loses(monkeypatch, caplog):
+    """Ray has no public API for drains: where its private one is gone, the driver reads "nothing
+    draining" and says so once (not at every poll), naming the hook, Ray's version and the cost."""
+    import logging
+
+    import ray
+    from ray._private.state import GlobalState
+
+    from raytf._internal.driver import cluster
+    from raytf._internal.hooks import _hook
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # a connected driver, as far as raytf asks
+    monkeypatch.delattr(GlobalState, "get_draining_nodes")
+    monkeypatch.setattr(cluster, "_checked", set())
+    monkeypatch.setattr(_hook, "_warned", set())
+    with caplog.at_level(logging.WARNING):
+        assert [cluster.draining_nodes() for _ in range(3)] == [{}, {}, {}]
+    told = [r.getMessage() for r in caplog.records if "[hook ray.draining_nodes]" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "GlobalState.get_draining_nodes" in told[0] and f"ray {ray.__version__}" in told[0]
+    assert "counted against FailureConfig.max_failures" in told[0] and "goes on without it" in told[0]
+
+
+def test_a_changed_private_api_found_only_when_called_warns_the_same_way(monkeypatch, caplog):
+    """A probe that passes but a call that fails the way a changed API does (the method there, its
+    answer not): the same single warning, and the reader goes on with "unknown"."""
+    import logging
+
+    import ray
+    from ray._private.state import GlobalState
+
+    from raytf._internal.driver import cluster
+    from raytf._internal.hooks import _hook
+
+    def changed(self):
+        raise AttributeError("'GcsClient' object has no attribute 'get_draining_nodes'")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(GlobalState, "get_draining_nodes", changed)
+    monkeypatch.setattr(cluster, "_checked", set())
+    monkeypatch.setattr(_hook, "_warned", set())
+    with caplog.at_level(logging.WARNING):
+        assert cluster.draining_nodes() == {} and cluster.draining_nodes() == {}
+    assert len([r for r in caplog.records if "[hook ray.draining_nodes]" in r.getMessage()]) == 1
+
+
+def test_every_hook_and_patch_is_listed_in_the_docs(monkeypatch):
+    import importlib
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    assert "<!-- raytf:hooks -->" in (root / "docs" / "reference" / "hooks.md").read_text()
+    monkeypatch.syspath_prepend(str(root / "docs" / "_hooks"))
+    tables = importlib.import_module("reference").hooks_markdown(str(root))  # what the build writes there
+    for hook in hooks.all_hooks():
+        assert f"| `{hook.name}` | {' '.join(hook.reaches.split())}" in tables
+    for patch in hooks.PATCHES:
+        assert f"| `{patch.name}` |" in tables
+
+
+def test_the_hook_checker_reports_a_hook_that_is_there_but_does_not_behave():
+    """``python -m raytf._internal.hooks`` (and ``nox -s next``) tells a hook whose probe passes
+    but whose behaviour changed apart from one that is gone, each by name and cause."""
+    from raytf._internal.hooks import __main__ as checker
+
+    def drifted():
+        raise AssertionError("the records from byte 35 read []")
+
+    fine = hooks.Hook("x.fine", "tensorflow", "x", "a feature", "an option", lambda: None, behaves=lambda: None)
+    changed = hooks.Hook("x.changed", "tensorflow", "x", "a feature", "an option", lambda: None, behaves=drifted)
+    gone = hooks.Hook("x.gone", "tensorflow", "x", "a feature", "an option", lambda: 1 / 0)
+    reports = [checker.check(h) for h in (fine, changed, gone)]
+    assert [(r["probe"] == "ok", r["behaviour"]) for r in reports][0] == (True, "ok")
+    assert reports[1]["probe"] == "ok" and "the records from byte 35 read []" in reports[1]["behaviour"]
+    assert "[hook x.changed]" in reports[1]["behaviour"] and "turn off an option" in reports[1]["behaviour"]
+    assert "ZeroDivisionError" in reports[2]["probe"] and reports[2]["behaviour"] == "none"

@@ -29,6 +29,8 @@ RAY_MODULES = {
     "_internal/worker/actor.py",
     "_internal/worker/payloads.py",
     "_internal/worker/logs.py",
+    "_internal/hooks/ray.py",  # Ray's private code, the one place raytf reaches it
+    "_internal/hooks/__main__.py",  # checks Ray's hooks against a Ray it connects to
 }
 # Pure: no Ray, no TensorFlow, tested in milliseconds.
 PURE = [
@@ -143,3 +145,97 @@ def test_internals_import_of_the_public_layer_only_the_plain_types_both_sides_sh
 @pytest.mark.parametrize("name", modules())
 def test_no_module_is_over_400_lines(name):
     assert len((PACKAGE / name).read_text().splitlines()) <= 400
+
+
+# Private code of the libraries raytf stands on: reached only from raytf/_internal/hooks/.
+LIBRARIES = ("tensorflow", "keras", "tf_keras", "ray")
+PRIVATE_MODULES = ("tensorflow.python", "tensorflow.core", "keras.src", "tf_keras.src", "ray.experimental")
+# Private names of the standard library raytf may use: not a library's.
+STDLIB_PRIVATE = {("sys", "_current_frames"), ("sys", "_getframe")}
+
+
+def _private_module(module):
+    parts = module.split(".")
+    return parts[0] in LIBRARIES and (module.startswith(PRIVATE_MODULES) or any(p.startswith("_") for p in parts[1:]))
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+@functools.lru_cache(maxsize=None)
+def raytf_own_names():
+    """Every name raytf itself defines outside the hooks (functions, classes, attributes it sets,
+    arguments, imports): a private name not among them that raytf reads is a library's."""
+    names = set()
+    for name in modules():
+        if name.startswith("_internal/hooks/"):
+            continue
+        for node in ast.walk(parse(PACKAGE / name)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.alias) and node.module is None if hasattr(node, "module") else False:
+                names.add(node.name)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("raytf"):
+                names |= {a.asname or a.name for a in node.names}
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1
+                  and isinstance(node.args[1], ast.Constant)):
+                names.add(node.args[1].value)
+    return names
+
+
+def private_reaches(tree):
+    """Each reach into a library's private code in one module's ``tree``: ``line: what``. raytf's own
+    private names are those it defines, and any it spells ``_raytf...`` (its marks on a library's objects)."""
+    own, found = raytf_own_names(), []
+
+    def theirs(name):
+        return _private(name) and name not in own and not name.startswith("_raytf")
+
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            found += [f"{line}: import {a.name}" for a in node.names if _private_module(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if _private_module(node.module):
+                found.append(f"{line}: from {node.module} import ...")
+            elif node.module.split(".")[0] in LIBRARIES:
+                found += [f"{line}: from {node.module} import {a.name}" for a in node.names if _private(a.name)]
+        elif isinstance(node, ast.Attribute) and theirs(node.attr):
+            if (getattr(node.value, "id", None), node.attr) not in STDLIB_PRIVATE:
+                found.append(f"{line}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if (text.isidentifier() and theirs(text)) or _private_module(text.split(" ")[0]):
+                found.append(f"{line}: {text!r}")
+    return found
+
+
+@pytest.mark.parametrize("name", [n for n in modules() if not n.startswith("_internal/hooks/")])
+def test_private_code_of_tensorflow_keras_and_ray_is_reached_only_from_the_hooks(name):
+    found = private_reaches(parse(PACKAGE / name))
+    assert not found, f"raytf/{name} reaches private code outside raytf/_internal/hooks/: {found}"
+
+
+def test_the_reach_finder_finds_each_kind_of_reach():
+    """The rule above fails on each way raytf has reached private code: a private module, a private
+    name imported, an attribute (through ``self`` too, in a method raytf put on a library's class),
+    a name spelled as a string; and passes raytf's own private names and the standard library's."""
+    source = ("from tensorflow.python.ops import gen_dataset_ops\n"
+              "from ray.experimental.internal_kv import _internal_kv_get\n"
+              "from ray._private import state\n"
+              "def f(op, dataset, sys, self):\n"
+              "    op._add_control_input(None)\n"
+              "    getattr(dataset, '_original_dataset', None)\n"
+              "    sys.modules.get('tensorflow.python.framework.errors_impl')\n"
+              "    return sys._current_frames(), f._raytf_mark, self._hook_checked, '_raytf_shard'\n")
+    found = sorted(reach.split(": ", 1)[1] for reach in private_reaches(ast.parse(source)))
+    assert found == sorted(["from tensorflow.python.ops import ...", "from ray.experimental.internal_kv import ...",
+                            "from ray._private import ...", "._add_control_input", "'_original_dataset'",
+                            "'tensorflow.python.framework.errors_impl'", "._hook_checked"]), found

@@ -75,41 +75,18 @@ def _records_at(filename: Any, offset: Any, size: Any, first: Any) -> Any:
     with a buffer of the chunk's ``size`` in bytes."""
     import tensorflow as tf
 
-    source = _offset_source()
-    if source is None:
+    from raytf._internal import hooks
+    from raytf._internal.hooks import tensorflow as tf_hooks
+    from raytf._internal.hooks._hook import warn_once
+    from raytf.errors import HookError
+
+    hook = hooks.named("tensorflow.records_at")
+    try:
+        source = hook.call(tf_hooks.records_at_class)
+    except HookError as error:  # the same records, read from the file's start and skipped
+        warn_once(hook, error)
         return tf.data.TFRecordDataset(filename, buffer_size=1 << 20).skip(first)
     return source(filename, offset, size)
-
-
-_SOURCE: list = []
-
-
-def _offset_source() -> Any:
-    """TensorFlow's TFRecord reader opened at a byte offset, as a Dataset class, or None."""
-    if _SOURCE:
-        return _SOURCE[0]
-    try:
-        import tensorflow as tf
-        from tensorflow.python.data.ops import dataset_ops
-        from tensorflow.python.ops import gen_dataset_ops
-
-        make = gen_dataset_ops.tf_record_dataset_v2
-
-        class RecordsAt(dataset_ops.DatasetSource):
-            def __init__(self, filename: Any, offset: Any, size: Any):
-                self._name = None
-                variant = make(tf.reshape(filename, [1]), "", tf.cast(size, tf.int64),
-                               tf.reshape(tf.cast(offset, tf.int64), [1]), metadata=self._metadata.SerializeToString())
-                super().__init__(variant)
-
-            @property
-            def element_spec(self) -> Any:
-                return tf.TensorSpec([], tf.string)
-
-        _SOURCE.append(RecordsAt)
-    except (ImportError, AttributeError, TypeError):
-        _SOURCE.append(None)
-    return _SOURCE[0]
 
 
 class _ParquetReader:

@@ -39,6 +39,8 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     lost while it runs them leaves the step's first updates made and its commit not)."""
     import tensorflow as tf
 
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
     if not updates:
         return []
     updating = set(updates)
@@ -55,8 +57,7 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     movable = [op for op in feeding if _movable(op)]
     move = move and not any(_model_work(op) for op in movable)
     for op in movable if move else []:  # placed with the update it feeds, not on the worker's device
-        op._set_device("")  # noqa: SLF001
-        op._set_attr("_class", _colocation(feeding[op]))  # noqa: SLF001
+        tf_hooks.place_beside(op, feeding[op])
     # What runs on a parameter server past the hold has its inputs from the worker waited for (what
     # stays on the worker is not: waiting there would cost a message a step and gain nothing).
     on_ps = [op for op in feeding if (move and op in movable) or _job(op) == "ps"]
@@ -72,8 +73,8 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
         arrived.extend(c for c in op.control_inputs if c not in after)
     with tf.device(POSITIONS_DEVICE), tf.control_dependencies(arrived + [t.op for t in also]):
         hold = tf.raw_ops.NoOp(name="raytf_all_arrived")
-    for op in updates:
-        op._add_control_input(hold)  # noqa: SLF001 - an op made by the step's code, held after the fact
+    for op in updates:  # an op made by the step's code, held after the fact
+        tf_hooks.run_after(op, hold)
     return [op for op in feeding if (op in movable and not move) or _job(op) == "worker"]
 
 
@@ -116,12 +117,6 @@ _MODEL_WORK = ("MatMul", "BatchMatMul", "Conv", "DepthwiseConv", "Einsum", "Part
 
 def _model_work(op: Any) -> bool:
     return op.type.startswith(_MODEL_WORK) or op.type.endswith("Grad")
-
-
-def _colocation(update: Any) -> Any:
-    from tensorflow.core.framework import attr_value_pb2
-
-    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=update.colocation_groups()))
 
 
 def writes(op: Any) -> list:

@@ -207,7 +207,9 @@ def make_shard(request: ShardRequest, manifests: Sequence[Mapping[str, ColumnFil
 
 def template_of(dataset: Any) -> Optional[PsShard]:
     """The :class:`PsShard` behind ``dataset`` (a template, or tf.distribute's wrapper of one)."""
-    for candidate in (dataset, getattr(dataset, "_original_dataset", None)):
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
+    for candidate in (dataset, tf_hooks.distributed_original(dataset)):
         shard = getattr(candidate, TEMPLATE_MARK, None)
         if shard is not None:
             return shard
@@ -219,5 +221,8 @@ def derived_from_template(dataset: Any) -> bool:
     cannot rebuild from the template's recipe)."""
     from raytf._internal.worker.strategy import lineage
 
-    original = getattr(dataset, "_original_dataset", dataset)
+    from raytf._internal.hooks import tensorflow as tf_hooks
+
+    original = tf_hooks.distributed_original(dataset)
+    original = dataset if original is None else original
     return any(getattr(d, TEMPLATE_MARK, None) is not None for d in lineage(original))

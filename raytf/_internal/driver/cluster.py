@@ -19,9 +19,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from raytf._internal import hooks
+from raytf._internal.hooks import ray as ray_hooks
+from raytf._internal.hooks._hook import warn_once
+
 logger = logging.getLogger(__name__)
 
-_STATUS_KEY = "__autoscaling_status"  # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS
 
 
 @dataclass(frozen=True)
@@ -62,18 +65,40 @@ def _read_config_on_head(gcs_address: str) -> Optional[dict]:
 
 
 def _from_gcs() -> Optional[list[NodeType]]:
-    try:
-        from ray._private.state import state
-
-        config = state.get_cluster_config()
-    except Exception:  # noqa: BLE001 - an optional source
-        return None
+    config = _optional(ray_hooks.cluster_config, "ray.draining_nodes")
     if config is None or not config.node_group_configs:
         return None
     return [
         NodeType(g.name, {k: float(v) for k, v in g.resources.items()}, g.max_count if g.max_count >= 0 else 10**6)
         for g in config.node_group_configs
     ]
+
+
+_checked: set[str] = set()
+
+
+def _optional(reach: Any, hook_name: str) -> Any:
+    """``reach()`` through an optional Ray hook, or None: warned of once, naming what the run goes
+    without, where the hook no longer works with this Ray; logged where Ray did not answer."""
+    import ray
+
+    from raytf.errors import HookError
+
+    if not ray.is_initialized():
+        return None
+    hook = hooks.named(hook_name)
+    try:
+        if hook.name not in _checked:
+            hook.check()
+            _checked.add(hook.name)
+        return reach()
+    except HookError as error:
+        warn_once(hook, error)
+    except (AttributeError, TypeError, ImportError) as error:  # the private API changed under raytf
+        warn_once(hook, hook.error(error))
+    except Exception as error:  # noqa: BLE001 - not connected, GCS busy: asked again next time
+        logger.info("Ray did not answer for %s: %s", hook.reaches, error)
+    return None
 
 
 def _head_node_id() -> Optional[str]:
@@ -122,12 +147,7 @@ def node_types(timeout_s: float = 30.0) -> Optional[list[NodeType]]:
 
 def autoscaler_status() -> Optional[dict[str, Any]]:
     """The autoscaler's own report (what `ray status` shows), or None without an autoscaler."""
-    try:
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        raw = _internal_kv_get(_STATUS_KEY)
-    except Exception:  # noqa: BLE001 - not connected, or no such key
-        return None
+    raw = _optional(ray_hooks.autoscaler_status, "ray.autoscaler_status")
     if not raw:
         return None
     try:
@@ -168,15 +188,10 @@ def draining_nodes() -> dict[str, int]:
     """Node id -> drain deadline (ms since the epoch, 0 for none) of every node Ray is draining.
 
     Autoscalers and spot-instance handlers drain a node before taking it away
-    (``ray drain-node``, autoscaler v2, KubeRay). Ray has no public API for
-    this yet, so a Ray without it reads as "nothing draining".
+    (``ray drain-node``, autoscaler v2, KubeRay). Ray has no public API for this: a Ray whose
+    private one changed warns once that drains go unseen, and reads as "nothing draining".
     """
-    try:
-        from ray._private.state import state
-
-        return dict(state.get_draining_nodes())
-    except Exception:  # noqa: BLE001 - an optional signal; training goes on without it
-        return {}
+    return _optional(ray_hooks.draining_nodes, "ray.draining_nodes") or {}
 
 
 def _sees(path: str, expected: str) -> bool:

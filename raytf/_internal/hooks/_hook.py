@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from raytf.errors import HookError
 
@@ -20,21 +21,68 @@ class Hook:
     """One reach into a library's private code: where it reaches, what it serves, how to do without."""
 
     name: str
-    library: str  # the distribution: "tensorflow", "keras", "tf_keras"
+    library: str  # the distribution's module: "tensorflow", "keras", "tf_keras", "ray"
     reaches: str  # the private name
     serves: str  # the raytf feature that stands on it
     turn_off: str  # what the user sets to do without that feature
-    probe: Callable[[], None]  # raises when the hook cannot work with the installed library
+    # Raises when the hook cannot work with the installed library. Cheap, and runs no TensorFlow op:
+    # a worker checks it before its strategy configures TensorFlow's collectives.
+    probe: Callable[[], None]
+    # Raises when the hook, really used, does not do what raytf needs: may run TensorFlow ops, so it
+    # runs in a process of its own (``python -m raytf._internal.hooks``, and the tests); None where
+    # only a cluster of workers can show it (the tests that train through it do).
+    behaves: Optional[Callable[[], None]] = None
+    needs_ray: bool = False  # ``behaves`` asks a connected Ray
+    optional: bool = False  # a run goes on without it, warned once of what it loses
 
     def check(self) -> None:
+        self._run(self.probe)
+
+    def check_behaviour(self) -> None:
+        if self.behaves is not None:
+            self._run(self.behaves)
+
+    def _run(self, check: Callable[[], None]) -> None:
         try:
-            self.probe()
+            check()
         except Exception as error:  # noqa: BLE001 - any way it fails is the same news to the user
-            raise HookError(
-                f"raytf's {self.serves} needs {self.reaches} from {self.library} {version(self.library)}, "
-                f"and it is not there ({type(error).__name__}: {error}). raytf is tested with {TESTED}: "
-                f"install those, or turn off {self.turn_off}"
-            ) from None
+            raise self.error(error) from None
+
+    def error(self, cause: BaseException) -> HookError:
+        return HookError(
+            f"raytf's {self.serves} needs {self.reaches} from {self.library} {version(self.library)}, "
+            f"and it does not work ({type(cause).__name__}: {cause}) [hook {self.name}]. raytf is tested "
+            f"with {TESTED}: install those, "
+            + (f"or go without it ({self.turn_off})" if self.optional else f"or turn off {self.turn_off}")
+        )
+
+    def call(self, reach: Callable[..., object], *args: object) -> object:
+        """``reach(*args)`` (one of this hook's functions), any failure of it a HookError naming the hook."""
+        try:
+            return reach(*args)
+        except Exception as error:  # noqa: BLE001 - as in _run
+            raise self.error(error) from None
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A process-wide change raytf makes to a library's code in a worker: what it replaces, when."""
+
+    name: str
+    replaces: str
+    when: str  # what makes a worker install it
+    does: str
+
+
+_warned: set[str] = set()
+
+
+def warn_once(hook: Hook, error: HookError) -> None:
+    """Say once a process that an optional hook failed, and what the run goes without."""
+    if hook.name in _warned:
+        return
+    _warned.add(hook.name)
+    logging.getLogger("raytf").warning("%s. This run goes on without it.", error)
 
 
 def version(library: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from raytf._internal.hooks._hook import Hook
 
@@ -19,6 +20,40 @@ def tf_optimizer_class() -> type:
     if not callable(getattr(TFOptimizer, "_all_reduce_sum_gradients", None)):
         raise AttributeError("TFOptimizer has no _all_reduce_sum_gradients")
     return TFOptimizer
+
+
+def route_all_reduce(route: Any) -> None:
+    """Make Keras 3's TensorFlow optimizers sum gradients over replicas with
+    ``route(optimizer, grads_and_vars, original)`` (``original`` is Keras's own; idempotent)."""
+    optimizer_class = tf_optimizer_class()
+    if getattr(optimizer_class._all_reduce_sum_gradients, "_raytf", False):  # noqa: SLF001
+        return
+    original = optimizer_class._all_reduce_sum_gradients  # noqa: SLF001
+
+    def _all_reduce_sum_gradients(self: Any, grads_and_vars: Any) -> Any:
+        return route(self, grads_and_vars, original)
+
+    _all_reduce_sum_gradients._raytf = True  # type: ignore[attr-defined]
+    optimizer_class._all_reduce_sum_gradients = _all_reduce_sum_gradients  # noqa: SLF001
+
+
+def _behaves_all_reduce() -> None:
+    import keras
+    import tensorflow as tf
+
+    routed = []
+
+    def route(optimizer: Any, grads_and_vars: Any, original: Any) -> Any:
+        pairs = list(grads_and_vars)
+        routed.append(len(pairs))
+        return original(optimizer, pairs)
+
+    route_all_reduce(route)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        variable, optimizer = keras.Variable(1.0), keras.optimizers.SGD(0.5)
+    tf.function(lambda: strategy.run(lambda: optimizer.apply_gradients([(tf.constant(1.0), variable)])))()
+    assert routed == [1] and float(variable.numpy()) == 0.5, (routed, float(variable.numpy()))
 
 
 def _probe_fit() -> None:
@@ -39,7 +74,8 @@ def _probe_fit() -> None:
 HOOKS = [
     Hook("keras.optimizer_all_reduce", "keras", "keras.src.backend.tensorflow.optimizer.TFOptimizer"
          "._all_reduce_sum_gradients", "gradient compression and raytf.keras.local_sgd under Keras 3",
-         "TensorflowConfig.gradient_compression and raytf.keras.local_sgd", tf_optimizer_class),
+         "TensorflowConfig.gradient_compression and raytf.keras.local_sgd", tf_optimizer_class,
+         behaves=_behaves_all_reduce),
     Hook("keras.model_fit", "keras", "keras.Model.fit and keras.Model.evaluate (replaced in the worker), and "
          "metric variables synchronized on read (Metric.add_variable)",
          "Keras 3's model.fit under MultiWorkerMirroredStrategy", "TensorflowConfig(keras='tf_keras')", _probe_fit),

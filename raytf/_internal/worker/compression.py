@@ -218,49 +218,36 @@ def _patch_keras3() -> None:
     if not keras_hooks.installed():
         return
     _hooks.require("keras.optimizer_all_reduce")  # a Keras 3 whose optimizer moved fails here, naming it
-    TFOptimizer = keras_hooks.tf_optimizer_class()  # noqa: N806 - a class
-    if getattr(TFOptimizer._all_reduce_sum_gradients, "_raytf", False):
-        return
-    original = TFOptimizer._all_reduce_sum_gradients
 
-    def _all_reduce_sum_gradients(self: Any, grads_and_vars: Any) -> Any:
+    def all_reduce(optimizer: Any, grads_and_vars: Any, original: Any) -> Any:
         if _unaggregated:
             return list(grads_and_vars)
         if not _engaged():
-            return original(self, grads_and_vars)
-        return _grads_and_vars(self, grads_and_vars)
+            return original(optimizer, grads_and_vars)
+        return _grads_and_vars(optimizer, grads_and_vars)
 
-    _all_reduce_sum_gradients._raytf = True  # type: ignore[attr-defined]
-    TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+    keras_hooks.route_all_reduce(all_reduce)
 
 
 def _patch_tf_keras() -> None:
     if not tf_keras_hooks.installed():
         return
     _hooks.require("tf_keras.optimizer_aggregate")  # a tf-keras whose optimizers moved fails here, naming it
-    v2, legacy, utils = tf_keras_hooks.optimizer_modules()
-    if not getattr(v2.Optimizer.aggregate_gradients, "_raytf", False):
-        original_v2 = v2.Optimizer.aggregate_gradients
 
-        def aggregate_gradients(self: Any, grads_and_vars: Any) -> Any:
-            if _unaggregated and not (self._mesh or self._run_with_dtensor):
-                return list(grads_and_vars)
-            if not _engaged() or self._mesh or self._run_with_dtensor:
-                return original_v2(self, grads_and_vars)
-            return _grads_and_vars(self, grads_and_vars)
+    def aggregate(optimizer: Any, grads_and_vars: Any, original: Any) -> Any:
+        dtensor = tf_keras_hooks.uses_dtensor(optimizer)  # tf-keras's DTensor path aggregates its own way
+        if _unaggregated and not dtensor:
+            return list(grads_and_vars)
+        if not _engaged() or dtensor:
+            return original(optimizer, grads_and_vars)
+        return _grads_and_vars(optimizer, grads_and_vars)
 
-        aggregate_gradients._raytf = True  # type: ignore[attr-defined]
-        v2.Optimizer.aggregate_gradients = aggregate_gradients
-    if not getattr(legacy.OptimizerV2._aggregate_gradients, "_raytf", False):
-        original_legacy = legacy.OptimizerV2._aggregate_gradients
+    def aggregate_legacy(optimizer: Any, grads_and_vars: Any, original: Any) -> Any:
+        if _unaggregated:
+            return list(grads_and_vars)
+        # A user's own gradient_aggregator is theirs to keep.
+        if not _engaged() or optimizer.gradient_aggregator is not tf_keras_hooks.default_aggregator():
+            return original(optimizer, grads_and_vars)
+        return _grads_and_vars(optimizer, grads_and_vars)
 
-        def _aggregate_gradients(self: Any, grads_and_vars: Any) -> Any:
-            if _unaggregated:
-                return list(grads_and_vars)
-            # A user's own gradient_aggregator is theirs to keep.
-            if not _engaged() or self.gradient_aggregator is not utils.all_reduce_sum_gradients:
-                return original_legacy(self, grads_and_vars)
-            return _grads_and_vars(self, grads_and_vars)
-
-        _aggregate_gradients._raytf = True  # type: ignore[attr-defined]
-        legacy.OptimizerV2._aggregate_gradients = _aggregate_gradients
+    tf_keras_hooks.route_aggregation(aggregate, aggregate_legacy)

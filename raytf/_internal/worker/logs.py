@@ -95,12 +95,19 @@ class OutputFilter:
 
 def name_in_log_prefix(name: str) -> None:
     """Make Ray's log prefix for this actor's lines ``(<name> pid=...)``."""
+    from raytf._internal import hooks
+    from raytf._internal.hooks import ray as ray_hooks
+    from raytf._internal.hooks._hook import warn_once
+    from raytf.errors import HookError
+
+    hook = hooks.named("ray.log_prefix")
     try:
-        from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
-    except ImportError:  # a Ray without it keeps its own prefix
+        prefix = hook.call(ray_hooks.log_prefix_actor_name)
+    except HookError as error:  # Ray's own prefix stays
+        warn_once(hook, error)
         return
     for stream in (sys.stdout, sys.stderr):
-        stream.write(f"{LOG_PREFIX_ACTOR_NAME}{name}\n")
+        stream.write(f"{prefix}{name}\n")
         stream.flush()
 
 

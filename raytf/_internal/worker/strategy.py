@@ -77,15 +77,14 @@ def _functions(dataset: Any) -> list:
 def _captured_is_shard(tensor: Any) -> bool:
     """Whether a dataset captured by a function (a variant tensor) carries raytf's shard option."""
     import tensorflow as tf
-    from tensorflow.core.framework import dataset_options_pb2
 
     if tensor.dtype != tf.variant:
         return False
     try:
-        options = dataset_options_pb2.Options.FromString(tf.raw_ops.GetOptions(input_dataset=tensor).numpy())
+        options = tf.raw_ops.GetOptions(input_dataset=tensor).numpy()
     except Exception:  # noqa: BLE001 - a variant that is not a dataset (a tensor list)
         return False
-    return _SHARD_FRAMEWORK in options.framework_type
+    return _SHARD_FRAMEWORK in _tf_hooks.framework_types(options)
 
 
 def is_shard(dataset: Any) -> bool:

@@ -205,8 +205,8 @@ def failure_kind(error: BaseException) -> FailureKind:
     if isinstance(error, KeptShardLost):
         return FailureKind.DIED
 
-    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
-    if tf_errors is not None and isinstance(error, tf_errors.OpError):
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(error, tf.errors.OpError):
         if type(error).__name__ in PEER_ERRORS:
             return FailureKind.COLLECTIVE
         if "Collective ops is aborted" in str(error):  # an InternalError after a peer failed

@@ -1,0 +1,204 @@
+"""TensorFlow's distribution internals raytf stands on: the strategies' classes (their ``__new__``
+set so that a ``train_fn``'s own strategy is raytf's), the parameter-server coordinator's cluster,
+the eager context's device list, distributed datasets (counted, unwrapped).
+
+See the package docstring of ``raytf._internal.hooks``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raytf._internal.hooks._hook import Hook
+
+
+def collective_strategy_class() -> type:
+    """MultiWorkerMirroredStrategy's implementation, whose ``__new__`` raytf sets so that a
+    ``train_fn``'s own strategy is raytf's, connected one (worker/strategy.py)."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    return collective.CollectiveAllReduceStrategy
+
+
+def parameter_server_strategy_class() -> type:
+    """ParameterServerStrategy's implementation (``__new__`` set as above, worker/ps.py)."""
+    from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+
+    return pss.ParameterServerStrategyV2
+
+
+def coordinator_server_def(coordinator: Any) -> Any:
+    """The ServerDef a ClusterCoordinator reconnects with, where raytf writes a replaced task's
+    new address (worker/ps.py ``retarget``)."""
+    return coordinator._cluster.failure_handler._server_def  # noqa: SLF001
+
+
+def coordinator_recovering(coordinator: Any) -> bool:
+    """Whether the coordinator's failure handler has begun reconnecting to the cluster (a step
+    failed on a lost worker): from then on it redials the addresses it read, whatever raytf writes."""
+    return coordinator._cluster.failure_handler._cluster_due_for_update_or_finish.is_set()  # noqa: SLF001
+
+
+def devices_listed() -> bool:
+    """Whether this process's TensorFlow has listed its physical devices (after which
+    CUDA_VISIBLE_DEVICES no longer applies: warm standbys of GPU workers)."""
+    from tensorflow.python.eager import context
+
+    return context.context()._physical_devices is not None  # noqa: SLF001
+
+
+_COUNTED: list = []
+
+
+def count_batches_taken(distributed: Any, took: Any, iterated: Any) -> Any:
+    """Make every iterator of ``distributed`` (what ``distribute_datasets_from_function``
+    returns) call ``took(1)`` for each batch it hands out outside a ``tf.function``: its
+    ``get_next`` (``next``, a Python ``for`` loop) and ``get_next_as_optional`` with a value;
+    and ``iterated()`` each time a loop makes one (a Keras fit loop's epoch). The classes are
+    TensorFlow's, subclassed; an iterator traced into a function is rebuilt from its spec as
+    TensorFlow's own and counts nothing."""
+    if not _COUNTED:
+        from tensorflow.python.distribute import input_lib
+        from tensorflow.python.eager import context
+
+        class CountedIterator(input_lib.DistributedIterator):
+            _raytf_took: Any = None
+
+            def get_next(self, name: Any = None) -> Any:
+                value = super().get_next(name)
+                if context.executing_eagerly():
+                    self._raytf_took(1)
+                return value
+
+            def get_next_as_optional(self) -> Any:
+                optional = super().get_next_as_optional()
+                if context.executing_eagerly() and bool(optional.has_value()):
+                    self._raytf_took(1)
+                return optional
+
+        class CountedDatasets(input_lib.DistributedDatasetsFromFunction):
+            _raytf_took: Any = None
+            _raytf_iterated: Any = None
+
+            def __iter__(self) -> Any:
+                iterator = super().__iter__()
+                if context.executing_eagerly() and type(iterator) is input_lib.DistributedIterator:
+                    iterator.__class__ = CountedIterator
+                    iterator._raytf_took = self._raytf_took  # noqa: SLF001
+                    self._raytf_iterated()
+                return iterator
+
+        _COUNTED.extend((input_lib.DistributedDatasetsFromFunction, CountedDatasets))
+    base, counted = _COUNTED
+    if type(distributed) is base:
+        distributed.__class__ = counted
+        distributed._raytf_took, distributed._raytf_iterated = took, iterated  # noqa: SLF001
+    return distributed
+
+
+def distributed_original(dataset: Any) -> Any:
+    """The ``tf.data.Dataset`` a strategy's ``experimental_distribute_dataset`` wrapped into
+    ``dataset``, or None where ``dataset`` is no such wrapper."""
+    return getattr(dataset, "_original_dataset", None)
+
+
+def _probe_distributed_original() -> None:
+    from tensorflow.python.distribute import input_lib
+
+    assert "_original_dataset" in input_lib.DistributedDataset.__init__.__code__.co_names, \
+        "DistributedDataset._original_dataset"
+
+
+def _behaves_distributed_original() -> None:
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.range(4).batch(2)
+    wrapped = tf.distribute.MirroredStrategy(["/cpu:0"]).experimental_distribute_dataset(dataset)
+    assert distributed_original(wrapped) is dataset, "the wrapper does not keep the dataset it wrapped"
+
+
+def _probe_counted_iterators() -> None:
+    from tensorflow.python.distribute import input_lib
+
+    for name in ("DistributedIterator", "DistributedDatasetsFromFunction"):
+        assert isinstance(getattr(input_lib, name, None), type), f"input_lib.{name}"
+    for method in ("get_next", "get_next_as_optional"):
+        assert callable(getattr(input_lib.DistributedIterator, method, None)), f"DistributedIterator.{method}"
+    assert "DistributedIterator" in input_lib.DistributedDatasetsFromFunction.__iter__.__code__.co_names, \
+        "DistributedDatasetsFromFunction.__iter__ makes a DistributedIterator"
+
+
+def _probe_server_def() -> None:
+    # Without a cluster to connect to, the attributes are read off the code that sets them.
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    assert "failure_handler" in cc.Cluster.__init__.__code__.co_names, "Cluster sets no failure_handler"
+    handler = cc.WorkerPreemptionHandler.__init__.__code__.co_names
+    assert "_server_def" in handler, "no handler _server_def"
+    assert "_cluster_due_for_update_or_finish" in handler, "no handler _cluster_due_for_update_or_finish"
+
+
+def _probe_devices() -> None:
+    from tensorflow.python.eager import context
+
+    assert "_physical_devices" in vars(context.context())
+
+
+def _behaves_strategy_classes() -> None:
+    import tensorflow as tf
+
+    assert issubclass(tf.distribute.MultiWorkerMirroredStrategy, collective_strategy_class()), \
+        "tf.distribute.MultiWorkerMirroredStrategy is not a CollectiveAllReduceStrategy"
+    assert issubclass(tf.distribute.experimental.ParameterServerStrategy, parameter_server_strategy_class()), \
+        "tf.distribute.experimental.ParameterServerStrategy is not a ParameterServerStrategyV2"
+
+
+def _behaves_devices() -> None:
+    import tensorflow as tf
+
+    assert not devices_listed(), "devices listed before anything asked for them"
+    tf.config.list_physical_devices()
+    assert devices_listed(), "devices not listed after tf.config.list_physical_devices()"
+
+
+def _behaves_counted_iterators() -> None:
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    distributed = strategy.distribute_datasets_from_function(lambda _: tf.data.Dataset.range(3).batch(1))
+    taken, loops = [], []
+    count_batches_taken(distributed, taken.append, lambda: loops.append(1))
+    for _ in distributed:
+        pass
+    assert (len(taken), len(loops)) == (3, 1), (taken, loops)
+
+
+HOOKS = [
+    Hook("tensorflow.collective_new", "tensorflow",
+         "tensorflow.python.distribute.collective_all_reduce_strategy.CollectiveAllReduceStrategy",
+         "MultiWorkerMirroredStrategy() inside train_fn (it returns raytf's connected strategy)",
+         "nothing: build the strategy with raytf.strategy() instead; this one is required",
+         lambda: collective_strategy_class().__new__, behaves=_behaves_strategy_classes),
+    Hook("tensorflow.parameter_server_new", "tensorflow",
+         "tensorflow.python.distribute.parameter_server_strategy_v2.ParameterServerStrategyV2",
+         "ParameterServerStrategy() inside a ParameterServerTrainer's train_fn",
+         "ParameterServerTrainer (use raytf.Trainer)", lambda: parameter_server_strategy_class().__new__,
+         behaves=_behaves_strategy_classes),
+    Hook("tensorflow.coordinator_server_def", "tensorflow",
+         "ClusterCoordinator._cluster.failure_handler._server_def and ._cluster_due_for_update_or_finish",
+         "replacing a lost parameter-server worker in place", "ParameterServerTrainer (use raytf.Trainer)",
+         _probe_server_def),
+    Hook("tensorflow.physical_devices", "tensorflow", "tensorflow.python.eager.context.Context._physical_devices",
+         "warm standbys of GPU workers", "FailureConfig.warm_standby", _probe_devices,
+         behaves=_behaves_devices),
+    Hook("tensorflow.counted_iterators", "tensorflow",
+         "input_lib.DistributedDatasetsFromFunction and DistributedIterator, subclassed",
+         "exactly-once data in a custom loop (counting the batches it takes from the strategy's iterator)",
+         "DataConfig(exactly_once=False)",
+         _probe_counted_iterators, behaves=_behaves_counted_iterators),
+    Hook("tensorflow.distributed_original", "tensorflow", "input_lib.DistributedDataset._original_dataset",
+         "a ParameterServerTrainer's raytf.get_dataset_shard dataset passed through "
+         "experimental_distribute_dataset (recognised as raytf's)",
+         "nothing: pass the dataset function (strategy.distribute_datasets_from_function) instead",
+         _probe_distributed_original, behaves=_behaves_distributed_original),
+]

@@ -1,0 +1,34 @@
+"""Every hook into TensorFlow's, Keras's, tf-keras's and Ray's private code, used for real against
+the installed versions, in a process of its own (as ``python -m raytf._internal.hooks`` and
+``nox -s next`` run it); Ray's against the session's cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from raytf._internal import hooks
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_every_hook_behaves_as_raytf_uses_it_with_the_installed_libraries(cluster):
+    done = subprocess.run(
+        [sys.executable, "-m", "raytf._internal.hooks", "--json", "--address", cluster.address],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+    )
+    reports = {r["hook"]: r for r in map(json.loads, (line for line in done.stdout.splitlines() if line.startswith("{")))}
+    assert set(reports) == {h.name for h in hooks.all_hooks()}, done.stderr[-3000:]
+    broken = {name: r for name, r in reports.items() if r["probe"] != "ok" or r["behaviour"] not in ("ok", "none")}
+    assert not broken and done.returncode == 0, json.dumps(broken, indent=1)
+    for hook in hooks.all_hooks():  # each hook with a behaviour check ran it, Ray's included
+        assert reports[hook.name]["behaviour"] == ("ok" if hook.behaves else "none"), hook.name
+    # Those only a cluster of workers can show, each shown by a test that trains through it.
+    assert {h.name for h in hooks.all_hooks() if h.behaves is None} == {
+        "tensorflow.coordinator_server_def",  # test_parameter_server: a lost worker replaced in place
+        "keras.model_fit",  # test_keras: Keras 3's own model.fit on two workers, killed and resumed
+        "tf_keras.fit_data_handler",  # test_exactly_once: tf-keras's fit resumed mid-epoch
+        "tf_keras.multi_step_train_function",  # test_parameter_server: tf-keras model.fit, a lost worker
+    }
