@@ -121,3 +121,24 @@ def test_a_workers_host_allocator_keeps_the_memory_of_one_checkpoints_copy_for_t
     assert run_environment(settings())["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
     assert int(run_environment(settings())["TF_CPU_BFC_MEM_LIMIT_IN_MB"]) > 1024  # the node's memory, not 64 GiB
     assert run_environment(settings(TF_CPU_ALLOCATOR_USE_BFC="false"))["TF_CPU_ALLOCATOR_USE_BFC"] == "false"
+
+
+def test_a_keras_variable_without_its_tensorflow_variable_is_copied_by_keras_and_the_run_told_once(caplog):
+    """The optional hook keras.variable_value gone (a Keras that keeps its value elsewhere): the
+    host copy falls back to Keras's own, and the run is warned once of the second copy it costs."""
+    import logging
+
+    import keras
+
+    from raytf._internal.hooks import _hook
+    from raytf._internal.hooks.tensorflow import checkpoint as checkpoint_hooks
+
+    variables = [keras.Variable([1.0]), keras.Variable([2.0])]
+    assert checkpoint_hooks._keras_wrapped_variable(variables[0]) is vars(variables[0])["_value"]
+    for variable in variables:
+        vars(variable)["_value"] = None
+    _hook._warned.discard("keras.variable_value")
+    with caplog.at_level(logging.WARNING):
+        assert [checkpoint_hooks._keras_wrapped_variable(v) for v in variables] == [None, None]
+    told = [r.getMessage() for r in caplog.records if "[hook keras.variable_value]" in r.getMessage()]
+    assert len(told) == 1 and "a second copy of the state" in told[0], told

@@ -71,6 +71,26 @@ def _probe_fit() -> None:
         "keras.src.metrics.metric.Metric.add_variable does not synchronize metric variables on read")
 
 
+def variable_value(variable: Any) -> Any:
+    """The TensorFlow variable a Keras 3 variable keeps its value in."""
+    return variable._value  # noqa: SLF001
+
+
+def _probe_variable_value() -> None:
+    from keras.src.backend.tensorflow import core
+
+    assert "_value" in core.Variable._initialize.__code__.co_names, "keras Variable._initialize sets _value"  # noqa: SLF001
+
+
+def _behaves_variable_value() -> None:
+    import keras
+    import tensorflow as tf
+
+    variable = keras.Variable([1.0, 2.0])
+    assert isinstance(variable_value(variable), tf.Variable), type(variable_value(variable))
+    assert variable_value(variable).numpy().tolist() == [1.0, 2.0]
+
+
 HOOKS = [
     Hook("keras.optimizer_all_reduce", "keras", "keras.src.backend.tensorflow.optimizer.TFOptimizer"
          "._all_reduce_sum_gradients", "gradient compression and raytf.keras.local_sgd under Keras 3",
@@ -79,4 +99,8 @@ HOOKS = [
     Hook("keras.model_fit", "keras", "keras.Model.fit and keras.Model.evaluate (replaced in the worker), and "
          "metric variables synchronized on read (Metric.add_variable)",
          "Keras 3's model.fit under MultiWorkerMirroredStrategy", "TensorflowConfig(keras='tf_keras')", _probe_fit),
+    Hook("keras.variable_value", "keras", "keras.Variable._value (the TensorFlow variable it keeps)",
+         "one host copy of a Keras 3 variable for an asynchronous checkpoint (its TensorFlow variable's)",
+         "without it Keras's own copy is taken, a second copy of the state made on the default device "
+         "(a GPU worker's GPU)", _probe_variable_value, behaves=_behaves_variable_value, optional=True),
 ]

@@ -68,14 +68,24 @@ def host_copies(checkpoint: Any, device: str) -> Any:
 
 def _keras_wrapped_variable(obj: Any) -> Any:
     """The TensorFlow variable a Keras 3 variable wraps (under a strategy, its distributed
-    variable), or None (anything else, or a Keras whose variable no longer keeps one in
-    ``_value``: then Keras's own copy is used)."""
+    variable), or None: anything else, or a Keras whose variable no longer keeps one in
+    ``_value`` (then Keras's own copy is used, and the run is warned once what that costs)."""
     import tensorflow as tf
 
     if not type(obj).__module__.startswith("keras."):
         return None
     value = vars(obj).get("_value")
-    return value if isinstance(value, tf.Variable) else None
+    if isinstance(value, tf.Variable):
+        return value
+    import keras
+
+    if isinstance(obj, keras.Variable):
+        from raytf._internal.hooks import keras as keras_hooks
+        from raytf._internal.hooks._hook import warn_once
+
+        hook = next(h for h in keras_hooks.HOOKS if h.name == "keras.variable_value")
+        warn_once(hook, hook.error(AttributeError(f"{type(obj).__name__}._value is {type(value).__name__}")))
+    return None
 
 
 def write_copies(checkpoint: Any, copies: Any, prefix: str, options: Any) -> None:
