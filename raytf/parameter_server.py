@@ -126,6 +126,17 @@ class ParameterServerTrainer(Trainer):
     config) -> dict``: run by the evaluator on each committed checkpoint
     (newest first when it falls behind); its metrics join ``result.history``
     with ``evaluated_checkpoint`` naming the checkpoint.
+
+    ``hold_updates`` (default True): every update of a counted step waits, on the
+    first parameter server, until all of the step's inputs from the worker have
+    arrived, and small work a step does after one update to feed another (an EMA)
+    runs beside that update, on its parameter server (named in a warning). A
+    worker lost in the middle of a step then almost always leaves all of its
+    updates or none. ``False``: TensorFlow's own order (each update as soon as
+    its gradient arrives, nothing moved). Either way the step's batch is
+    committed only after all of its updates are made, so the bound is the same
+    (docs/guides/parameter-servers.md): each lost worker may train at most one
+    batch once more, that step's updates partly made; nothing is skipped.
     """
 
     payload_kind = PayloadKind.CHIEF
@@ -147,6 +158,7 @@ class ParameterServerTrainer(Trainer):
         data_config: Optional[DataConfig] = None,
         variable_partitioner: Any = None,
         evaluate_fn: Optional[Callable[[Any, dict], dict]] = None,
+        hold_updates: bool = True,
     ):
         super().__init__(train_fn, config=config, scaling=scaling, run=run, tensorflow=tensorflow,
                          datasets=datasets, data_config=data_config)
@@ -170,15 +182,19 @@ class ParameterServerTrainer(Trainer):
                               "ParameterServerScaling(num_evaluators=1)")
         if evaluate_fn is not None and self.run.checkpoint_config.num_to_keep == 0:
             raise ConfigError("the evaluator evaluates committed checkpoints; CheckpointConfig keeps none")
+        if not isinstance(hold_updates, bool):
+            raise ConfigError(f"ParameterServerTrainer(hold_updates=...) must be True or False, got {hold_updates!r}")
         self.variable_partitioner = variable_partitioner
         self.evaluate_fn = evaluate_fn
+        self.hold_updates = hold_updates
 
     def _payload(self) -> bytes:
         from ray import cloudpickle
 
         try:
             return cloudpickle.dumps(UserCode(train_fn=self.train_fn, config=self.config, evaluate_fn=self.evaluate_fn,
-                                              variable_partitioner=self.variable_partitioner))
+                                              variable_partitioner=self.variable_partitioner,
+                                              hold_updates=self.hold_updates))
         except Exception as error:
             raise ConfigError(
                 f"ParameterServerTrainer: train_fn, config, variable_partitioner and evaluate_fn must be picklable "

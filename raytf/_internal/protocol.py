@@ -325,6 +325,7 @@ class UserCode:
     config: dict = field(default_factory=dict)
     evaluate_fn: Any = None
     variable_partitioner: Any = None
+    hold_updates: bool = True  # ParameterServerTrainer(hold_updates=...)
     command: tuple[str, ...] = ()
 
 

@@ -236,4 +236,55 @@ def test_work_after_an_update_runs_beside_the_update_it_feeds_unless_it_is_a_mod
     assert on_update is moved and (seen["op"].device == "") is moved
     assert any(f"step_{work}" in r.getMessage() and "computes on the worker" in r.getMessage()
                for r in caplog.records) is not moved
+    # Moved work is never silent: the warning names each op moved, and how to keep it on the worker.
+    told = [r.getMessage() for r in caplog.records if "beside the update it feeds" in r.getMessage()]
+    assert bool(told) is moved
+    assert not moved or (seen["op"].name in told[0] and "hold_updates=False" in told[0] and f"step_{work}" in told[0])
     assert float(tracked.numpy()[0, 0]) != 0.0  # the step ran, held and moved alike
+
+
+def test_with_the_hold_turned_off_nothing_waits_or_moves_and_the_commit_still_follows_every_update(monkeypatch,
+                                                                                                   caplog):
+    """ParameterServerTrainer(hold_updates=False): TensorFlow's own order (no hold op, the EMA left
+    where the step put it, nothing warned of moving), and the batch still committed only once every
+    update of the step is made."""
+    import tensorflow as tf
+
+    from raytf._internal.data import ps_hold, ps_positions
+
+    monkeypatch.setattr(ps_positions, "POSITIONS_DEVICE", "/device:CPU:0")
+    monkeypatch.setattr(ps_hold, "POSITIONS_DEVICE", "/device:CPU:0")
+    monkeypatch.setattr(ps_positions, "_warned", set())
+    monkeypatch.setattr(ps_positions, "hold_updates", False)
+    positions = ps_positions.StreamPositions("train", 1)
+    weight, tracked = tf.Variable(tf.eye(2)), tf.Variable(tf.zeros([2, 2]))
+    batches = iter(tf.data.Dataset.range(10))
+    seen = {}
+
+    @tf.function
+    def step():
+        iterator = ps_positions.CountingIterator(batches, positions, tf.constant(0, tf.int64))
+
+        def body():
+            x = tf.cast(next(iterator) + 1, tf.float32) * tf.ones([2, 2])
+            with tf.device("/device:CPU:0"):
+                weight.assign_sub(0.1 * x)
+                made = 0.9 * tracked.read_value() + 0.1 * weight.read_value()
+                tracked.assign(made)
+            seen["op"] = made.op
+            return made
+
+        result = ps_positions._held(body, [positions], tf.constant(0, tf.int64), [iterator], "step_unheld")
+        ops = tf.compat.v1.get_default_graph().get_operations()
+        seen["holds"] = [op.name for op in ops if op.name.startswith("raytf_all_arrived")]
+        seen["updates"] = [op for op in ops if op.type in ("AssignVariableOp", "AssignSubVariableOp")]
+        updates = {op.name for op in seen["updates"]}
+        seen["commit_waits"] = any(updates <= {c.name for c in op.control_inputs} for op in ops)
+        return result
+
+    with caplog.at_level("WARNING", logger="raytf._internal.data.ps_positions"):
+        step()
+    assert seen["holds"] == [] and seen["op"].device.endswith("CPU:0")  # nothing held, nothing moved
+    assert len(seen["updates"]) == 2 and seen["commit_waits"]  # the commit is ordered after both updates
+    assert not [r for r in caplog.records if "beside the update it feeds" in r.getMessage()]
+    assert positions.values() == [1]  # the batch committed once the step's updates were made

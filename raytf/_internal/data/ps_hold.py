@@ -15,7 +15,7 @@ POSITIONS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
 
 
 def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = (),
-                       move: bool = True) -> list:
+                       move: bool = True) -> tuple[list, list]:
     """Make every update op of the step wait until everything the step's writes need from the worker
     has arrived where they run: one op on the first parameter server waits for each such input and
     for ``also``, and comes before every update. A worker that dies while its step's gradients are on
@@ -35,14 +35,15 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     accelerator). And a parameter server does not finish a TensorFlow function (a loop, a
     conditional) that starts after the worker is gone.
 
-    Returns the ops after an update, feeding one, that stay on the worker by this rule (a worker
-    lost while it runs them leaves the step's first updates made and its commit not)."""
+    Returns (the ops after an update, feeding one, that stay on the worker by this rule: a worker
+    lost while it runs them leaves the step's first updates made and its commit not; the ops raytf
+    placed beside the update they feed, which the caller tells the user of)."""
     import tensorflow as tf
 
     from raytf._internal.hooks import tensorflow as tf_hooks
 
     if not updates:
-        return []
+        return [], []
     updating = set(updates)
     written: set[Any] = set()
     after: set[Any] = set()  # ops that run after one of the step's updates
@@ -75,7 +76,8 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
         hold = tf.raw_ops.NoOp(name="raytf_all_arrived")
     for op in updates:  # an op made by the step's code, held after the fact
         tf_hooks.run_after(op, hold)
-    return [op for op in feeding if (op in movable and not move) or _job(op) == "worker"]
+    stay = [op for op in feeding if (op in movable and not move) or _job(op) == "worker"]
+    return stay, (movable if move else [])
 
 
 def _feeding(made: Sequence[Any], updates: Sequence[Any], after: set) -> dict:

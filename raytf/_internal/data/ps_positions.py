@@ -301,8 +301,12 @@ def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: A
     # later batches' work on the worker: it is warned of above.)
     made = graph.get_operations()[first:]
     updates = [op for op in made if ps_hold.writes(op)]
-    if ps_hold.hold_until_arrived(made, updates, also=[at.index, at.rows], move=one_batch) and one_batch:
-        _warn_once(name, _ON_WORKER)
+    if hold_updates:
+        stay, moved = ps_hold.hold_until_arrived(made, updates, also=[at.index, at.rows], move=one_batch)
+        if stay and one_batch:
+            _warn_once(name, _ON_WORKER)
+        if moved:
+            _warn_once(name, _MOVED % ", ".join(sorted(f"{op.name} ({op.type})" for op in moved)))
     with tf.control_dependencies(updates):
         for positions in streams:
             positions.commit(at)
@@ -336,6 +340,15 @@ _ON_WORKER = ("the step %s computes on the worker, from a value one of its updat
               "step's first updates made and its batch uncommitted, so that batch is trained again. Make every update "
               "from what the step computed before its first update (raytf runs small work after an update, an EMA or "
               "a counter, on the parameter server itself)")
+
+
+_MOVED = ("the step %%s computes, after one of its updates, the input of another: raytf runs that work on the "
+          "parameter server beside the update it feeds, so that a worker lost meanwhile leaves all of the step's "
+          "updates or none: %s. To keep it on the worker, place it with tf.device yourself, or turn the hold off "
+          "(ParameterServerTrainer(hold_updates=False))")
+
+# ParameterServerTrainer(hold_updates=...): a chief sets it before its train_fn runs.
+hold_updates = True
 
 
 def _warn_once(fn: Any, message: str = _PLAIN) -> None:

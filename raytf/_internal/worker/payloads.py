@@ -262,6 +262,9 @@ class ChiefPayload:
         shard_files = host.wait_for_go()  # every worker's manifest, by task index
         host.set_phase(Phase.CONNECTING)
         host.release_port()
+        from raytf._internal.data import ps_positions
+
+        ps_positions.hold_updates = code.hold_updates
         strategy, self._coordinator = _ps.make_strategy(code.variable_partitioner)
         _ps.install(strategy)
         self.session = WorkerSession(
