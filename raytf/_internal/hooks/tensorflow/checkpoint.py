@@ -80,10 +80,10 @@ def _keras_wrapped_variable(obj: Any) -> Any:
     import keras
 
     if isinstance(obj, keras.Variable):
-        from raytf._internal.hooks import keras as keras_hooks
         from raytf._internal.hooks._hook import warn_once
+        from raytf._internal.hooks.keras import HOOKS as KERAS_HOOKS
 
-        hook = next(h for h in keras_hooks.HOOKS if h.name == "keras.variable_value")
+        hook = next(h for h in KERAS_HOOKS if h.name == "keras.variable_value")
         warn_once(hook, hook.error(AttributeError(f"{type(obj).__name__}._value is {type(value).__name__}")))
     return None
 
