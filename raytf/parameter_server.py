@@ -131,8 +131,8 @@ class ParameterServerTrainer(Trainer):
     first parameter server, until all of the step's inputs from the worker have
     arrived, and small work a step does after one update to feed another (an EMA)
     runs beside that update, on its parameter server (named in a warning). A
-    worker lost in the middle of a step then almost always leaves all of its
-    updates or none. ``False``: TensorFlow's own order (each update as soon as
+    worker lost while it computes a step's gradients then leaves none of the
+    step's updates made. ``False``: TensorFlow's own order (each update as soon as
     its gradient arrives, nothing moved). Either way the step's batch is
     committed only after all of its updates are made, so the bound is the same
     (docs/guides/parameter-servers.md): each lost worker may train at most one

@@ -34,3 +34,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # in the order collected (--no-loadscope-reorder): e2e, the longest, first and the unit
         # files last, not by test count, which left e2e to run alone at the end.
         item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else relative))
+
+
+# ``python -m pytest --suite-record tests/records/suite.jsonl``: one JSON line of what the run took
+# (the whole run, and each test's setup, call and teardown, by the pytest process that ran it), the
+# machine and the versions. docs/contributing.md lists the slowest tests of the newest record, read
+# by the docs' build (docs/_hooks/reference.py), never typed by hand.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--suite-record", default=None, help="append what this run took to this JSONL file")
+
+
+_TOOK: dict[str, float] = {}
+_OUTCOMES: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TOOK[report.nodeid] = _TOOK.get(report.nodeid, 0.0) + report.duration
+    if report.when == "call" or report.outcome != "passed":
+        _OUTCOMES[report.outcome] = _OUTCOMES.get(report.outcome, 0) + 1
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    session.config._raytf_started = time.time()  # noqa: SLF001 - pytest's config holds a plugin's state
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = session.config.getoption("--suite-record")
+    if not path or hasattr(session.config, "workerinput"):  # the controller writes it, not each xdist worker
+        return
+    import json
+    import platform
+    import subprocess
+    import time
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__)).stdout.strip()
+    record = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+        "wall_s": round(time.time() - session.config._raytf_started, 1),  # noqa: SLF001
+        "exit_status": int(exitstatus), "outcomes": _OUTCOMES, "args": session.config.invocation_params.args,
+        "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf(
+            "SC_PHYS_PAGES") / 2**30), "python": platform.python_version(), "system": platform.platform()},
+        "versions": {name: version(name) for name in ("tensorflow", "keras", "tf-keras", "ray", "pytest")},
+        "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as out:
+        out.write(json.dumps(record) + "\n")

@@ -1134,61 +1134,90 @@ def ps_custom_loop(config: dict) -> None:
     })
 
 
-def ps_torn_step(config: dict) -> None:
-    """One parameter-server worker's steps, each making three updates on the ps (``early``, ``late``,
-    ``after``), in two phases a test kills the worker in (the worker is replaced in place; the
-    coordinator runs the step again). Phase "worker": ``late``'s input takes the worker a few
-    seconds, ``early``'s none. Phase "ps": ``after``'s input is made from ``late``'s new value
-    (and the batch), for a while, by ops the step gives no device (raytf runs them on the ps, where
-    ``after`` is; TensorFlow alone would run them on the worker). Before each phase's slow step, one
-    is timed (timed-<phase>.json); the slow step is marked scheduled (mark-<phase>.json). torn.json:
-    the counters and the shard's committed position before and after each phase."""
+# The points of a counted parameter-server step where ps_gated_steps stops it, in the order the step
+# reaches them, each with the task that runs it there.
+GATES = {
+    "before_batch": "worker",  # the previous step committed, this one has taken nothing
+    "before_hold": "worker",  # the batch taken, an update's input still being made: the hold not open
+    "between_updates": "ps",  # the hold open, `early`, `trained` and `late` made, `after` not
+    "before_commit": "ps",  # every update but `done` (the last) made, the batch not yet committed
+}
+
+
+def ps_gated_steps(config: dict) -> None:
+    """One parameter-server worker's counted steps, each making five updates on the parameter
+    servers (``early``, ``trained``: how often each row was trained, ``late``, ``after``, ``done``)
+    and stopping, when a test asks, at one point of the step (GATES), on the task that runs it
+    there: the step writes ``at-<point>``, then writes to the FIFO ``gate-<point>``, which blocks
+    until the test opens it for reading. The chief writes the counters and the committed position
+    before the step, where it stopped (read while it waits: stopped-<point>.json), and after it
+    finished (the test kills the worker meanwhile, then opens the gate; the coordinator runs the
+    step again): gated.json, with how often each row was trained."""
     import tensorflow as tf
 
+    out = config["out_dir"]
     strategy, coordinator = raytf.strategy(), raytf.coordinator()
-    shard = raytf.get_dataset_shard("train", batch_size=32, features="x", label="y")
+    shard = raytf.get_dataset_shard("train", batch_size=32, features="x", label="id")
     iterator = iter(coordinator.create_per_worker_dataset(shard))
     with strategy.scope():
-        early, late, after = (tf.Variable(0, dtype=tf.int64) for _ in range(3))
-        work = {phase: tf.Variable(0, dtype=tf.int32) for phase in ("worker", "ps")}
+        early, late, after, done = (tf.Variable(0, dtype=tf.int64) for _ in range(4))
+        trained = tf.Variable(tf.zeros([config["rows"]], tf.int64))
+    passed = os.path.join(out, "no-gate")
+    open(passed, "w").close()
+    devices = {"worker": "/job:worker/replica:0/task:0/device:CPU:0", "ps": "/job:ps/replica:0/task:0/device:CPU:0"}
+    points = list(GATES)
+
+    def stop_at(index, gates, markers, after_ops=()):
+        """0, once the step could write ``gates[index]``: a file at once, a FIFO once the test opens
+        it for reading. Made on the task GATES names, after ``after_ops``; a plain op, as a step's
+        own work is (no loop: TensorFlow does not go on with a loop once the worker is gone)."""
+        with tf.device(devices[GATES[points[index]]]):
+            with tf.control_dependencies(list(after_ops)):
+                marked = tf.io.write_file(markers[index], "stopped")
+            with tf.control_dependencies([marked]):
+                passed = tf.io.write_file(gates[index], "passed")
+            with tf.control_dependencies([passed]):
+                return tf.zeros([], tf.int64)
 
     @tf.function
-    def step(iterator):
-        x, _ = next(iterator)
-        early.assign_add(1)
-        m = tf.fill([384, 384], 0.01) + tf.reduce_sum(x) * 0  # on the worker: work["worker"] matmuls
-        m = tf.while_loop(lambda i, m: i < work["worker"], lambda i, m: (i + 1, tf.tanh(m @ m)), (0, m))[1]
-        late.assign_add(1 + tf.cast(tf.reduce_sum(m) * 0, tf.int64))
-        # After `late`'s update, no device named: plain ops (no loop) on work["ps"] million numbers.
-        a = tf.fill([work["ps"] * 1_000_000], tf.cast(late.read_value() * 0, tf.float32) + 1.0 + tf.reduce_sum(x) * 0)
-        for _ in range(40):
-            a = a * 1.0001 + 0.5
-        after.assign_add(1 + tf.cast(tf.reduce_sum(a[:1]) * 0, tf.int64))
-        return x[0, 0]
+    def step(iterator, gates, markers):
+        zero = stop_at(0, gates, markers)  # on the worker, before the batch is taken
+        with tf.control_dependencies([zero]):
+            x, ids = next(iterator)
+        slow = stop_at(1, gates, markers) + tf.cast(tf.reduce_sum(x) * 0, tf.int64)  # `late`'s input
+        made = [early.assign_add(1, read_value=False),
+                trained.scatter_nd_add(tf.reshape(ids, [-1, 1]), tf.ones_like(ids)),
+                late.assign_add(1 + slow, read_value=False)]
+        # After those updates, on a parameter server: `after`'s input.
+        made.append(after.assign_add(1 + stop_at(2, gates, markers, made), read_value=False))
+        done.assign_add(1 + stop_at(3, gates, markers, made), read_value=False)  # the last update
+        return ids[0]
 
     def state():
         return {"early": int(early.numpy()), "late": int(late.numpy()), "after": int(after.numpy()),
-                "committed": iterator._raytf_positions.values()[0]}
+                "done": int(done.numpy()), "committed": iterator._raytf_positions.values()[0]}
 
-    def run_step():
-        coordinator.schedule(step, args=(iterator,))
-        coordinator.join()
-
-    run_step()
-    torn = {}
-    for phase, amount in (("worker", config.get("worker_work", 2500)), ("ps", config.get("ps_work", 40))):
-        work[phase].assign(amount)
-        started = time.monotonic()
-        run_step()
-        _write(config["out_dir"], f"timed-{phase}.json", {"took_s": time.monotonic() - started})
-        time.sleep(2)  # the test finds the worker's process
+    free = tf.constant([passed] * len(points))
+    unused = os.path.join(out, "not-stopped")
+    coordinator.schedule(step, args=(iterator, free, tf.constant([unused] * len(points))))
+    coordinator.join()
+    gated = {}
+    for index, point in enumerate(points):
+        fifo = os.path.join(out, f"gate-{point}")
+        os.mkfifo(fifo)
+        gates = tf.constant([fifo if i == index else passed for i in range(len(points))])
+        markers = tf.constant([os.path.join(out, f"at-{point}") if i == index else unused for i in range(len(points))])
         before = state()
-        coordinator.schedule(step, args=(iterator,))
-        _write(config["out_dir"], f"mark-{phase}.json", {})
+        coordinator.schedule(step, args=(iterator, gates, markers))
+        while not os.path.exists(os.path.join(out, f"at-{point}")):
+            time.sleep(0.05)
+        stopped = state()
+        _write(out, f"stopped-{point}.json", stopped)  # the test kills the worker, then opens the gate
         coordinator.join()
-        torn[phase] = (before, state())
-        work[phase].assign(0)
-    _write(config["out_dir"], "torn.json", torn)
+        gated[point] = {"before": before, "stopped": stopped, "after": state()}
+    coordinator.schedule(step, args=(iterator, free, tf.constant([unused] * len(points))))
+    coordinator.join()
+    _write(out, "gated.json", {"points": gated, "trained": trained.numpy().tolist(), "last": state()})
 
 
 def ps_evaluate(checkpoint, config: dict) -> dict:

@@ -23,6 +23,7 @@ MARKERS = {
     "<!-- raytf:cli -->": reference.cli_markdown,
     "<!-- raytf:environment -->": reference.environment_markdown,
     "<!-- raytf:hooks -->": reference.hooks_markdown,
+    "<!-- raytf:slowest -->": reference.slowest_markdown,
 }
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
 

@@ -171,3 +171,31 @@ def hooks_markdown(root: str) -> str:
     for patch in hooks.PATCHES:
         patches.append(f"| `{patch.name}` | {cell(patch.replaces)} | {cell(patch.when)} | {cell(patch.does)} |")
     return "\n".join(rows) + "\n\n### Process-wide patches\n\n" + "\n".join(patches) + "\n"
+
+
+SUITE_RECORD = os.path.join("tests", "records", "suite.jsonl")
+
+
+def slowest_markdown(root: str) -> str:
+    """The whole suite's newest kept run (``--suite-record``, tests/conftest.py): its time, its
+    machine, and its ten slowest tests with their seconds (setup, call and teardown)."""
+    import json
+
+    with open(os.path.join(root, SUITE_RECORD)) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    whole = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])]
+    if not whole:
+        raise ValueError(f"{SUITE_RECORD} holds no passing run of the whole suite")
+    run = whole[-1]
+    machine, versions = run["machine"], run["versions"]
+    tests = sum(run["outcomes"].values())
+    lines = [
+        f"The newest kept run of the whole suite (`{SUITE_RECORD}`, {run['when'][:10]}, commit `{run['commit']}`): "
+        f"{tests} tests in {run['wall_s'] / 60:.1f} minutes on {machine['cpus']} CPUs and "
+        f"{machine['memory_gib']} GiB, Python {machine['python']}, TensorFlow {versions['tensorflow']}, "
+        f"Keras {versions['keras']}, Ray {versions['ray']}. Its ten slowest tests (setup, call and teardown):",
+        "", "| Seconds | Test |", "|---:|---|",
+    ]
+    for nodeid, took in list(run["tests_s"].items())[:10]:
+        lines.append(f"| {took:.0f} | `{nodeid.split('@')[0]}` |")
+    return "\n".join(lines) + "\n"

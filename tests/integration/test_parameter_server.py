@@ -46,13 +46,15 @@ def read(tmp_path, name):
     return json.loads((tmp_path / "out" / name).read_text())
 
 
-def actor_pid(run: str, label: str) -> int:
-    """The process of the live actor of task ``label`` ("worker-1") of ``run``, whatever its attempt."""
+def actor_pid(run: str, label: str, regex: bool = False) -> int:
+    """The process of the live actor of task ``label`` ("worker-1", or a pattern) of ``run``,
+    whatever its attempt."""
     import re
 
-    pattern = re.compile(rf"raytf:{re.escape(run)}:\d+:{label}$")
+    pattern = re.compile(rf"raytf:{re.escape(run)}:\d+:{label if regex else re.escape(label)}$")
     found = [a for a in actors(("state", "=", "ALIVE")) if pattern.match(a.name or "")]
-    assert found, f"no live actor of {label} in {run}"
+    assert found, f"no live actor of {label} in {run}: " + str(
+        [(a.name, a.state) for a in actors() if (a.name or "").startswith(f"raytf:{run}:")])
     return found[0].pid
 
 
@@ -184,43 +186,87 @@ def assert_every_row_once_per_pass(accounts, workers, per_pass, batch, passes=2,
         assert counts[full].sum() == partial * batch and not counts[full + 1:].any()
 
 
-def test_a_worker_killed_in_the_middle_of_a_step_leaves_all_of_its_updates_or_none(cluster, tmp_path, no_leaks):
-    """A step whose first update's input is on the parameter server at once and whose second's comes
-    from a second of the worker's own work: the worker killed during that work leaves neither
-    update made (without raytf's hold the first was made, and the step run again made it twice).
-    Then a step whose last update's input is made, for a while, from the value another update made,
-    by ops given no device: the worker killed meanwhile leaves the updates and the step's commit
-    made, so the step's batch is not trained again (raytf runs those ops on the parameter server;
-    on the worker, where TensorFlow puts them, the kill left the first updates made and the last
-    and the commit not). Two
-    parameter servers: the counters are spread over both, the hold and the commit span them."""
+def test_a_worker_stopped_at_each_point_of_a_counted_step_and_killed_there_trains_every_row_once(
+        cluster, tmp_path, no_leaks):
+    """Deterministic fault injection: the step stops at each point of a counted step in turn
+    (workloads.GATES: before it takes its batch, before the hold opens, between two updates on the
+    parameter servers, after every update and before the commit), on a gate it cannot pass until
+    the test opens it (a write to a FIFO, on that task); the chief proves where it stopped (the
+    counters read while it waits), the test kills the worker there and then opens the gate. Each
+    point gives what docs/guides/parameter-servers.md states: stopped on the worker (before the hold
+    opens), nothing of the step is made and the step run again trains its batch once; stopped past
+    the hold, on a parameter server, the updates made stand, the later ones may be made or not,
+    the commit is not made, and the step run again trains the batch again (the stated bound: one
+    batch again per lost worker). No batch is ever skipped. Two parameter servers: the counters are
+    spread over both, the hold and the commit span them."""
     out = tmp_path / "out"
     out.mkdir()
+    rows = 512
     trainer = raytf.ParameterServerTrainer(
-        workloads.ps_torn_step, config={"out_dir": str(out)},
+        workloads.ps_gated_steps, config={"out_dir": str(out), "rows": rows},
         scaling=raytf.ParameterServerScaling(num_workers=1, num_ps=2, **SMALL),
-        run=raytf.RunConfig(name="ps-torn", storage_path=str(tmp_path / "runs"), verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=2)),
-        datasets={"train": train_data(256)})
+        run=raytf.RunConfig(name="ps-gated", storage_path=str(tmp_path / "runs"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=len(workloads.GATES))),
+        datasets={"train": train_data(rows)})
     killed = []
 
-    def kill_in_each_slow_step():
-        for phase, label in (("worker", "worker-0"), ("ps", "worker-0:1")):
-            wait_for((out / f"timed-{phase}.json").exists, timeout_s=180, message=f"the {phase} phase")
-            pid = wait_for(lambda: _live_pid("ps-torn", label), timeout_s=60, message=f"{label} to run")
-            wait_for((out / f"mark-{phase}.json").exists, timeout_s=60, message=f"the {phase} step")
-            time.sleep(0.4 * json.loads((out / f"timed-{phase}.json").read_text())["took_s"])
+    def kill_at_each_point():
+        for point in workloads.GATES:
+            wait_for((out / f"stopped-{point}.json").exists, timeout_s=240, message=f"the step stopped {point}")
+            pid = actor_pid("ps-gated", r"worker-0(:\d+)?", regex=True)  # a replacement is worker-0:<n>
+            gate, held = out / f"gate-{point}", out / f"gate-{point}.held"
+            os.link(gate, held)  # the FIFO the step waits on, to open once the worker is gone
+            (out / "passable").write_text("")
+            os.replace(out / "passable", gate)  # the step run again passes this point
             os.kill(pid, signal.SIGKILL)
-            killed.append(phase)
+            wait_for(lambda: not _alive(pid), timeout_s=30, message="the worker to be gone")
+            # A parameter server waiting at the gate writes and goes on; a worker's gate has no writer
+            # left, and the read ends at once.
+            descriptor = os.open(held, os.O_RDONLY | os.O_NONBLOCK)
+            os.set_blocking(descriptor, True)
+            while os.read(descriptor, 64):
+                pass
+            os.close(descriptor)
+            killed.append(point)
 
-    thread = threading.Thread(target=kill_in_each_slow_step, daemon=True)
+    thread = threading.Thread(target=kill_at_each_point, daemon=True)
     thread.start()
     result = trainer.fit()
     thread.join(timeout=5)
-    assert killed == ["worker", "ps"] and [f.kind for f in result.failures] == [raytf.FailureKind.DIED] * 2
-    for phase, (before, after) in read(tmp_path, "torn.json").items():
-        assert after["early"] == after["late"] == after["after"] == after["committed"], (phase, before, after)
-        assert after["committed"] - before["committed"] in (1, 2), (phase, before, after)
+    assert killed == list(workloads.GATES) and [f.kind for f in result.failures] == [raytf.FailureKind.DIED] * 4
+    gated = read(tmp_path, "gated.json")
+    counters = ("early", "late", "after", "done")
+    for point, task in workloads.GATES.items():
+        before, stopped, after = (gated["points"][point][k] for k in ("before", "stopped", "after"))
+        # Where it stopped, proved by what was made while it waited.
+        made = {k: stopped[k] - before[k] for k in (*counters, "committed")}
+        expected = {"before_batch": (0, 0, 0, 0, 0), "before_hold": (0, 0, 0, 0, 0),
+                    "between_updates": (1, 1, 0, 0, 0), "before_commit": (1, 1, 1, 0, 0)}[point]
+        assert tuple(made.values()) == expected, (point, made)
+        grew = {k: after[k] - before[k] for k in (*counters, "committed")}
+        # The killed step's batch is committed once, by the step run again: a commit is never made
+        # for a step the worker was lost in, so its batch is never skipped.
+        assert grew["committed"] == 1, (point, grew)
+        if task == "worker":  # stopped on the worker: nothing of the step made, its batch trained once
+            assert set(grew.values()) == {1}, (point, grew)
+        else:  # past the hold: what was made stands, what came after may be made, and the rerun makes all
+            for k in counters:
+                assert made[k] + 1 <= grew[k] <= 2, (point, k, grew)
+    last = gated["last"]
+    assert last["done"] == last["committed"]
+    # Every committed batch's rows trained; the rows trained twice are exactly the two batches of the
+    # steps lost past the hold (their `trained` update was made before they stopped).
+    trained = gated["trained"]
+    assert max(trained) == 2 and sum(1 for n in trained if n) == 32 * last["committed"], "a batch skipped"
+    assert sum(1 for n in trained if n == 2) == 32 * 2, "a row trained twice outside the two torn steps"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _live_pid(run, label):

@@ -1,10 +1,15 @@
-"""The hold of a parameter-server step's updates: all of them, or none, when the worker dies.
+"""The hold of a parameter-server step's updates: none of them made when the worker dies before
+they all can be.
 
 A step's writes are not one transaction on the parameter servers: each update runs where its
 variable is, once its inputs have come from the worker. raytf holds every update of a counted step
 (ps_positions.py) behind one op on the first parameter server that waits for everything the step's
-writes need from the worker; past it, they need nothing more from the worker, and a parameter server
-finishes them (and the step's commit) when the worker is gone.
+writes need from the worker. A worker lost before the hold opens (computing its gradients, where a
+step spends its time) leaves none of them made. Past it, TensorFlow cancels the parameter servers'
+part of the step with the worker, and what they had not run yet is not run: the step is left
+partly made and its batch, never committed, is trained again (the bound
+docs/guides/parameter-servers.md states, which tests/integration/test_parameter_server.py proves
+at each point of a step).
 """
 
 from __future__ import annotations
@@ -27,13 +32,11 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     given no device (an EMA or a counter the step computes from a weight it just updated: TensorFlow
     would run it on the worker), raytf runs it beside the update it feeds, and waits in the hold for
     its inputs from the worker instead. So once the hold opens the step's updates and its commit
-    need nothing from the worker, and a parameter server finishes them when the worker is gone
-    (measured: the test of a worker killed meanwhile). Left to the worker: an op after an update that
+    need nothing more from the worker. Left to the worker: an op after an update that
     the step placed there itself (``tf.device``), or that reads a resource of the worker's; and
     everything, when ``move`` is false or the work is a model's (a matmul, a convolution, a gradient,
     a function: a forward or backward pass after an update, which belongs on the worker's
-    accelerator). And a parameter server does not finish a TensorFlow function (a loop, a
-    conditional) that starts after the worker is gone.
+    accelerator).
 
     Returns (the ops after an update, feeding one, that stay on the worker by this rule: a worker
     lost while it runs them leaves the step's first updates made and its commit not; the ops raytf

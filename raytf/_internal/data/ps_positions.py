@@ -24,11 +24,11 @@ restarted from a checkpoint goes on where that checkpoint's model stood.
 A step's writes are not one transaction on the parameter servers. raytf holds
 every update the step makes until everything they need from the worker has
 arrived on their parameter servers (the worker's gradients above all;
-ps_hold.py), and the commit needs nothing more from the worker: a worker lost
-while its gradients are on their way leaves none of the step's updates made,
-and a parameter server finishes a step whose worker died once the hold opened,
-its commit with it (plain ops; not a TensorFlow loop or conditional that starts
-after the worker is gone).
+ps_hold.py), and commits the step's batch only once all of them are made: a
+worker lost while its gradients are on their way leaves none of the step's
+updates made; one lost past the hold may leave the step partly made, and its
+batch, never committed, is trained again (the bound the docs state: at most
+one batch again per lost worker, none skipped).
 """
 
 from __future__ import annotations
@@ -343,8 +343,8 @@ _ON_WORKER = ("the step %s computes on the worker, from a value one of its updat
 
 
 _MOVED = ("the step %%s computes, after one of its updates, the input of another: raytf runs that work on the "
-          "parameter server beside the update it feeds, so that a worker lost meanwhile leaves all of the step's "
-          "updates or none: %s. To keep it on the worker, place it with tf.device yourself, or turn the hold off "
+          "parameter server beside the update it feeds, so that the step's updates need nothing more from the "
+          "worker once the hold opens: %s. To keep it on the worker, place it with tf.device yourself, or turn the hold off "
           "(ParameterServerTrainer(hold_updates=False))")
 
 # ParameterServerTrainer(hold_updates=...): a chief sets it before its train_fn runs.
