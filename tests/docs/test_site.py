@@ -126,3 +126,31 @@ def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_
     for link in links:
         assert (ROOT / link).exists(), link
     assert len(readme.splitlines()) < 200, "the README is a front page; what it explains lives in docs/"
+
+
+def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(tmp_path, monkeypatch):
+    """The slowest tests on docs/contributing.md come from the newest kept record of a whole,
+    passing run (``--suite-record``), never from a partial or failed one, nor typed by hand."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import reference
+
+    record = tmp_path / "tests" / "records" / "suite.jsonl"
+    record.parent.mkdir(parents=True)
+
+    def run(when, status, args, tests):
+        return {"when": when, "commit": "abc1234", "wall_s": 600.0, "exit_status": status, "args": args,
+                "outcomes": {"passed": len(tests)}, "machine": {"cpus": 2, "memory_gib": 24, "python": "3.11.7"},
+                "versions": {"tensorflow": "2.21.0", "keras": "3.15.1", "ray": "2.60.0"},
+                "tests_s": {f"tests/x.py::{name}@x": took for name, took in tests}}
+
+    slow = [(f"test_{i}", 100.0 - i) for i in range(12)]
+    lines = [run("2026-11-26T10:00:00Z", 0, [], slow), run("2026-11-27T10:00:00Z", 0, ["-m", "unit"], [("u", 1.0)]),
+             run("2026-11-27T11:00:00Z", 1, [], [("failed", 500.0)])]
+    record.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    page = reference.slowest_markdown(str(tmp_path))
+    assert "2026-11-26" in page and "12 tests in 10.0 minutes on 2 CPUs" in page
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "`" in line]
+    assert [row.split("`")[1] for row in rows] == [f"tests/x.py::test_{i}" for i in range(10)]
+    assert "failed" not in page and "::u`" not in page
