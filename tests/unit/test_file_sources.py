@@ -11,7 +11,9 @@ import pytest
 
 import raytf.data
 from raytf._internal.data import position as P
-from raytf._internal.data.files import FilePlan, FileSource, Layout, plan_files, run_slice, scan_tfrecord
+from raytf._internal.data.files import FilePlan, FileSource, Layout, run_slice
+from raytf._internal.data.formats import format_of, plan_files
+from raytf._internal.data.formats.tfrecord import scan_tfrecord
 
 pytestmark = pytest.mark.unit
 
@@ -268,7 +270,7 @@ def test_a_corrupted_or_unparsable_record_is_named_by_file_and_index(sources, tm
             if v != 3:
                 feature["x"] = tf.train.Feature(float_list=tf.train.FloatList(value=[v] * 3))
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    found = diagnose.bad_record(str(wrong), plan.source.features)
+    found = format_of(plan.source).bad_record(plan, str(wrong))
     assert found.startswith(f"{wrong}, record 3: ") and "x" in found, found
 
 

@@ -1,4 +1,5 @@
-"""Which file and record a TFRecord read failed at, once it has failed.
+"""Which file and record a file source's read failed at, once it has failed (its format looks:
+formats/).
 
 TensorFlow's reader and parser name neither (``DataLossError: corrupted record at 2534``, the
 byte offset in a chunk; ``Name: <unknown>, Feature: x (data type: float) is required``): the
@@ -20,7 +21,6 @@ logger = logging.getLogger(__name__)
 BUDGET_S = 2.0  # how long a failed worker spends looking for the bad record (about 10^5 records here)
 _SIGNS = ("corrupted record", "is required but could not be found", "Feature: ", "truncated record",
           "Could not parse example")
-_BATCH = 4096
 
 
 def looks_like_a_bad_record(error: BaseException) -> bool:
@@ -35,41 +35,14 @@ def explain(error: BaseException, cursors: dict[str, Any], budget_s: float = BUD
     deadline = time.monotonic() + budget_s
     for name, cursor in cursors.items():
         plan = getattr(cursor, "plan", None)
-        if plan is None or plan.source.format != "tfrecord":
+        if plan is None:
             continue
+        from raytf._internal.data.formats import format_of
+
         for index in getattr(cursor, "files_read", ()):
-            found = bad_record(plan.files[index], plan.source.features, deadline)
+            found = format_of(plan.source).bad_record(plan, plan.files[index], deadline)
             if found:
                 return f"dataset {name!r}: {found}"
             if time.monotonic() > deadline:
                 return f"dataset {name!r}: no bad record found in {budget_s:g} s of looking (its files: {plan.files[0]}, ...)"
-    return None
-
-
-def bad_record(path: str, features: dict, deadline: float = float("inf")) -> Optional[str]:
-    """The first record of TFRecord file ``path`` that cannot be read or parsed with ``features``
-    (name -> (shape, dtype, default)), as "<path>, record <i>: <why>"; None if every record reads
-    (or the deadline passed first)."""
-    import tensorflow as tf
-
-    spec = {k: tf.io.FixedLenFeature(shape, tf.as_dtype(dtype), default_value=default)
-            for k, (shape, dtype, default) in features.items()}
-    done = 0
-    batches = iter(tf.data.TFRecordDataset(path).batch(_BATCH))
-    while time.monotonic() < deadline:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return None
-        except tf.errors.DataLossError as error:
-            return f"{path}, record {done} or one of the {_BATCH - 1} after it: {error.message}"
-        try:
-            tf.io.parse_example(batch, spec)
-        except tf.errors.InvalidArgumentError:
-            for offset in range(int(tf.shape(batch)[0])):
-                try:
-                    tf.io.parse_example(batch[offset:offset + 1], spec)
-                except tf.errors.InvalidArgumentError as error:
-                    return f"{path}, record {done + offset}: {error.message.splitlines()[0]}"
-        done += int(tf.shape(batch)[0])
     return None

@@ -1,9 +1,10 @@
-"""Directories of TFRecord and Parquet files read by each worker directly, every row of an
-epoch once, by file and record.
+"""Directories of files read by each worker directly, every row of an epoch once, by file and
+record: the source, its plan, and an epoch's order of it. What differs by file format is in
+formats/ (one class a format).
 
-The driver lists the files and counts their rows once per run (``plan_files``): a Parquet
-file's row groups from its footer; a TFRecord file's records from their headers, keeping the
-byte offset of every ``chunk_rows``-th record. The dataset is cut into chunks (a run of at most
+The driver lists the files and counts their rows once per run (``formats.plan_files``): a
+Parquet file's row groups from its footer; a TFRecord file's records from their headers, keeping
+the byte offset of every ``chunk_rows``-th record. The dataset is cut into chunks (a run of at most
 ``chunk_rows`` records of one TFRecord file, or one Parquet row group), the units a worker reads
 on its own. Every epoch has one order (:class:`Layout`): the chunks in file order, or with
 ``shuffle=True`` in a seeded permutation, grouped into shuffle windows of about
@@ -12,12 +13,11 @@ shuffle buffer of TensorFlow's own recipe, made reproducible). Positions in that
 what data/position.py cuts into one run per rank and records in every checkpoint, as for a
 materialized Ray Dataset; a rank reads its run as :class:`Piece`\\ s: the chunks of one window
 it needs, and which of their records to take, in order. Nothing here imports TensorFlow or Ray
-(files_tf.py builds the tf.data pipeline); pyarrow lists, counts and, for Parquet, reads.
+(files_tf.py builds the tf.data pipeline); pyarrow lists the files.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -25,8 +25,6 @@ import numpy as np
 
 from raytf._internal.data.position import Ranges
 
-_HEADER = 12  # a TFRecord's uint64 length and its masked CRC
-_SCAN_BLOCK = 1 << 20  # bytes read at a time while counting a TFRecord file's records
 _WINDOW_BYTES = 64 << 20  # a shuffle window also ends once its chunks hold this many bytes
 
 
@@ -59,6 +57,7 @@ class FilePlan:
     chunk_bytes: np.ndarray  # its size in bytes (Parquet: the row group's, uncompressed)
     schema: dict = field(default_factory=dict)  # Parquet: column -> (NumPy dtype, per-row shape)
     file_stats: tuple = ()  # (bytes, modification time in ns) of each file as counted; () = not checked
+    chunk_is_window: bool = False  # each chunk a shuffle window of its own (the format's: a Parquet row group)
 
     @property
     def rows(self) -> int:
@@ -116,71 +115,6 @@ def list_files(source: FileSource) -> list[str]:
     return found
 
 
-def scan_tfrecord(read_at: Any, size: int, chunk_rows: int, name: str) -> tuple[list[int], list[int]]:
-    """(records, byte offset of each chunk's first record) of one uncompressed TFRecord file of
-    ``size`` bytes, walking its record headers through blocks of ``read_at(nbytes, offset)``; a
-    file that ends inside a record is named, with the likely cause."""
-    counts: list[int] = []
-    offsets: list[int] = []
-    at = block_at = records = 0
-    block = b""
-    while at < size:
-        if at + _HEADER > block_at + len(block):
-            block_at, block = at, read_at(min(_SCAN_BLOCK, size - at), at)
-        if at + _HEADER > block_at + len(block):
-            raise ValueError(f"raytf.data.tfrecord_files: {name} ends inside a record's header (truncated, or "
-                             "compressed: the files must be uncompressed TFRecord)")
-        (length,) = struct.unpack_from("<Q", block, at - block_at)
-        if records % chunk_rows == 0:
-            offsets.append(at)
-            counts.append(0)
-        counts[-1] += 1
-        records += 1
-        at += _HEADER + length + 4
-    if at != size:
-        raise ValueError(f"raytf.data.tfrecord_files: {name} ends inside a record (truncated, or compressed: the "
-                         "files must be uncompressed TFRecord)")
-    return counts, offsets
-
-
-def _scan_file(source: FileSource, path: str) -> tuple[list[int], list[int], list[int], list[int], dict]:
-    """One file's chunks: (rows, first record or row group, byte offset, bytes), and for Parquet
-    its schema."""
-    filesystem, on_fs = filesystem_of(path)
-    if source.format == "parquet":
-        import pyarrow.parquet as pq
-
-        with filesystem.open_input_file(on_fs) as handle:
-            parquet = pq.ParquetFile(handle)
-            meta = parquet.metadata
-            groups = range(meta.num_row_groups)
-            rows = [meta.row_group(g).num_rows for g in groups]
-            size = [meta.row_group(g).total_byte_size for g in groups]
-            schema = parquet.schema_arrow
-        return rows, list(groups), [0] * len(rows), size, {"arrow": schema}
-    with filesystem.open_input_file(on_fs) as handle:
-        size = handle.size()
-        counts, offsets = scan_tfrecord(handle.read_at, size, source.chunk_rows, path)
-    firsts = [i * source.chunk_rows for i in range(len(counts))]
-    ends = offsets[1:] + [size]
-    return counts, firsts, offsets, [e - o for o, e in zip(offsets, ends)], {}
-
-
-def plan_files(source: FileSource, threads: int = 8) -> FilePlan:
-    """Count every file's rows (in parallel: reading headers waits on storage) into a plan."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    files = list_files(source)
-    with ThreadPoolExecutor(min(threads, len(files))) as pool:
-        scanned = list(pool.map(lambda p: _scan_file(source, p), files))
-    schema: dict = {}
-    if source.format == "parquet":
-        schema = parquet_schema(source, files, [s[4]["arrow"] for s in scanned])
-    column = lambda i, dtype=np.int64: np.array([v for s in scanned for v in s[i]], dtype=dtype)  # noqa: E731
-    return FilePlan(source, tuple(files), np.repeat(np.arange(len(files), dtype=np.int64), [len(s[0]) for s in scanned]),
-                    column(1), column(0), column(2), column(3), schema, tuple(file_stats(files)))
-
-
 def file_stats(files: Sequence[str]) -> list[Optional[tuple[int, int]]]:
     """Each file's (bytes, modification time in ns), None where it is gone: what a plan checks its
     files against at every pass, since a file rewritten with as many rows trains other rows."""
@@ -210,38 +144,6 @@ def changed_files(plan: FilePlan, indices: Sequence[int]) -> list[str]:
     return problems
 
 
-def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[Any]) -> dict:
-    """column -> (NumPy dtype, per-row shape) of the columns read, the same in every file;
-    fixed-size lists are tensor columns."""
-    import pyarrow as pa
-
-    first = schemas[0]
-    names = list(source.columns) if source.columns else list(first.names)
-    out = {}
-    for name in names:
-        if first.get_field_index(name) < 0:
-            raise ValueError(f"raytf.data.parquet_files: column {name!r} is not in {files[0]} (its columns: "
-                             f"{', '.join(first.names)})")
-        kind, shape = first.field(name).type, []
-        while pa.types.is_fixed_size_list(kind):
-            shape.append(kind.list_size)
-            kind = kind.value_type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
-            dtype = np.dtype(object)
-        elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-            dtype = np.dtype(kind.to_pandas_dtype())
-        else:
-            raise ValueError(f"raytf.data.parquet_files: column {name!r} is {first.field(name).type}; a worker reads "
-                             "numbers, strings and fixed-size lists of them (write variable lists padded, as "
-                             "pa.list_(type, size))")
-        out[name] = (dtype, tuple(shape))
-    for path, schema in zip(files[1:], schemas[1:]):
-        for name in names:
-            if schema.get_field_index(name) < 0 or schema.field(name).type != first.field(name).type:
-                raise ValueError(f"raytf.data.parquet_files: column {name!r} of {path} does not match {files[0]}'s")
-    return out
-
-
 @dataclass(frozen=True)
 class Piece:
     """What one read takes: these chunks (in order, concatenated) and which of their rows."""
@@ -259,7 +161,7 @@ class Layout:
         count = len(plan.chunk_rows)
         self.order = np.random.default_rng((seed, epoch)).permutation(count) if shuffle else np.arange(count)
         rows, size = plan.chunk_rows[self.order], plan.chunk_bytes[self.order]
-        per_window = 1 if plan.source.format == "parquet" else None  # a row group is a window of its own
+        per_window = plan.chunk_is_window
         bounds, taken, held = [0], 0, 0
         for i in range(count):
             taken, held = taken + int(rows[i]), held + int(size[i])

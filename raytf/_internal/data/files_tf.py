@@ -7,16 +7,13 @@ by a deterministic parallel interleave, each chunk whole as one element (a read 
 chunk's size), so its output is the chunks one after the other while several are read at once;
 then its rows are taken in the window's order (no copy where it takes them all in order) and,
 for TFRecord, parsed by ``tf.io.parse_example`` in one call per piece; ``rebatch`` cuts the
-pieces into the pass's batches. A TFRecord chunk is opened at its byte offset (TensorFlow's
-``TFRecordDatasetV2`` op, which the public ``TFRecordDataset`` does not expose; where it is
-missing, the reader skips to the chunk's first record). A Parquet piece is read by pyarrow, one
-row group at a time.
+pieces into the pass's batches. How a piece is read is its format's (formats/: a TFRecord chunk
+opened at its byte offset, a Parquet row group read by pyarrow).
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -24,12 +21,12 @@ import numpy as np
 from raytf._internal.data import planned
 from raytf._internal.data import position as _position
 from raytf._internal.data.files import FilePlan, Layout, changed_files, run_slice
+from raytf._internal.data.formats import format_of
 from raytf._internal.data.request import ShardRequest, check_rows
 from raytf._internal.data.tfdata import _finish
 from raytf.errors import DatasetShardError
 
 _PIECES_IN_FLIGHT = 4  # pieces read at once (each up to a shuffle window)
-_READERS = 4  # chunks of one piece read at once
 
 
 class FileCursor(planned.Cursor):
@@ -65,65 +62,7 @@ def files_digest(plan: FilePlan) -> str:
 
 def column_specs(plan: FilePlan) -> dict[str, tuple[Any, tuple[int, ...]]]:
     """column -> (NumPy dtype, per-row shape), in the source's order."""
-    if plan.source.format == "parquet":
-        return dict(plan.schema)
-    return {name: (dtype, shape) for name, (shape, dtype, _) in plan.source.features.items()}
-
-
-def _records_at(filename: Any, offset: Any, size: Any, first: Any) -> Any:
-    """A TFRecord file's records from the one at byte ``offset`` (record number ``first``), read
-    with a buffer of the chunk's ``size`` in bytes."""
-    import tensorflow as tf
-
-    from raytf._internal import hooks
-    from raytf._internal.hooks import tensorflow as tf_hooks
-    from raytf._internal.hooks._hook import warn_once
-    from raytf.errors import HookError
-
-    hook = hooks.named("tensorflow.records_at")
-    try:
-        source = hook.call(tf_hooks.records_at_class)
-    except HookError as error:  # the same records, read from the file's start and skipped
-        warn_once(hook, error)
-        return tf.data.TFRecordDataset(filename, buffer_size=1 << 20).skip(first)
-    return source(filename, offset, size)
-
-
-class _ParquetReader:
-    """Row groups of a plan's Parquet files, as NumPy columns. Each of tf.data's threads opens
-    the files it reads once (a pyarrow ParquetFile must not be read by two threads at once)."""
-
-    def __init__(self, plan: FilePlan, columns: list[str]):
-        self.plan, self.columns = plan, columns
-        self._local = threading.local()
-
-    def _file(self, index: int) -> Any:
-        opened = self._local.__dict__.setdefault("files", {})
-        if index not in opened:
-            import pyarrow.parquet as pq
-
-            from raytf._internal.data.files import filesystem_of
-
-            filesystem, path = filesystem_of(self.plan.files[index])
-            opened[index] = pq.ParquetFile(filesystem.open_input_file(path))
-        return opened[index]
-
-    def read(self, chunks: np.ndarray, take: np.ndarray) -> list[np.ndarray]:
-        import pyarrow as pa
-
-        tables = [self._file(int(self.plan.chunk_file[c])).read_row_group(int(self.plan.chunk_first[c]),
-                                                                           columns=self.columns)
-                  for c in chunks]
-        table = pa.concat_tables(tables).take(pa.array(take))
-        out = []
-        for name in self.columns:
-            dtype, shape = self.plan.schema[name]
-            values = table.column(name).combine_chunks()
-            for _ in shape:
-                values = values.flatten()
-            array = values.to_numpy(zero_copy_only=False)
-            out.append(array.reshape(len(take), *shape) if shape else array)
-        return out
+    return format_of(plan.source).column_specs(plan)
 
 
 def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> Any:
@@ -166,10 +105,7 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         return out
 
     batch = request.batch_size
-    if plan.source.format == "tfrecord":
-        read_piece = _tfrecord_piece(plan, needed, tf_dtype)
-    else:
-        read_piece = _parquet_piece(plan, needed, tf_dtype, specs)
+    read_piece = format_of(plan.source).piece_reader(plan, needed, tf_dtype, specs)
 
     def one_pass(_: Any) -> Any:
         out = [tf.ensure_shape(t, (None,)) for t in tf.py_function(tables, [], Tout=[tf.int64] * 8)]
@@ -200,50 +136,9 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
 
 
 def _take(piece: Any, plan: FilePlan) -> np.ndarray:
-    """A piece's rows to take from its chunks; none where it takes every row in order (TFRecord:
-    the records go on as read, without a copy)."""
-    if plan.source.format == "tfrecord" and len(piece.take) == plan.chunk_rows[piece.chunks].sum() and (
-            piece.take == np.arange(len(piece.take))).all():
+    """A piece's rows to take from its chunks; none where it takes every row in order and its
+    format reads them so without a copy."""
+    if format_of(plan.source).reads_in_order_without_copy and len(piece.take) == plan.chunk_rows[piece.chunks].sum() \
+            and (piece.take == np.arange(len(piece.take))).all():
         return piece.take[:0]
     return piece.take
-
-
-def _tfrecord_piece(plan: FilePlan, needed: list[str], tf_dtype: dict) -> Any:
-    """A piece's rows, parsed in one ``tf.io.parse_example`` call: each chunk read whole (one
-    element per chunk, several chunks at once), the chunks concatenated, the piece's records
-    taken in its order."""
-    import tensorflow as tf
-
-    files = tf.constant(list(plan.files))
-    chunk_file, chunk_offset = tf.constant(plan.chunk_file), tf.constant(plan.chunk_offset)
-    chunk_rows, chunk_first = tf.constant(plan.chunk_rows), tf.constant(plan.chunk_first)
-    chunk_bytes = tf.constant(plan.chunk_bytes)
-    spec = {name: tf.io.FixedLenFeature(shape, tf_dtype[name], default_value=default)
-            for name, (shape, _, default) in plan.source.features.items() if name in needed}
-
-    def read_chunk(filename: Any, offset: Any, size: Any, first: Any, rows: Any) -> Any:
-        return _records_at(filename, offset, size, first).take(rows).batch(rows)
-
-    def read(chunks: Any, take: Any) -> Any:
-        records = tf.data.Dataset.from_tensor_slices((
-            tf.gather(files, tf.gather(chunk_file, chunks)), tf.gather(chunk_offset, chunks),
-            tf.gather(chunk_bytes, chunks), tf.gather(chunk_first, chunks), tf.gather(chunk_rows, chunks),
-        )).interleave(read_chunk, cycle_length=_READERS, num_parallel_calls=_READERS, deterministic=True)
-        serialized = records.ragged_batch(tf.size(chunks, out_type=tf.int64)).get_single_element().flat_values
-        serialized = tf.cond(tf.size(take) > 0, lambda: tf.gather(serialized, take), lambda: serialized)
-        return tf.io.parse_example(serialized, spec)
-
-    return read
-
-
-def _parquet_piece(plan: FilePlan, needed: list[str], tf_dtype: dict, specs: dict) -> Any:
-    import tensorflow as tf
-
-    reader = _ParquetReader(plan, needed)
-
-    def read(chunks: Any, take: Any) -> dict[str, Any]:
-        out = tf.py_function(lambda c, t: reader.read(c.numpy(), t.numpy()), [chunks, take],
-                             Tout=[tf_dtype[c] for c in needed])
-        return {c: tf.ensure_shape(v, (None, *specs[c][1])) for c, v in zip(needed, out)}
-
-    return read

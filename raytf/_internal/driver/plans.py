@@ -59,7 +59,8 @@ class ExactData(GroupCallback):
     once, handed to every attempt's ranks."""
 
     def __init__(self, datasets: Mapping[str, Any], split: Collection[str], exactly_once: bool = True):
-        from raytf._internal.data.files import FileSource, plan_files
+        from raytf._internal.data.files import FileSource
+        from raytf._internal.data.formats import plan_files
 
         self._seed = secrets.randbits(62)  # orders unseeded shuffles; a checkpoint's positions keep theirs
         self._split = frozenset(split)
