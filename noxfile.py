@@ -50,7 +50,8 @@ def newest(session: nox.Session) -> None:
 
 # The newest pre-releases, past pyproject.toml's upper bounds: TensorFlow's release candidate,
 # Keras's nightly (or its newest pre-release where the index has no nightly), tf-keras's and Ray's.
-NEXT = ["tensorflow", "tf-keras", "ray[default,data]"]
+# The hooks' report names the versions it checked.
+NEXT = ["tensorflow", "ray[default,data]"]
 KERAS_NEXT = ("keras-nightly", "keras")
 
 
@@ -60,6 +61,9 @@ def next(session: nox.Session) -> None:  # noqa: A001 - the session's name
     and the unit tier. It reports what broke and never fails: CI does not wait on releases that
     raytf does not support yet."""
     session.install("--pre", "--upgrade", *NEXT)
+    # tf-keras pins the TensorFlow minor it was released with, which would hold TensorFlow back
+    # from its release candidate: its newest, beside whatever TensorFlow is newest.
+    session.install("--pre", "--upgrade", "--no-deps", "tf-keras")
     for keras in KERAS_NEXT:
         try:
             session.install("--pre", "--upgrade", keras, silent=True)
