@@ -226,9 +226,7 @@ def test_a_stalled_worker_is_found_by_the_worker_timeout_and_the_group_restarted
     run = trainer(workloads.stall_on_first_attempt, tmp_path, "stalled")
     run.run = raytf.RunConfig(
         name="stalled", storage_path=str(tmp_path / "results"), verbose=0,
-        # The restart's workers start cold (TensorFlow's import): a start timeout no loaded machine
-        # reaches, so that only the stall is a failure.
-        failure_config=raytf.FailureConfig(max_failures=1, worker_timeout_s=5, start_timeout_s=600),
+        failure_config=raytf.FailureConfig(max_failures=1, worker_timeout_s=5),
     )
     result = run.fit()
     assert result.attempts == 2
