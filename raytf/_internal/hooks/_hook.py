@@ -64,6 +64,16 @@ class Hook:
             raise self.error(error) from None
 
 
+    def call_or_warn(self, reach: Callable[..., object], *args: object) -> object:
+        """``reach(*args)`` through this optional hook, or None once the run was warned (once) that
+        the hook does not work and what it goes without."""
+        try:
+            return self.call(reach, *args)
+        except HookError as error:
+            warn_once(self, error)
+            return None
+
+
 @dataclass(frozen=True)
 class Patch:
     """A process-wide change raytf makes to a library's code in a worker: what it replaces, when."""

@@ -97,14 +97,9 @@ def name_in_log_prefix(name: str) -> None:
     """Make Ray's log prefix for this actor's lines ``(<name> pid=...)``."""
     from raytf._internal import hooks
     from raytf._internal.hooks import ray as ray_hooks
-    from raytf._internal.hooks._hook import warn_once
-    from raytf.errors import HookError
 
-    hook = hooks.named("ray.log_prefix")
-    try:
-        prefix = hook.call(ray_hooks.log_prefix_actor_name)
-    except HookError as error:  # Ray's own prefix stays
-        warn_once(hook, error)
+    prefix = hooks.named("ray.log_prefix").call_or_warn(ray_hooks.log_prefix_actor_name)
+    if prefix is None:  # Ray's own prefix stays
         return
     for stream in (sys.stdout, sys.stderr):
         stream.write(f"{prefix}{name}\n")

@@ -125,14 +125,9 @@ def _records_at(filename: Any, offset: Any, size: Any, first: Any) -> Any:
 
     from raytf._internal import hooks
     from raytf._internal.hooks import tensorflow as tf_hooks
-    from raytf._internal.hooks._hook import warn_once
-    from raytf.errors import HookError
 
-    hook = hooks.named("tensorflow.records_at")
-    try:
-        source = hook.call(tf_hooks.records_at_class)
-    except HookError as error:  # the same records, read from the file's start and skipped
-        warn_once(hook, error)
+    source = hooks.named("tensorflow.records_at").call_or_warn(tf_hooks.records_at_class)
+    if source is None:  # the same records, read from the file's start and skipped
         return tf.data.TFRecordDataset(filename, buffer_size=1 << 20).skip(first)
     return source(filename, offset, size)
 
