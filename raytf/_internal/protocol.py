@@ -256,13 +256,15 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class WorkerAddress:
-    """Where one actor lives, the port it holds for TensorFlow's server, and the GPUs it trains on
-    (the ids CUDA_VISIBLE_DEVICES names: Ray's, or those a warm standby was handed)."""
+    """Where one actor lives, the port it holds for TensorFlow's server, the GPUs it trains on
+    (the ids CUDA_VISIBLE_DEVICES names: Ray's, or those a warm standby was handed), and its
+    process on its node (0 where unknown)."""
 
     node_id: str
     node_ip: str
     port: int
     gpu_ids: tuple[str, ...] = ()
+    pid: int = 0
 
     @property
     def host_port(self) -> str:

@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
     cloudpickle.register_pickle_by_value(workloads)
     cloudpickle.register_pickle_by_value(ray_train_examples)
     dashboard, agent = free_ports(2)
-    with _without_scikit_learn(tmp_path_factory.mktemp("hidden")):
+    with _without_test_only_packages(tmp_path_factory.mktemp("hidden")):
         c = Cluster(
             initialize_head=True,
             # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
@@ -52,15 +52,21 @@ def cluster(tmp_path_factory):
     c.shutdown()
 
 
+# What the test extras install for other tiers and no integration test's Ray process uses: TensorFlow's
+# import loads each of them where installed (Keras's scikit-learn wrapper, its image gallery's
+# matplotlib, its notebook check's IPython), together a third of a worker's ``import tensorflow``
+# on this machine. A user's cluster without them starts its workers as these do.
+_HIDDEN = ("sklearn", "matplotlib", "mpl_toolkits", "IPython")
+
+
 @contextlib.contextmanager
-def _without_scikit_learn(directory):
-    """Ray processes started meanwhile cannot import scikit-learn (the test extras have it for the
-    digits job, which runs on a head of its own): TensorFlow imports Keras's scikit-learn wrapper
-    whenever scikit-learn is installed, a quarter of every worker's ``import tensorflow``, and no
-    integration test uses it."""
-    (directory / "sklearn").mkdir()
-    (directory / "sklearn" / "__init__.py").write_text(
-        'raise ImportError("scikit-learn is hidden from the test cluster (tests/integration/conftest.py)")\n')
+def _without_test_only_packages(directory):
+    """Ray processes started meanwhile cannot import the packages of ``_HIDDEN`` (the scikit-learn
+    digits job, which needs one, runs on a head of its own)."""
+    for name in _HIDDEN:
+        (directory / name).mkdir()
+        (directory / name / "__init__.py").write_text(
+            f'raise ImportError("{name} is hidden from the test cluster (tests/integration/conftest.py)")\n')
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), before]))
     try:

@@ -149,3 +149,27 @@ def test_warm_standbys_start_at_the_first_step_or_report_or_a_while_after_a_sile
     stepping.heard(0, WorkerStatus(rank=0, phase=Phase.TRAINING, progress=Progress(epoch=0, step=1, global_step=1)))
     stepping.round(None)
     assert warm._trains(stepping)  # at its first step, not later
+
+
+def test_a_silent_workers_process_is_ended_by_its_pid_and_no_other_process_is():
+    """group.shutdown's last resort for an actor that answers nothing (actors.end_process): a
+    stopped process titled as a worker actor is killed; a process of another title is left."""
+    import signal
+    import subprocess
+    import sys
+
+    from raytf._internal.driver.actors import end_process
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    worker = subprocess.Popen([*sleeper, "ray::TrainWorker"])  # its title, as Ray's setproctitle leaves it
+    other = subprocess.Popen([*sleeper, "ray::IDLE"])
+    try:
+        worker.send_signal(signal.SIGSTOP)  # alive, and answering nothing
+        assert end_process(worker.pid)
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+        assert not end_process(other.pid) and other.poll() is None
+        assert not end_process(worker.pid)  # gone: nothing to end
+    finally:
+        for process in (worker, other):
+            process.kill()
+            process.wait()

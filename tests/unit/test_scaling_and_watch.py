@@ -72,6 +72,11 @@ def test_finished_stopped_lost_and_not_joined():
     clock.now = 31.0
     w.silent(0, since=0.0)
     assert w.round(None).failures[0].kind == FailureKind.UNRESPONSIVE
+    # The silent rank is kept past the round (the group ends its process at shutdown), the dead one
+    # is not silent, and a replacement clears it.
+    assert w.silent_ranks == {0}
+    w.replaced(0, "10.0.0.2")
+    assert w.silent_ranks == set()
     late = watch(clock)  # started at 31
     late.heard(0, status(0, Phase.READY))
     clock.now = 132.0

@@ -4,6 +4,7 @@ a method on several, kill them and wait until they are gone."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -69,6 +70,40 @@ def kill_and_wait(actors: Sequence[Any], what: str) -> None:
             pass  # gone, as asked
         except GetTimeoutError:
             logger.warning("a killed %s actor is still alive after the shutdown timeout", what)
+
+
+def end_process(pid: int) -> bool:
+    """SIGKILL ``pid`` if it is still the process of a raytf worker actor (Ray titles it
+    ``ray::TrainWorker``); whether it was. Linux only: elsewhere, nothing to read it by."""
+    import signal
+
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"TrainWorker" not in f.read():
+                return False
+        os.kill(pid, signal.SIGKILL)
+    except OSError:  # gone meanwhile, or no /proc
+        return False
+    return True
+
+
+_end_process = ray.remote(num_cpus=0, max_retries=0)(end_process)
+
+
+def end_silent_processes(addresses: Sequence[Any], timeout_s: float) -> None:
+    """End the processes of actors that stopped answering, on their nodes, once Ray was told to
+    kill them. Ray's kill asks an actor's process to exit, and one that answers nothing (stopped,
+    thrashing, stuck in native code) may never: on Ray 2.50 it then keeps its bundle's resources,
+    and the next attempt's actors never start. Newer Rays end it themselves; this is then a no-op."""
+    refs = [_end_process.options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node_id, soft=False))
+            .remote(a.pid) for a in addresses if a.pid]
+    try:
+        ended = sum(ray.get(refs, timeout=timeout_s))
+    except (GetTimeoutError, RayTaskError, RayActorError) as error:  # a node gone with its process
+        logger.warning("could not make sure unresponsive workers' processes ended: %s", type(error).__name__)
+        return
+    if ended:
+        logger.warning("ended %d unresponsive worker process(es) Ray's kill had left", ended)
 
 
 @ray.remote(num_cpus=0, max_retries=0)

@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import call_each, kill_and_wait, new_worker, relay_for, reserve
+from raytf._internal.driver.actors import call_each, end_silent_processes, kill_and_wait, new_worker, relay_for, reserve
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -371,6 +371,8 @@ class WorkerGroup:
         for callback in self._callbacks:
             callback.before_shutdown(self)
         members, self.members = self.members, []
+        silent = [members[i].address for i in sorted(self.watch.silent_ranks if self.watch else ())
+                  if i < len(members) and members[i].address is not None]
         self.watch = None
         if self._relay is not None:
             self._relay.watch({})  # the killed actors' deaths are no news
@@ -378,6 +380,8 @@ class WorkerGroup:
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
         kill_and_wait([m.actor for m in members if m.actor is not None], "worker")
+        if silent:
+            end_silent_processes(silent, timeout_s=_CLOSE_TIMEOUT_S)
         if not self._keeps_placement():
             placement.remove(self._pg)
             self._pg = None

@@ -57,6 +57,7 @@ class GroupWatch:
         self.released = False  # the start barrier: every worker told to build the strategy
         self._reports: list[Report] = []
         self._failures: list[WorkerFailure] = []
+        self.silent_ranks: set[int] = set()  # found unresponsive: their processes may outlive a kill (group.shutdown)
         self.preempt_reasons: list[str] = []  # workers that asked for a preemption (SIGTERM), this round
         # When the whole group first got past each start-up phase (the clock's time), for the breakdown.
         self.reached: dict[Milestone, float] = {}
@@ -70,6 +71,7 @@ class GroupWatch:
         new one ``start_timeout_s`` to join."""
         self.phases.pop(rank, None)
         self._activities.pop(rank, None)
+        self.silent_ranks.discard(rank)
         self._node_ips[rank] = node_ip
         self._started_at = self._clock()
 
@@ -96,6 +98,7 @@ class GroupWatch:
                 f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
             ))
             self.phases[rank] = Phase.LOST
+            self.silent_ranks.add(rank)
 
     def died(self, rank: int, error_type: str, message: str) -> None:
         self._failures.append(self._failure(rank, FailureKind.DIED, error_type, message))

@@ -8,6 +8,7 @@ tensorflow.py. Nothing here imports TensorFlow at module level.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -109,6 +110,7 @@ class TrainWorker:
                 node_ip=ray.util.get_node_ip_address(),
                 port=self._sock.getsockname()[1],
                 gpu_ids=tuple(str(g) for g in (gpu_ids if gpu_ids is not None else assigned)),
+                pid=os.getpid(),
             )
         return self._address
 
