@@ -5,9 +5,8 @@
     nox -s newest      # the newest: the whole suite, the slow tier included
     nox -s next        # the newest pre-releases: which of raytf's hooks they break (never fails)
 
-CI runs the README's test command (.ci/run): the whole suite on the newest versions. ``oldest``
-is not in it yet: on Ray 2.50.1 a worker stopped with SIGSTOP is not killed by ray.kill and the
-stalled-worker test's restart never starts (docs/contributing.md). raytf reaches into private TensorFlow, Keras and Ray code
+CI (.ci/run) runs the README's test command (the whole suite on the newest versions), then
+``oldest``. raytf reaches into private TensorFlow, Keras and Ray code
 (raytf/_internal/hooks/); each hook is checked when a worker starts and has a test. The
 ``oldest`` session is what keeps the lower bounds in pyproject.toml honest: raise a bound there
 and here together, and only once this passes; ``next`` says what the next releases will break

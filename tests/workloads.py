@@ -438,15 +438,25 @@ def checkpointed_train(config: dict) -> None:
         shutil.rmtree(directory)  # as report returned: with asynchronous uploads, raytf uploads its own copy
 
 
-def stall_on_first_attempt(config: dict) -> None:
-    """Rank 1 stops its own process (SIGSTOP) on attempt 0: alive, but silent. Attempt 1 trains."""
+def lose_rank_1_three_ways(config: dict) -> None:
+    """Rank 1 is lost once each way a worker goes: on attempt 0 it stops its own process (SIGSTOP:
+    alive, but silent), on attempt 1 it exits, on attempt 2 it records its actor's name in
+    ``rank1_attempt2.json`` and reports until the test kills the actor with ``ray.kill``. Attempt 3
+    trains small_train."""
     import signal
 
+    import ray
+
     ctx = raytf.get_context()
-    if ctx.world_rank == 1 and ctx.attempt == 0:
+    if ctx.world_rank == 1 and ctx.attempt < 3:
         raytf.report({"epoch": -1})
+        if ctx.attempt == 2:
+            _write(config["out_dir"], "rank1_attempt2.json", {"actor_name": ray.get_runtime_context().get_actor_name()})
+            for step in range(600):  # until the test's ray.kill (at most a minute)
+                raytf.report({"epoch": -1, "step": step})
+                time.sleep(0.1)
         time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP) if ctx.attempt == 0 else os._exit(1)
     small_train(config)
 
 
@@ -579,12 +589,13 @@ def _unpickle_stall(marker: str, rank: int) -> "StallOnce":
     return StallOnce(marker, rank)
 
 
-def collective_error_on_first_attempt(config: dict) -> None:
-    """Rank 0 fails attempt 0 with the error a collective raises when a peer is unreachable."""
+def collective_error_on_attempt(config: dict) -> None:
+    """Rank 0 fails attempt ``error_attempt`` with the error a collective raises when a peer is
+    unreachable; the other attempts train small_train."""
     import tensorflow as tf
 
     ctx = raytf.get_context()
-    if ctx.attempt == 0 and ctx.world_rank == 0:
+    if ctx.attempt == config["error_attempt"] and ctx.world_rank == 0:
         raytf.report({"epoch": -1})
         raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer 1 is unreachable")
     small_train(config)
@@ -653,6 +664,13 @@ def keras_train(config: dict) -> None:
         "attempt": ctx.attempt,
         "iterations": int(model.optimizer.iterations.numpy()),
     })
+
+
+def callbacks_then_gradient_accumulation(config: dict) -> None:
+    """keras_callbacks_and_metrics, then gradient_accumulation, in the same workers: two Keras 3
+    checks that need nothing of each other but the strategy, for one group's start."""
+    keras_callbacks_and_metrics(config)
+    gradient_accumulation(config)
 
 
 def keras_callbacks_and_metrics(config: dict) -> None:
@@ -940,10 +958,12 @@ def ray_train_style(config: dict) -> None:
 
 
 def one_rank_stops(config: dict) -> None:
-    """Both ranks join one collective; then rank 1 returns (or sleeps) while rank 0 enters another."""
+    """Both ranks join one collective; then rank 1 returns (or sleeps) while rank 0 enters another.
+    ``how``: "return", "sleep", or a list of them, one per attempt."""
     import tensorflow as tf
 
     ctx = raytf.get_context()
+    how = config["how"][ctx.attempt] if isinstance(config["how"], list) else config["how"]
     strategy = raytf.strategy()
 
     def all_reduce():
@@ -952,7 +972,7 @@ def one_rank_stops(config: dict) -> None:
     all_reduce()
     raytf.report({"epoch": 0})
     if ctx.world_rank == 1:
-        if config["how"] == "return":
+        if how == "return":
             return
         time.sleep(600)
     all_reduce()
@@ -1495,7 +1515,8 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
         time.sleep(config.get("step_sleep", 0))
     if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
         os._exit(1)
-    if config.get("term") and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == config["term"]:
+    terms = config.get("term") or []
+    if {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} in (terms if isinstance(terms, list) else [terms]):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -1559,7 +1580,7 @@ def counted_keras_train(config: dict) -> None:
     first line is the attempt's start (the restored iteration, the group's size, the node). Test
     hooks: ``mark`` ({epoch, batch}, attempt 0): each rank writes running-<driver>-<rank>.json
     with its pid and node, then each of its steps sleeps ``step_sleep``; ``kill`` ({attempt,
-    rank, epoch, batch}): exit; ``term`` (the same): SIGTERM to itself (a preemption).
+    rank, epoch, batch}): exit; ``term`` (the same, or a list of them): SIGTERM to itself (a preemption).
     ``tf_keras_fit``: tf-keras's own ``model.fit`` (``TensorflowConfig(keras="tf_keras")``)."""
     import tensorflow as tf
 

@@ -29,29 +29,6 @@ def trainer(tmp_path, name, config, **run):
     )
 
 
-def test_a_kill_right_after_a_commit_resumes_from_that_checkpoint(tmp_path, no_leaks):
-    # upload="sync": report returns once the checkpoint is committed (the default, "async", returns
-    # once it is in host memory; test_a_kill_during_a_checkpoint_save_... shows what an upload cut
-    # short by the chief's death leaves).
-    result = trainer(
-        tmp_path, "kill-after-commit", {"epochs": 4, "kill_after": 1},
-        failure_config=raytf.FailureConfig(max_failures=1), checkpoint_config=raytf.CheckpointConfig(upload="sync"),
-    ).fit()
-    seen = [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history]
-    # Synchronous uploads of a directory keep no snapshot, so the restart read storage.
-    assert [s.get("restored_from") for s in result.startup] == [None, "storage"]
-    # The chief died the instant its epoch-1 report returned: epoch 1 was committed and used.
-    assert seen == [(0, 0, 0), (0, 1, 0), (1, 2, 2), (1, 3, 2)]
-    assert result.attempts == 2
-    # Weights were restored, not rebuilt: attempt 1 starts where attempt 0 ended.
-    losses = [h["loss"] for h in result.history]
-    assert losses[2] < losses[0]
-    assert result.checkpoint.epoch == 3
-    index = json.loads((tmp_path / "results" / "kill-after-commit" / "checkpoints" / "index.json").read_text())
-    assert [c["epoch"] for c in index["checkpoints"]] == [0, 1, 2, 3]
-    assert [c["attempt"] for c in index["checkpoints"]] == [0, 0, 1, 1]
-
-
 def test_a_kill_during_a_checkpoint_save_resumes_from_the_previous_one(tmp_path, no_leaks):
     # The default upload="async": epoch 1's report returned with its checkpoint in host memory, and
     # the chief died while the background upload was under way.
@@ -88,25 +65,38 @@ def test_a_new_driver_resumes_the_run_and_resume_never_refuses(tmp_path, no_leak
     assert checkpoints == ["checkpoint_000003", "index.json"]  # num_to_keep=1 kept only the latest
 
 
-def test_checkpoints_on_s3_are_committed_and_resumed_from(s3_filesystem, cluster, no_leaks):
+def test_a_kill_right_after_a_commit_on_s3_resumes_from_that_checkpoint_read_from_s3(s3_filesystem, cluster, no_leaks):
+    """upload="sync": report returns once the checkpoint is committed (the default, "async", returns
+    once it is in host memory; test_a_kill_during_a_checkpoint_save_... shows what an upload cut
+    short by the chief's death leaves). Synchronous uploads of a directory keep no copy in memory,
+    so the restart reads the checkpoint back from S3 (the loopback server)."""
     import pyarrow.fs as pafs
 
     result = raytf.Trainer(
         workloads.checkpointed_train,
-        config={"epochs": 3, "kill_after": 0},
+        config={"epochs": 4, "kill_after": 1},
         scaling=raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(
             name="on-s3", storage_path="raytf-test/runs", storage_filesystem=s3_filesystem, verbose=0,
-            failure_config=raytf.FailureConfig(max_failures=1),
+            failure_config=raytf.FailureConfig(max_failures=1), checkpoint_config=raytf.CheckpointConfig(upload="sync"),
         ),
     ).fit()
-    assert [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history] == [(0, 0, 0), (1, 1, 1), (1, 2, 1)]
+    assert [s.get("restored_from") for s in result.startup] == [None, "storage"]
+    # The chief died the instant its epoch-1 report returned: epoch 1 was committed and used.
+    seen = [(h["attempt"], h["epoch"], h["resumed_at"]) for h in result.history]
+    assert seen == [(0, 0, 0), (0, 1, 0), (1, 2, 2), (1, 3, 2)]
+    assert result.attempts == 2
+    # Weights were restored, not rebuilt: attempt 1 starts where attempt 0 ended.
+    losses = [h["loss"] for h in result.history]
+    assert losses[2] < losses[0]
     root = "raytf-test/runs/on-s3/checkpoints"
     with s3_filesystem.open_input_stream(f"{root}/index.json") as stream:
         index = json.loads(stream.read())
-    assert [c["name"] for c in index["checkpoints"]] == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002"]
+    assert [(c["name"], c["epoch"], c["attempt"]) for c in index["checkpoints"]] == [
+        (f"checkpoint_00000{e}", e, a) for e, a in ((0, 0), (1, 0), (2, 1), (3, 1))]
     listed = {info.base_name for info in s3_filesystem.get_file_info(pafs.FileSelector(root))}
-    assert listed == {"index.json", "checkpoint_000000", "checkpoint_000001", "checkpoint_000002"}
+    assert listed == {"index.json", *(f"checkpoint_00000{e}" for e in range(4))}
     assert result.path == "s3://raytf-test/runs/on-s3"
+    assert result.checkpoint.epoch == 3
     with result.checkpoint.as_directory() as local:
         assert os.path.exists(os.path.join(local, "state.index"))

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 ROWS, BATCH, EPOCHS = 240, 8, 3
 
 
-def trained_counts(out_dir):
+def trained_counts(out_dir, epochs=EPOCHS):
     """How often each row of each epoch trained the final model: every step the workers logged,
     less the steps a later attempt rolled back (those at or past the iteration it resumed at)."""
     attempts = {}  # (driver, attempt) -> (restored iteration, world size, nodes, [(iteration, epoch, ids)])
@@ -30,7 +30,7 @@ def trained_counts(out_dir):
         nodes.add(start["node_id"])
         logged.extend((s["it"], s["epoch"], s["ids"]) for s in steps)
     order = sorted(attempts)
-    counts = np.zeros((EPOCHS, ROWS), dtype=int)
+    counts = np.zeros((epochs, ROWS), dtype=int)
     for i, key in enumerate(order):
         rolled_back_from = attempts[order[i + 1]][0] if i + 1 < len(order) else float("inf")
         for iteration, epoch, ids in attempts[key][3]:
@@ -107,34 +107,35 @@ def test_every_row_trains_once_per_epoch_through_preemption_shrink_kill_new_driv
     assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"
 
 
-@pytest.mark.parametrize("term_batch", [5, 14])
-def test_tf_keras_model_fit_resumes_a_preemption_in_mid_epoch_at_its_next_untrained_row(
-        cluster, tmp_path, no_leaks, term_batch):
-    """tf-keras's own ``model.fit`` with ReportCallback, 2 workers: rank 1 gets SIGTERM in epoch 1;
-    the checkpoint of that step records where the epoch stood, and the resumed fit's first epoch
-    is the rest of it (before, tf-keras restarted the epoch: its first batches trained twice).
-    SIGTERM at batch 14 of 15: the preemption is taken at the epoch's last step (checked every 2),
-    whose checkpoint completed the epoch (before, the resume ran epoch 1 again with epoch 2's rows:
-    every row of epoch 1 twice, as a growth at an epoch's end did in the test above)."""
+def test_tf_keras_model_fit_resumes_each_preemption_at_its_next_untrained_row_mid_epoch_or_at_its_end(
+        cluster, tmp_path, no_leaks):
+    """tf-keras's own ``model.fit`` with ReportCallback, 2 workers, 4 epochs, rank 1 preempted twice
+    (SIGTERM). In epoch 1 at batch 14 of 15: the preemption is taken at the epoch's last step (checked
+    every 2), whose checkpoint completed the epoch (before, the resume ran epoch 1 again with epoch
+    2's rows: every row of it twice, as a growth at an epoch's end did in the test above). In epoch 2
+    at batch 5: the checkpoint of that step records where the epoch stood, and the resumed fit's
+    first epoch is the rest of it (before, tf-keras restarted the epoch: its first batches trained
+    twice)."""
     import ray
 
+    epochs = 4
     data = ray.data.range(ROWS, override_num_blocks=4).map_batches(workloads.counted_rows, batch_size=None)
     result = raytf.Trainer(
         workloads.counted_keras_train,
-        config={"out_dir": str(tmp_path), "batch": BATCH, "epochs": EPOCHS, "driver": 1, "tf_keras_fit": True,
-                "term": {"attempt": 0, "rank": 1, "epoch": 1, "batch": term_batch}},
+        config={"out_dir": str(tmp_path), "batch": BATCH, "epochs": epochs, "driver": 1, "tf_keras_fit": True,
+                "term": [{"attempt": 0, "rank": 1, "epoch": 1, "batch": 14},
+                         {"attempt": 1, "rank": 1, "epoch": 2, "batch": 5}]},
         datasets={"train": data}, scaling=raytf.ScalingConfig(num_workers=2),
         tensorflow=raytf.TensorflowConfig(keras="tf_keras"),
         run=raytf.RunConfig(name="once-tf-keras", storage_path=str(tmp_path / "results"), verbose=0),
     ).fit()
-    counts, attempts = trained_counts(tmp_path)
-    assert [size for _, size, _ in attempts.values()] == [2, 2] and result.failures[0].kind == "preempted"
+    counts, attempts = trained_counts(tmp_path, epochs)
+    assert [size for _, size, _ in attempts.values()] == [2, 2, 2]
+    assert [f.kind for f in result.failures] == ["preempted", "preempted"]
     per_epoch = ROWS // 2 // BATCH
-    if term_batch == 5:
-        assert per_epoch + 5 <= attempts[(1, 1)][0] < 2 * per_epoch  # resumed in mid-epoch 1, past its 5th step
-    else:
-        assert attempts[(1, 1)][0] == 2 * per_epoch  # preempted at epoch 1's last step
-        assert [h["epoch"] for h in result.history] == [0, 1, 2]  # its checkpoint: epoch 1 completed
+    assert attempts[(1, 1)][0] == 2 * per_epoch  # preempted at epoch 1's last step: resumed at epoch 2
+    assert [h["epoch"] for h in result.history if h["attempt"] == 0] == [0, 1]  # its checkpoint completed epoch 1
+    assert 2 * per_epoch + 5 <= attempts[(1, 2)][0] < 3 * per_epoch  # resumed in mid-epoch 2, past its 5th step
     wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
     assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"
 

@@ -84,9 +84,8 @@ def test_both_paths_reach_a_comparable_loss(killed_runs):
     assert abs(keras3.metrics["val_accuracy"] - tf_keras.metrics["val_accuracy"]) < 0.05
 
 
-def test_keras3_fit_aggregates_metrics_over_workers_and_runs_callbacks(cluster, tmp_path, no_leaks):
-    fit(workloads.keras_callbacks_and_metrics, tmp_path, "keras-callbacks", {}, keras="keras3")
-    r0, r1 = ranks(tmp_path)
+def test_keras3_fit_aggregates_metrics_over_workers_and_runs_callbacks(keras3_checks):
+    r0, r1 = ranks(keras3_checks)
     assert r0 == r1  # identical epoch logs on both ranks
     # Locally the mean label is 0 (rank 0) or 1 (rank 1); over both workers it is 0.5.
     assert r0["history"]["mean_label"] == [0.5, 0.5] and r0["history"]["val_mean_label"] == [0.5, 0.5]
@@ -95,9 +94,30 @@ def test_keras3_fit_aggregates_metrics_over_workers_and_runs_callbacks(cluster, 
     assert r0["rates"] == pytest.approx([0.1, 0.05])  # LearningRateScheduler ran each epoch
 
 
-@pytest.mark.parametrize("path", ["keras3", "tf_keras"])
-def test_gradient_accumulation_over_micro_batches_or_steps_equals_one_step_on_all_rows(cluster, tmp_path, no_leaks, path):
-    fit(workloads.gradient_accumulation, tmp_path, f"accumulate-{path}", {"path": path, "steps": 3}, keras=path)
+@pytest.fixture(scope="module")
+def keras3_checks(cluster, tmp_path_factory):
+    """One Keras 3 run of two checks in turn (workloads.callbacks_then_gradient_accumulation): its directory."""
+    tmp_path = tmp_path_factory.mktemp("keras3-checks")
+    fit(workloads.callbacks_then_gradient_accumulation, tmp_path, "keras3-checks", {"path": "keras3", "steps": 3},
+        keras="keras3")
+    assert_no_leaks()
+    return tmp_path
+
+
+@pytest.fixture
+def accumulated(request, tmp_path):
+    """The directory of a run of workloads.gradient_accumulation on ``request.param``'s Keras path."""
+    if request.param == "keras3":
+        return request.getfixturevalue("keras3_checks")
+    fit(workloads.gradient_accumulation, tmp_path, "accumulate-tf-keras", {"path": "tf_keras", "steps": 3},
+        keras="tf_keras")
+    assert_no_leaks()
+    return tmp_path
+
+
+@pytest.mark.parametrize("accumulated", ["keras3", "tf_keras"], indirect=True)
+def test_gradient_accumulation_over_micro_batches_or_steps_equals_one_step_on_all_rows(accumulated):
+    tmp_path = accumulated
     with np.load(tmp_path / "whole.npz") as whole, np.load(tmp_path / "parts.npz") as parts, \
             np.load(tmp_path / "deferred.npz") as deferred:
         for key in whole.files:

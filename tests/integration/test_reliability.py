@@ -71,22 +71,19 @@ def one_rank_stops(tmp_path, name, how, failure_config, tensorflow=None):
     )
 
 
-def test_a_rank_that_returns_early_is_named_and_the_run_ends(tmp_path, no_leaks):
-    trainer = one_rank_stops(tmp_path, "returns-early", "return", raytf.FailureConfig(hang_timeout_s=5))
+def test_an_idle_rank_is_named_and_retried_and_a_rank_that_returns_early_ends_the_run(tmp_path, no_leaks):
+    """Attempt 0: rank 1 sleeps while rank 0 waits in a collective; the hang detector names the idle
+    rank, not the one waiting for it, and the attempt is retried. Attempt 1: rank 1 returns while
+    rank 0 waits; that is no failure a retry mends: the run ends, naming it."""
+    trainer = one_rank_stops(tmp_path, "idle-then-returns", ["sleep", "return"],
+                             raytf.FailureConfig(hang_timeout_s=5, max_failures=2))
     with pytest.raises(raytf.TrainingFailedError) as raised:
         trainer.fit()
-    failure = raised.value.failure
-    assert (failure.rank, failure.kind) == (1, "returned_early")
-    assert "rank 0 still waits" in failure.message
-
-
-def test_an_idle_rank_is_named_not_the_rank_waiting_for_it(tmp_path, no_leaks):
-    trainer = one_rank_stops(tmp_path, "idle", "sleep", raytf.FailureConfig(hang_timeout_s=5))
-    with pytest.raises(raytf.TrainingFailedError) as raised:
-        trainer.fit()
-    failure = raised.value.failure
-    assert (failure.rank, failure.kind) == (1, "stalled")
-    assert "workloads.py" in failure.message and "in one_rank_stops" in failure.message
+    stalled, returned = raised.value.attempts
+    assert (stalled.rank, stalled.kind) == (1, "stalled")
+    assert "workloads.py" in stalled.message and "in one_rank_stops" in stalled.message
+    assert raised.value.failure == returned and (returned.rank, returned.kind) == (1, "returned_early")
+    assert "rank 0 still waits" in returned.message
 
 
 def test_a_collective_timeout_blames_the_idle_rank(tmp_path, no_leaks):

@@ -161,20 +161,6 @@ def test_ctrl_c_stops_every_actor_and_removes_the_placement_group(tmp_path, clus
     wait_for(lambda: not live_workers(), timeout_s=10, message="worker actors to be gone")
 
 
-def test_a_dead_worker_is_restarted_while_failures_remain(tmp_path, no_leaks):
-    run = trainer(workloads.exit_on_first_attempt, tmp_path, "retry")
-    run.run = raytf.RunConfig(
-        name="retry",
-        storage_path=str(tmp_path / "results"),
-        verbose=0,
-        failure_config=raytf.FailureConfig(max_failures=1),
-    )
-    result = run.fit()
-    assert result.attempts == 2
-    assert {info["attempt"] for info in read_ranks(tmp_path, 2)} == {1}
-    assert result.history[-1]["attempt"] == 1 and result.history[-1]["epoch"] == 3
-
-
 def split_coordinators() -> int:
     """Ray Data split coordinators ever made in this cluster: one per streaming_split."""
     return len(actors(("class_name", "=", "SplitCoordinator")))
@@ -222,16 +208,35 @@ def test_warm_standby_is_refused_where_it_cannot_apply():
         raytf.ParameterServerTrainer(lambda: None, run=warm)
 
 
-def test_a_stalled_worker_is_found_by_the_worker_timeout_and_the_group_restarted(tmp_path, no_leaks):
-    run = trainer(workloads.stall_on_first_attempt, tmp_path, "stalled")
+def test_a_worker_lost_each_way_stalled_dead_or_killed_by_ray_restarts_the_group_while_failures_remain(
+        tmp_path, no_leaks):
+    """One run, rank 1 lost three times (workloads.lose_rank_1_three_ways): stopped (alive and
+    silent, found by worker_timeout_s; its process ended though Ray's kill could not end it), then
+    exited, then killed with ``ray.kill``; each a failure of max_failures=3, and the fourth attempt
+    trains in processes of its own."""
+    import ray
+
+    def kill_rank_1():
+        marker = tmp_path / "rank1_attempt2.json"
+        wait_for(marker.exists, timeout_s=300, message="rank 1 to start its third attempt")
+        name = json.loads(marker.read_text())["actor_name"]
+        assert name.startswith("raytf:lost:2:")
+        ray.kill(ray.get_actor(name))
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    run = trainer(workloads.lose_rank_1_three_ways, tmp_path, "lost")
     run.run = raytf.RunConfig(
-        name="stalled", storage_path=str(tmp_path / "results"), verbose=0,
-        failure_config=raytf.FailureConfig(max_failures=1, worker_timeout_s=5),
+        name="lost", storage_path=str(tmp_path / "results"), verbose=0,
+        failure_config=raytf.FailureConfig(max_failures=3, worker_timeout_s=5),
     )
     result = run.fit()
-    assert result.attempts == 2
-    assert {info["attempt"] for info in read_ranks(tmp_path, 2)} == {1}
-    assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
+    killer.join(timeout=10)
+    assert result.attempts == 4
+    assert [(f.rank, f.kind) for f in result.failures] == [(1, "unresponsive"), (1, "died"), (1, "died")]
+    assert "worker_timeout_s" in result.failures[0].message
+    assert {info["attempt"] for info in read_ranks(tmp_path, 2)} == {3}
+    assert [h["epoch"] for h in result.history if h["attempt"] == 3] == [0, 1, 2, 3]
 
 
 def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left_and_counts_one_failure(
@@ -289,27 +294,6 @@ def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left_and_co
     assert len(result.failures) == 1, [f.describe() for f in result.failures]
     after = {json.loads((tmp_path / f"node{r}_attempt1.json").read_text())["node_id"] for r in range(2)}
     assert len(after) == 2 and removed[0].node_id not in after  # two nodes still, neither the lost one
-    assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
-
-
-def test_a_worker_killed_with_ray_kill_is_restarted(tmp_path, no_leaks):
-    import ray
-
-    def kill_rank_1():
-        marker = tmp_path / "node1_attempt0.json"
-        wait_for(marker.exists, timeout_s=120, message="rank 1 to start")
-        name = json.loads(marker.read_text())["actor_name"]
-        assert name.startswith("raytf:ray-kill:0:")
-        ray.kill(ray.get_actor(name))
-
-    threading.Thread(target=kill_rank_1, daemon=True).start()
-    run = trainer(workloads.slow_train_recording_nodes, tmp_path, "ray-kill")
-    run.run = raytf.RunConfig(
-        name="ray-kill", storage_path=str(tmp_path / "results"), verbose=0,
-        failure_config=raytf.FailureConfig(max_failures=1),
-    )
-    result = run.fit()
-    assert result.attempts == 2
     assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
 
 
