@@ -53,7 +53,7 @@ def main() -> None:
     import ray
     import tensorflow as tf
 
-    from raytf._internal.data import tfdata
+    from raytf._internal.data import columns, read_stream, tfdata
     from raytf._internal.data.shard import ShardRequest
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -69,16 +69,18 @@ def main() -> None:
     def record(name: str, rates: list[float], **extra) -> None:
         results.setdefault(name, []).extend(rates)
 
-    from raytf._internal.data import planned, position
+    from raytf._internal.data import cursor as cursors
+    from raytf._internal.data import planned, position, read_blocks
     from raytf._internal.driver.plans import materialize
 
     blocks = planned.Blocks(planned.PlannedShard("train", *materialize(dataset), seed=0))
 
     def planned_pass(cache: bool, shuffle: bool):
         """Rank 0 of 1's planned shard, from epoch 0."""
-        cursor = planned.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows, 1), 7, shuffle, 0, 1,
+        cursor = cursors.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows, 1), 7, shuffle, 0, 1,
                                 args.batch_size, True)
-        return planned.planned_dataset(blocks, cursor, dataclasses.replace(request, shuffle=shuffle), cache)
+        pipeline = read_blocks.planned_dataset(blocks, cursor, dataclasses.replace(request, shuffle=shuffle), cache)
+        return tfdata.finish(pipeline, cursor)
 
     for _ in range(args.repeats):
         # raytf, planned (exactly_once=True): a pass's rows gathered from the blocks once per epoch.
@@ -89,12 +91,13 @@ def main() -> None:
         # raytf, cached: read the shard once, then every epoch runs inside tf.data.
         (shard,) = dataset.streaming_split(1, equal=True)
         start = time.perf_counter()
-        arrays = tfdata.read_shard(shard, "train")
+        arrays = columns.read_shard(shard, "train")
         read_s = time.perf_counter() - start
         rows = len(arrays["y"])
-        cached = tfdata.dataset_from_arrays(arrays, request, rows, seed=None)
+        cached = tfdata.finish(read_stream.dataset_from_arrays(arrays, request, rows, seed=None))
         record("raytf_cached", epochs_per_second(cached, args.epochs))
-        shuffled = tfdata.dataset_from_arrays(arrays, dataclasses.replace(request, shuffle=True), rows, seed=7)
+        shuffled = tfdata.finish(
+            read_stream.dataset_from_arrays(arrays, dataclasses.replace(request, shuffle=True), rows, seed=7))
         record("raytf_cached_shuffled", epochs_per_second(shuffled, args.epochs))
         results.setdefault("raytf_cached_read_rows_per_s", []).append(rows / read_s)
 
@@ -106,7 +109,7 @@ def main() -> None:
 
         # raytf, streaming (cache=False): Ray Data every epoch, many batches per Python crossing.
         (shard,) = dataset.streaming_split(1, equal=True)
-        streaming = tfdata.streaming_dataset(shard, request, shard.schema(), seed=None)
+        streaming = tfdata.finish(read_stream.streaming_dataset(shard, request, shard.schema(), seed=None))
         record("raytf_streaming", epochs_per_second(streaming, args.epochs))
 
         # Ray's to_tf: from_generator, one Python crossing per batch.

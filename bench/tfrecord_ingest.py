@@ -64,7 +64,8 @@ def main() -> None:
     import raytf.data
     import train_tfrecords  # jobs/: the writer and the feature spec
 
-    from raytf._internal.data import planned, position
+    from raytf._internal.data import cursor as cursors
+    from raytf._internal.data import planned, position, read_blocks, tfdata
     from raytf._internal.data.request import ShardRequest
     from raytf._internal.driver.plans import materialize
 
@@ -93,7 +94,7 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raytf._internal.data import files_tf
+    from raytf._internal.data import read_files
     from raytf._internal.data.files import plan_files
 
     parquet_dir = tempfile.mkdtemp()
@@ -110,10 +111,10 @@ def main() -> None:
         if name == "tfrecord":
             results["raytf_count_rows_per_s"] = [plan.rows / (time.perf_counter() - start)]
         for shuffle in (False, True):
-            cursor = files_tf.FileCursor(plan, "train", plan.rows, position.Position.fresh(0, plan.rows, 1), 0,
+            cursor = cursors.FileCursor(plan, "train", plan.rows, position.Position.fresh(0, plan.rows, 1), 0,
                                          shuffle, 0, 1, args.batch_size, True)
             results[f"raytf_{name}_files" + ("_shuffled" if shuffle else "")] = rates(
-                files_tf.file_dataset(plan, cursor, request), args.epochs)
+                tfdata.finish(read_files.file_dataset(plan, cursor, request), cursor), args.epochs)
 
     from ray import cloudpickle
 
@@ -125,9 +126,10 @@ def main() -> None:
     blocks.gather(position.positions(((0, blocks.rows),)), ["x", "y"])  # every block read once
     results["raytf_read_rows_per_s"] = [blocks.rows / (time.perf_counter() - start)]
     for cache, name in ((True, "raytf_planned_cached"), (False, "raytf_planned_streaming")):
-        cursor = planned.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows, 1), 0, False, 0, 1,
+        cursor = cursors.Cursor("train", blocks.rows, position.Position.fresh(0, blocks.rows, 1), 0, False, 0, 1,
                                 args.batch_size, True)
-        results[name] = rates(planned.planned_dataset(blocks, cursor, request, cache), args.epochs)
+        pipeline = read_blocks.planned_dataset(blocks, cursor, request, cache)
+        results[name] = rates(tfdata.finish(pipeline, cursor), args.epochs)
     if args.ray_data_anchors:
         # to_tf takes no fixed-size list column: a map_batches in NumPy makes it a tensor column first.
         to_tf = ray.data.read_parquet(parquet_dir).map_batches(lambda batch: batch, batch_format="numpy").to_tf(

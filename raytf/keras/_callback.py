@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 import raytf.session as session
 from raytf._internal.checkpoint.state import prewarm
-from raytf._internal.data.planned import last_iterated
+from raytf._internal.data.cursor import last_iterated
 from raytf._internal.protocol import CheckpointUpload
 from raytf._internal.worker.session import current
 from raytf.checkpoint import Checkpoint

@@ -14,7 +14,7 @@ import logging
 from typing import Any, Callable, Optional, Sequence
 
 import raytf.session as session
-from raytf._internal.data.planned import cursor_of
+from raytf._internal.data.cursor import cursor_of
 from raytf._internal.worker.session import current
 from raytf.errors import RaytfError
 from raytf.keras._local_sgd import average_weights

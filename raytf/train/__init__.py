@@ -272,7 +272,7 @@ class DatasetShard:
         as trained for the data position a checkpoint records (every row once per epoch)."""
         import tensorflow as tf
 
-        from raytf._internal.data.planned import cursor_of
+        from raytf._internal.data.cursor import cursor_of
 
         dataset = raytf.get_dataset_shard(self._name, batch_size=batch_size, drop_remainder=drop_last,
                                           shuffle=local_shuffle_buffer_size is not None, seed=local_shuffle_seed)

@@ -89,7 +89,7 @@ def test_positions_round_trip_and_refuse_what_does_not_fit():
 
 
 def test_a_report_records_the_rest_of_the_epoch_only_for_the_data_the_loop_resumes_exactly():
-    from raytf._internal.data.planned import Cursor, completed_epoch, positions_at
+    from raytf._internal.data.cursor import Cursor, completed_epoch, positions_at
 
     def cursor(name):
         return Cursor(name, 100, P.Position.fresh(0, 100, 2), 3, True, 0, 2, 10, False)

@@ -122,11 +122,11 @@ def sources(tmp_path_factory):
 
 
 def pass_of(plan, start, rank, size, shuffle, batch=16):
-    from raytf._internal.data import files_tf
+    from raytf._internal.data import cursor as cursors, read_files
     from raytf._internal.data.request import ShardRequest
 
-    cursor = files_tf.FileCursor(plan, "train", plan.rows, start, 5, shuffle, rank, size, batch, False)
-    dataset = files_tf.file_dataset(plan, cursor, ShardRequest("train", batch, "x", "id", shuffle, None, False))
+    cursor = cursors.FileCursor(plan, "train", plan.rows, start, 5, shuffle, rank, size, batch, False)
+    dataset = read_files.file_dataset(plan, cursor, ShardRequest("train", batch, "x", "id", shuffle, None, False))
     batches = [(x.numpy(), y.numpy()) for x, y in dataset]
     return cursor, batches
 
@@ -150,9 +150,9 @@ def test_a_worker_reads_its_files_and_a_resume_on_another_group_size_reads_the_r
     assert sorted(np.concatenate([np.concatenate([y for _, y in pass_of(plan, fresh, r, 3, shuffle)[1]])
                                   for r in range(3)])) == list(range(ROWS))
     record = cursor.record(cursor.position_after(0, 10))
-    from raytf._internal.data import planned
+    from raytf._internal.data import cursor as cursors
 
-    start, _ = planned.resume_point("train", record, ROWS, 0, 5, shuffle, 2)
+    start, _ = cursors.resume_point("train", record, ROWS, 0, 5, shuffle, 2)
     rest = [np.concatenate([y for _, y in pass_of(plan, start, r, 2, shuffle)[1]]) for r in range(2)]
     assert sorted(np.concatenate(trained + rest)) == list(range(ROWS))
     steps = {len(pass_of(plan, start, r, 2, shuffle)[1]) for r in range(2)}
@@ -165,25 +165,25 @@ def test_batches_a_custom_loop_takes_from_the_strategys_iterator_are_its_positio
     checkpoint's record follows the count, not the report's epoch metric."""
     import tensorflow as tf
 
-    from raytf._internal.data import files_tf, planned
+    from raytf._internal.data import cursor as cursors, read_files
     from raytf._internal.data.request import ShardRequest
     from raytf._internal.hooks import tensorflow as tf_hooks
 
     plan = plan_files(sources["tfrecord"])
-    cursor = files_tf.FileCursor(plan, "train", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
-    dataset = files_tf.file_dataset(plan, cursor, ShardRequest("train", 16, "x", "id", True, None, False))
+    cursor = cursors.FileCursor(plan, "train", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
+    dataset = read_files.file_dataset(plan, cursor, ShardRequest("train", 16, "x", "id", True, None, False))
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     distributed = tf_hooks.count_batches_taken(strategy.distribute_datasets_from_function(lambda _: dataset),
                                                cursor.took, cursor.iterated)
     steps = cursor.full_steps()
-    validation = files_tf.FileCursor(plan, "val", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
-    assert planned.last_iterated({"train": cursor, "val": validation}) is None
+    validation = cursors.FileCursor(plan, "val", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
+    assert cursors.last_iterated({"train": cursor, "val": validation}) is None
     iterator = iter(distributed)
-    assert planned.last_iterated({"train": cursor, "val": validation}) == "train"  # the loop's iterator
+    assert cursors.last_iterated({"train": cursor, "val": validation}) == "train"  # the loop's iterator
     validation.iterated()  # a fit loop's validation at the epoch's end (after its training iterator)
-    assert planned.last_iterated({"train": cursor, "val": validation}) == "val"
+    assert cursors.last_iterated({"train": cursor, "val": validation}) == "val"
     cursor.iterated()
-    assert planned.last_iterated({"train": cursor, "val": validation}) == "train"  # the next epoch's training
+    assert cursors.last_iterated({"train": cursor, "val": validation}) == "train"  # the next epoch's training
     repeated = tf_hooks.count_batches_taken(
         strategy.distribute_datasets_from_function(lambda _: dataset.repeat()), cursor.took,
         lambda: cursor.iterated(by_pass=False))
@@ -191,7 +191,7 @@ def test_batches_a_custom_loop_takes_from_the_strategys_iterator_are_its_positio
     from raytf._internal.worker.strategy import _endless
 
     assert _endless(dataset.repeat()) and not _endless(dataset) and not _endless(dataset.take(3))
-    assert planned.last_iterated({"train": cursor, "val": validation}) is None
+    assert cursors.last_iterated({"train": cursor, "val": validation}) is None
     next(iterator)
     assert iterator.get_next_as_optional().has_value()
     for i, _ in enumerate(iterator):
@@ -209,11 +209,11 @@ def test_batches_a_custom_loop_takes_from_the_strategys_iterator_are_its_positio
     next(second)
     position = cursor.taken_position()
     assert position == cursor.position_after(1, 1) and position.rows_left == ROWS - 3 * 16
-    record = planned.positions_at({"train": cursor}, 0, 1, 0, exact=set())
+    record = cursors.positions_at({"train": cursor}, 0, 1, 0, exact=set())
     assert record["train"]["remaining"] == [list(r) for r in position.remaining]
-    plain = files_tf.FileCursor(plan, "train", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
+    plain = cursors.FileCursor(plan, "train", plan.rows, P.Position.fresh(0, ROWS, 3), 5, True, 1, 3, 16, False)
     assert plain.taken_position() is None  # nothing counted: the report's epoch and step decide
-    assert planned.positions_at({"train": plain}, 0, 1, 0, exact=set())["train"]["remaining"] == [[0, ROWS]]
+    assert cursors.positions_at({"train": plain}, 0, 1, 0, exact=set())["train"]["remaining"] == [[0, ROWS]]
 
 
 @pytest.mark.parametrize("kind", ["tfrecord", "parquet"])

@@ -6,7 +6,8 @@ import pytest
 from raytf import ConfigError, DataConfig, DatasetShardError
 from raytf._internal.data.shard import ShardRequest, check_request, shuffle_seed
 from raytf._internal.data.split import split_for_ranks
-from raytf._internal.data.tfdata import dataset_from_arrays, stack_column
+from raytf._internal.data.columns import stack_column
+from raytf._internal.data.read_stream import dataset_from_arrays
 
 
 def request(**kw):
@@ -170,7 +171,7 @@ def test_a_cached_column_becomes_a_tensor_over_its_own_memory_where_tensorflow_c
     import numpy as np
     import tensorflow as tf
 
-    from raytf._internal.data.tfdata import aligned_empty, host_tensor
+    from raytf._internal.data.columns import aligned_empty, host_tensor
 
     array = aligned_empty(shape, dtype)
     array[...] = np.arange(np.prod(shape)).reshape(shape).astype(dtype) if dtype != "object" else b"x"

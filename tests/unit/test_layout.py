@@ -131,6 +131,32 @@ def test_no_import_cycles():
         visit(module)
 
 
+# The data path, one way (raytf/_internal/data/shard.py): each stage's modules use only their own
+# stage's and the stages before.
+DATA_STAGES = {
+    "source": ["request", "columns", "planned"],
+    "plan": ["position", "files", "formats", "formats.tfrecord", "formats.parquet"],
+    "position": ["cursor"],
+    "reader": ["read_blocks", "read_files", "read_stream"],
+    "tf.data": ["tfdata"],
+    "shard": ["shard"],
+}
+
+
+def test_the_data_path_goes_one_way_from_source_to_tf_data():
+    graph = raytf_imports()
+    stage_of = {f"raytf._internal.data.{m}": i for i, ms in enumerate(DATA_STAGES.values()) for m in ms}
+    assert set(stage_of) <= set(graph), sorted(set(stage_of) - set(graph))
+    stages = list(DATA_STAGES)
+    backwards = [f"{m} ({stages[stage_of[m]]}) imports {i} ({stages[stage_of[i]]})"
+                 for m in sorted(stage_of) for i in sorted(graph[m]) if stage_of.get(i, -1) > stage_of[m]]
+    assert not backwards, backwards
+    # A format is one class, in one module of formats/: adding one touches that module (and the
+    # registry in formats/__init__.py), no reader.
+    readers = [f"raytf._internal.data.{m}" for m in DATA_STAGES["reader"]]
+    assert not any(i.startswith("raytf._internal.data.formats.") for r in readers for i in graph[r])
+
+
 # What raytf's internals may import of its public layer: the plain types both sides share.
 SHARED = {"raytf.config", "raytf.tensorflow_config", "raytf.errors", "raytf.checkpoint", "raytf._version"}
 

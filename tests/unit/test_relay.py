@@ -45,10 +45,16 @@ async def _dead():
     raise RayActorError()
 
 
-def _run(relay, actors, seconds):
+def _run(relay, actors, done, at_least_s=0.0, timeout_s=60.0):
+    """Watch ``actors`` until ``done()`` holds and ``at_least_s`` has passed (however slow the
+    machine: never a fixed sleep), then take what the relay gathered."""
     async def go():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         relay.watch(actors)
-        await asyncio.sleep(seconds)
+        while not (done() and loop.time() - start >= at_least_s):
+            assert loop.time() - start < timeout_s, "the relay never got there"
+            await asyncio.sleep(0.01)
         return relay.take()
     return asyncio.run(go())
 
@@ -56,7 +62,8 @@ def _run(relay, actors, seconds):
 def test_one_take_returns_every_actors_answers_and_the_age_of_unanswered_polls():
     relay = PollRelay(interval_s=0.01)
     a, b, silent = _Actor(_status(0)), _Actor(_status(1)), _Actor(_never)
-    events, unanswered = _run(relay, {0: a, 1: b, 2: silent}, 0.1)
+    events, unanswered = _run(relay, {0: a, 1: b, 2: silent}, lambda: min(a.poll.calls, b.poll.calls) >= 3,
+                              at_least_s=0.05)
     heard = {index for index, kind, _ in events if kind == HEARD}
     assert heard == {0, 1}
     assert a.poll.calls >= 3  # polled again each interval once answered
@@ -74,7 +81,8 @@ def test_a_dead_actor_is_a_death_and_a_briefly_unavailable_one_is_asked_again():
         return WorkerStatus(rank=1, phase=Phase.TRAINING)
 
     relay = PollRelay(interval_s=0.01)
-    events, _ = _run(relay, {0: _Actor(_dead), 1: _Actor(unavailable_once)}, 0.1)
+    # A third poll: the relay handled the second one's answer.
+    events, _ = _run(relay, {0: _Actor(_dead), 1: _Actor(unavailable_once)}, lambda: len(tries) >= 3)
     assert [kind for index, kind, _ in events if index == 0] == [DIED]  # said once, not polled again
     assert next(payload for index, kind, payload in events if kind == DIED)[0] == "RayActorError"
     assert (1, HEARD) in {(index, kind) for index, kind, _ in events}

@@ -13,7 +13,7 @@ shuffle buffer of TensorFlow's own recipe, made reproducible). Positions in that
 what data/position.py cuts into one run per rank and records in every checkpoint, as for a
 materialized Ray Dataset; a rank reads its run as :class:`Piece`\\ s: the chunks of one window
 it needs, and which of their records to take, in order. Nothing here imports TensorFlow or Ray
-(files_tf.py builds the tf.data pipeline); pyarrow lists the files.
+(read_files.py builds the tf.data pipeline); pyarrow lists the files.
 """
 
 from __future__ import annotations

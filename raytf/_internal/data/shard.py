@@ -1,7 +1,12 @@
 """A worker's shard of a Ray Dataset: what ``raytf.get_dataset_shard`` asks for, checked, and
 read once per dataset (the cached path) with every worker agreeing on the rows it uses.
 
-The tf.data pipelines themselves are in tfdata.py. Every worker yields the
+The data path, one way, each stage using only those before it (tests/unit/test_layout.py checks):
+source (request.py: what was asked; columns.py: Ray Data's columns; planned.py: materialized
+blocks) -> plan (position.py: the rows and order of each pass; files.py: a file source's; formats/:
+a file format each) -> position (cursor.py: where the group stands, what a checkpoint
+records) -> reader (read_blocks.py, read_files.py, read_stream.py: the tf.data pipelines) ->
+tf.data (tfdata.py: the pipeline made the worker's shard). This module ties them. Every worker yields the
 same number of batches each epoch: splits are made with
 ``streaming_split(equal=True)`` (Ray Data drops at most ``num_workers - 1``
 rows so every split has the same row count), and on the cached path the
@@ -136,20 +141,27 @@ class ShardReader:
         check_request(request)
         call = self._calls.get(name, 0)
         self._calls[name] = call + 1
-        seed_here = shuffle_seed(seed, name, self._world_rank, call)
-        iterator = self._datasets[name]
-        if isinstance(iterator, PlannedShard):
-            return self._planned(request, iterator, cache)
-        if isinstance(iterator, FileShard):
-            return self._files(request, iterator)
+        source = self._datasets[name]
+        if isinstance(source, PlannedShard):
+            return tfdata.finish(*self._planned(request, source, cache))
+        if isinstance(source, FileShard):
+            return tfdata.finish(*self._files(request, source))
+        return tfdata.finish(self._streamed(request, source, shuffle_seed(seed, name, self._world_rank, call), cache))
+
+    def _streamed(self, request: ShardRequest, iterator: Any, seed_here: Optional[int], cache: bool) -> Any:
+        """A shard Ray Data streams (``DataConfig(exactly_once=False)``), or one kept from the last
+        attempt: read once into memory (the cached path), or streamed every epoch."""
+        from raytf._internal.data import columns, read_stream
+
+        name = request.name
         kept = isinstance(iterator, KeptShard)
         if not cache and not kept:
             schema = iterator.schema()
             if schema is None:  # Ray Data has no schema for a dataset without rows
                 check_rows(name, 0, self._world_size)
-            return tfdata.streaming_dataset(iterator, request, schema, seed_here)
+            return read_stream.streaming_dataset(iterator, request, schema, seed_here)
         if name not in self._cached:
-            arrays = iterator.arrays() if kept else tfdata.read_shard(iterator, name)
+            arrays = iterator.arrays() if kept else columns.read_shard(iterator, name)
             own = len(next(iter(arrays.values()))) if arrays else 0
             counts = agree_on_rows(self._strategy(), own, self._world_rank, self._world_size)
             check_rows(name, min(counts), self._world_size)  # every rank raises alike
@@ -167,13 +179,14 @@ class ShardReader:
                 f"worker's shard ({rows} rows, the smallest across {self._world_size} workers); "
                 "lower batch_size or pass more data"
             )
-        return tfdata.dataset_from_arrays(arrays, request, rows, seed_here, first_epoch=self._first_epoch)
+        return read_stream.dataset_from_arrays(arrays, request, rows, seed_here, first_epoch=self._first_epoch)
 
-    def _planned(self, request: ShardRequest, shard: PlannedShard, cache: bool) -> Any:
-        """A planned shard (data/planned.py): this rank's rows by the group's position. A second
-        call for the same dataset and batches (one call per epoch, as Ray Train's examples make)
-        goes on from the passes the first one planned."""
-        from raytf._internal.data import planned
+    def _planned(self, request: ShardRequest, shard: PlannedShard, cache: bool) -> tuple[Any, Any]:
+        """A planned shard (data/planned.py): this rank's rows by the group's position; (the
+        reader's pipeline, its cursor). A second call for the same dataset and batches (one call
+        per epoch, as Ray Train's examples make) goes on from the passes the first one planned."""
+        from raytf._internal.data import cursor as _cursor
+        from raytf._internal.data import planned, read_blocks
         from raytf._internal.data import position as _position
 
         name = request.name
@@ -181,35 +194,36 @@ class ShardReader:
             self._blocks[name] = planned.Blocks(shard)
         blocks = self._blocks[name]
         seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
-        start, seed = planned.resume_point(name, self._positions.get(name), blocks.rows, self._first_epoch, seed,
+        start, seed = _cursor.resume_point(name, self._positions.get(name), blocks.rows, self._first_epoch, seed,
                                            request.shuffle, self._world_size)
         cursor = self.cursors.get(name)
         if cursor is None or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
                 request.shuffle, request.batch_size, request.drop_remainder, start):
-            cursor = planned.Cursor(name, blocks.rows, start, seed, request.shuffle, self._world_rank,
+            cursor = _cursor.Cursor(name, blocks.rows, start, seed, request.shuffle, self._world_rank,
                                     self._world_size, request.batch_size, request.drop_remainder)
             self.cursors[name] = cursor
-        return planned.planned_dataset(blocks, cursor, request, cache)
+        return read_blocks.planned_dataset(blocks, cursor, request, cache), cursor
 
-    def _files(self, request: ShardRequest, shard: FileShard) -> Any:
+    def _files(self, request: ShardRequest, shard: FileShard) -> tuple[Any, Any]:
         """A file source (data/files.py): this rank's rows by the group's position, read from the
-        files every epoch (``cache`` does not apply)."""
-        from raytf._internal.data import files_tf, planned
+        files every epoch (``cache`` does not apply); (the reader's pipeline, its cursor)."""
+        from raytf._internal.data import cursor as _cursor
         from raytf._internal.data import position as _position
+        from raytf._internal.data import read_files
 
         name, plan = request.name, shard.plan
         rank, size = (0, 1) if shard.whole else (self._world_rank, self._world_size)
         seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
         recorded = self._positions.get(name)
-        if recorded is not None and recorded.get("files") != files_tf.files_digest(plan):
+        if recorded is not None and recorded.get("files") != _cursor.files_digest(plan):
             logger.warning("dataset %r: the checkpoint's data position is for other files; epoch %d starts over",
                            name, self._first_epoch)
             recorded = None
-        start, seed = planned.resume_point(name, recorded, plan.rows, self._first_epoch, seed, request.shuffle, size)
+        start, seed = _cursor.resume_point(name, recorded, plan.rows, self._first_epoch, seed, request.shuffle, size)
         cursor = self.cursors.get(name)
-        if not isinstance(cursor, files_tf.FileCursor) or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
+        if not isinstance(cursor, _cursor.FileCursor) or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
                 request.shuffle, request.batch_size, request.drop_remainder, start):
-            cursor = files_tf.FileCursor(plan, name, plan.rows, start, seed, request.shuffle, rank, size,
-                                         request.batch_size, request.drop_remainder)
+            cursor = _cursor.FileCursor(plan, name, plan.rows, start, seed, request.shuffle, rank, size,
+                                        request.batch_size, request.drop_remainder)
             self.cursors[name] = cursor
-        return files_tf.file_dataset(plan, cursor, request)
+        return read_files.file_dataset(plan, cursor, request), cursor

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from raytf._internal.data.tfdata import read_shard
+from raytf._internal.data.columns import read_shard
 from raytf.errors import DatasetShardError
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name
 from raytf._internal.checkpoint.saver import CheckpointSaver
 from raytf._internal.background import Background
-from raytf._internal.data.planned import completed_epoch, positions_at
+from raytf._internal.data.cursor import completed_epoch, positions_at
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import (
     CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,

@@ -4,7 +4,7 @@ class each, which is all a format is to the rest of the data path.
 The path runs one way: a source (files.py: :class:`FileSource`, the files listed) is planned here
 into a :class:`FilePlan` (every file's chunks counted by its format), positions in an epoch's
 :class:`Layout` are cut into runs per rank (position.py), and a rank's run is read into tf.data
-(files_tf.py) by its format's piece reader. A format answers for:
+(read_files.py) by its format's piece reader. A format answers for:
 
 - ``scan``: one file's chunks (rows, first record or row group, byte offset, bytes) and what the
   plan needs of its schema, read by the driver (pyarrow; no TensorFlow);

@@ -1,4 +1,4 @@
-"""A worker's tf.data over its run of a file source (files.py): TensorFlow's own readers,
+"""Reader: a worker's tf.data over its run of a file source (files.py): TensorFlow's own readers,
 interleave, parse and prefetch, in the order the group's position gives.
 
 Each pass asks its :class:`FileCursor` for the rank's run and the batches' bounds (one Python
@@ -13,51 +13,17 @@ opened at its byte offset, a Parquet row group read by pyarrow).
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-from raytf._internal.data import planned
-from raytf._internal.data import position as _position
-from raytf._internal.data.files import FilePlan, Layout, changed_files, run_slice
+from raytf._internal.data.cursor import FileCursor
+from raytf._internal.data.files import FilePlan, changed_files, run_slice
 from raytf._internal.data.formats import format_of
 from raytf._internal.data.request import ShardRequest, check_rows
-from raytf._internal.data.tfdata import _finish
 from raytf.errors import DatasetShardError
 
 _PIECES_IN_FLIGHT = 4  # pieces read at once (each up to a shuffle window)
-
-
-class FileCursor(planned.Cursor):
-    """A rank's passes over a file source: runs of positions, not rows, since the rows are read
-    from the files in the epoch's :class:`Layout`."""
-
-    def __init__(self, plan: FilePlan, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.plan = plan
-        self._layout: Optional[Layout] = None
-        self.files_read: list[int] = []  # the files of the pass being read (indices into plan.files)
-
-    def next_run(self) -> tuple[Layout, _position.Ranges, np.ndarray]:
-        """The next pass: the epoch's layout, the rank's run in it, the batches' bounds."""
-        with self._lock:
-            epoch = self.start.epoch + self._passes
-            self._passes += 1
-            if self._layout is None or self._layout.epoch != epoch:
-                self._layout = Layout(self.plan, self.shuffle, self.seed, epoch)
-            layout = self._layout
-        run, bounds = _position.plan_run(self.epoch_start(epoch), self.world_rank, self.world_size, self.batch,
-                                         self.drop)
-        return layout, run, bounds
-
-    def record(self, position: _position.Position) -> dict[str, Any]:
-        return {**super().record(position), "files": files_digest(self.plan)}
-
-
-def files_digest(plan: FilePlan) -> str:
-    """The files and their rows, in a few bytes: a checkpoint's position fits only these."""
-    return hashlib.sha256(repr(plan.signature()).encode()).hexdigest()[:16]
 
 
 def column_specs(plan: FilePlan) -> dict[str, tuple[Any, tuple[int, ...]]]:
@@ -130,9 +96,7 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
     dataset = tf.data.Dataset.range(1).flat_map(one_pass).map(split)
     if cursor.start.is_fresh(cursor.rows):
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cursor.full_steps()))
-    dataset = _finish(dataset.prefetch(tf.data.AUTOTUNE))
-    setattr(dataset, planned._PLANNED_MARK, cursor)
-    return dataset
+    return dataset.prefetch(tf.data.AUTOTUNE)  # tfdata.finish makes it the shard
 
 
 def _take(piece: Any, plan: FilePlan) -> np.ndarray:
