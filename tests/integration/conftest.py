@@ -44,9 +44,13 @@ def cluster(tmp_path_factory):
             head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": dashboard,
                             "dashboard_agent_listen_port": agent},
         )
+        # The driver (this process) joins before the second node exists, so its raylet is the head's:
+        # with several raylets on one address Ray 2.50 may hand a driver any of them, and a test that
+        # removes the second node then took the driver (and this pytest process) down with it.
+        ray.init(address=c.address)
         c.add_node(num_cpus=2, resources={"node_b": 2})
     c.wait_for_nodes()
-    ray.init(address=c.address)
+    assert ray.get_runtime_context().get_node_id() == c.head_node.node_id
     yield c
     ray.shutdown()
     c.shutdown()
