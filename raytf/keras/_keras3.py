@@ -46,7 +46,7 @@ def install(strategy: Any) -> None:
             return original_fit(self, x, epochs=epochs, verbose=verbose, callbacks=callbacks,
                                 validation_data=validation_data, shuffle=shuffle, initial_epoch=initial_epoch,
                                 steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, **given)
-        _check(x, {k: v for k, v in given.items() if v != _UNSUPPORTED_FIT[k]}, "fit")
+        _check(x, {k: v for k, v in given.items() if _given(v, _UNSUPPORTED_FIT[k])}, "fit")
         from raytf.keras._fit import fit as raytf_fit
 
         return raytf_fit(self, x, epochs=epochs, initial_epoch=initial_epoch, validation_data=validation_data,
@@ -69,6 +69,14 @@ def install(strategy: Any) -> None:
 
     fit._raytf = evaluate._raytf = True  # type: ignore[attr-defined]
     keras.Model.fit, keras.Model.evaluate = fit, evaluate
+
+
+def _given(value: Any, default: Any) -> bool:
+    """Whether a fit argument was passed: by identity for None, by value only for plain numbers (the
+    arrays of ``fit(x, y)`` have no truth value, and that call must meet ``_check``'s error)."""
+    if default is None:
+        return value is not None
+    return not (isinstance(value, (int, float)) and value == default)
 
 
 def _check(x: Any, unsupported: dict[str, Any], method: str) -> None:

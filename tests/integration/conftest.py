@@ -7,12 +7,14 @@ this cluster; tests that need placement across nodes use its two nodes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import operator
 import os
 import time
 
 import pytest
 
-from tests.ports import free_port, free_ports
+from tests.ports import free_port
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # The Ray Train anchors of test_ray_train_compat are Ray Train V2, Ray's default from 2.51; on the
@@ -36,12 +38,13 @@ def cluster(tmp_path_factory):
 
     cloudpickle.register_pickle_by_value(workloads)
     cloudpickle.register_pickle_by_value(ray_train_examples)
-    dashboard, agent = free_ports(2)
+    agent = free_port()
     with _without_test_only_packages(tmp_path_factory.mktemp("hidden")):
         c = Cluster(
             initialize_head=True,
             # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
-            head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "dashboard_port": dashboard,
+            # No dashboard: raytf needs none, and its processes polled all session long.
+            head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "include_dashboard": False,
                             "dashboard_agent_listen_port": agent},
         )
         # The driver (this process) joins before the second node exists, so its raylet is the head's:
@@ -93,13 +96,24 @@ def wait_for(condition, timeout_s: float = 30.0, message: str = "condition"):
         time.sleep(0.2)
 
 
-def actors(*filters: tuple, limit: int = 10_000) -> list:
-    """The actors of this process's cluster (Ray's state API, told which cluster: with parallel
-    test processes there are several on the machine)."""
-    import ray
-    from ray.util.state import list_actors
+@dataclasses.dataclass(frozen=True)
+class Actor:
+    name: str
+    class_name: str
+    state: str
+    pid: int
 
-    return list_actors(address=ray.get_runtime_context().gcs_address, filters=list(filters), limit=limit)
+
+_OPERATORS = {"=": operator.eq, "!=": operator.ne}
+
+
+def actors(*filters: tuple) -> list[Actor]:
+    """The actors of this process's cluster, every one it ever had, as its GCS lists them (the test
+    cluster runs no dashboard, so no state API), kept where each ``(field, "=" or "!=", value)`` holds."""
+    from ray._private.state import actors as actor_table
+
+    every = [Actor(a["Name"], a["ActorClassName"], a["State"], a["Pid"]) for a in actor_table().values()]
+    return [a for a in every if all(_OPERATORS[op](getattr(a, field), value) for field, op, value in filters)]
 
 
 def live_workers() -> list:

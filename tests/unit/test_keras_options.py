@@ -56,3 +56,28 @@ def test_an_accumulation_window_past_an_epoch_is_refused_by_raytf_keras_fit():
     data = tf.data.Dataset.from_tensor_slices((np.zeros((40, 2), "float32"), np.zeros((40, 1), "float32"))).batch(4)
     with pytest.raises(raytf.RaytfError, match=r"accumulate_gradients\(steps=100\): an epoch here has 10 steps"):
         raytf.keras.fit(model, data, epochs=1, initial_epoch=0)
+
+
+def test_keras3_fit_under_a_raytf_strategy_refuses_arrays_and_batch_arguments_by_name(monkeypatch):
+    """The routed fit (raytf/keras/_keras3.py) names what to pass instead: ``fit(x, y)`` on arrays, the
+    first call of most Keras users, and a batch_size beside a dataset."""
+    import keras
+    import tensorflow as tf
+
+    from raytf.keras import _keras3
+
+    for name in ("fit", "evaluate"):  # the routing patches keras.Model for the process: undone after
+        monkeypatch.setattr(keras.Model, name, getattr(keras.Model, name))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    _keras3.install(strategy)
+    with strategy.scope():
+        model = keras3_model()
+    x, y = np.ones((8, 2), np.float32), np.ones((8, 1), np.float32)
+    with pytest.raises(raytf.RaytfError, match="takes a tf.data.Dataset .*got ndarray"):
+        model.fit(x, y, epochs=1, verbose=0)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    with pytest.raises(raytf.RaytfError, match="drop batch_size, validation_split"):
+        model.fit(dataset, batch_size=4, validation_split=0.5, verbose=0)
+    with pytest.raises(raytf.RaytfError, match="drop y"):
+        model.evaluate(dataset, y, verbose=0)
+
