@@ -325,13 +325,20 @@ def bad_requests(config: dict) -> None:
 
 
 def train_from_shards(config: dict) -> None:
-    """The small MLP, trained from this worker's shard of the 'train' dataset."""
+    """The small MLP, trained from this worker's shard of the 'train' dataset; given
+    ``config["sources"]`` (dataset name -> its features, dim and cache), one MLP per dataset in
+    turn, in the same processes, each report naming its dataset (``source``)."""
+    for name, source in (config.get("sources") or {"train": config}).items():
+        _train_mlp_from_shard(name, source, config.get("epochs", 4), "sources" in config)
+
+
+def _train_mlp_from_shard(name: str, config: dict, epochs: int, tagged: bool) -> None:
     import tensorflow as tf
 
     ctx = raytf.get_context()
     strategy = raytf.strategy()
     dataset = raytf.get_dataset_shard(
-        "train", batch_size=32, features=config["features"], label="y", shuffle=True, seed=3,
+        name, batch_size=32, features=config["features"], label="y", shuffle=True, seed=3,
         cache=config.get("cache", True),
     )
     distributed = strategy.distribute_datasets_from_function(lambda _: dataset)
@@ -355,9 +362,10 @@ def train_from_shards(config: dict) -> None:
 
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
 
-    for epoch in range(config.get("epochs", 4)):
+    for epoch in range(epochs):
         losses = [float(train_step(batch)) for batch in distributed]
-        raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses), "steps": len(losses)})
+        raytf.report({"epoch": epoch, "loss": sum(losses) / len(losses), "steps": len(losses),
+                      **({"source": name} if tagged else {})})
 
 
 def _die_mid_upload(directory: str, checkpoints: str) -> None:

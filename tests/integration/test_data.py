@@ -35,12 +35,25 @@ def with_label(batch):
     return {"id": ids, "f": ids.astype(np.float32) / 100, "y": ids % 4}
 
 
-def test_every_worker_runs_the_same_steps_whatever_the_row_count(cluster, tmp_path, no_leaks):
+def tensors(batch):
+    ids = batch["id"]
+    return {
+        "id": ids,
+        "a": ids.astype(np.float32),
+        "b": np.stack([ids, ids + 1, ids + 2], axis=1).astype(np.float32),  # fixed-shape tensor column
+        "c": (ids % 3).astype(np.int32),
+    }
+
+
+def test_every_worker_runs_the_same_steps_whatever_the_row_count_and_columns_take_the_schemas_shapes(
+        cluster, tmp_path, no_leaks):
+    """One run, every request of workloads.shard_epochs over three datasets: 1003 rows cut unevenly
+    (``uneven``), tensor columns (``columns``), and one not split (``val``)."""
     import ray
 
-    data = ray.data.range(1003, override_num_blocks=7).map_batches(with_label, batch_size=None)
-    common = {"name": "train", "batch_size": 10, "features": ["id", "f"], "label": "y"}
-    requests = {
+    uneven = ray.data.range(1003, override_num_blocks=7).map_batches(with_label, batch_size=None)
+    common = {"name": "uneven", "batch_size": 10, "features": ["id", "f"], "label": "y"}
+    steps = {
         "cached": common,
         "cached_drop": {**common, "drop_remainder": True},
         "streaming": {**common, "cache": False},
@@ -48,9 +61,21 @@ def test_every_worker_runs_the_same_steps_whatever_the_row_count(cluster, tmp_pa
         "shuffled": {**common, "shuffle": True, "seed": 5},
         "streaming_shuffled": {**common, "shuffle": True, "seed": 5, "cache": False},
     }
-    fit(workloads.shard_epochs, tmp_path, "uneven", {"requests": requests}, {"train": data})
+    columns = {
+        "dict": {"name": "columns", "batch_size": 8, "features": ["id", "a", "b"], "label": "c",
+                 "drop_remainder": True},
+        "dict_streaming": {"name": "columns", "batch_size": 8, "features": ["id", "a", "b"], "label": "c",
+                           "drop_remainder": True, "cache": False},
+        "tensor": {"name": "columns", "batch_size": 8, "features": "b"},
+        "tensor_streaming": {"name": "columns", "batch_size": 8, "features": "b", "cache": False},
+        "whole": {"name": "val", "batch_size": 10, "features": ["id"]},
+    }
+    datasets = {"uneven": uneven, "columns": ray.data.range(64).map_batches(tensors, batch_size=None),
+                "val": ray.data.range(50).map_batches(tensors, batch_size=None)}
+    fit(workloads.shard_epochs, tmp_path, "shards", {"requests": {**steps, **columns}}, datasets,
+        raytf.DataConfig(datasets_to_split=["uneven", "columns"]))
     r0, r1 = ranks(tmp_path)
-    for key in requests:
+    for key in steps:
         for e0, e1 in zip(r0[key]["epochs"], r1[key]["epochs"]):
             # The same steps on both ranks; each epoch's 1003 rows cut 502 + 501 (DataConfig(exactly_once=True)),
             # so the last batches differ by one row; with drop_remainder both stop at 50 full batches.
@@ -68,34 +93,6 @@ def test_every_worker_runs_the_same_steps_whatever_the_row_count(cluster, tmp_pa
         assert both[0] == both[1] == list(range(1003)), key
     cached = r0["cached"]["epochs"]
     assert cached[0]["ids"] == cached[1]["ids"]  # no shuffle: the same order every epoch
-
-
-def tensors(batch):
-    ids = batch["id"]
-    return {
-        "id": ids,
-        "a": ids.astype(np.float32),
-        "b": np.stack([ids, ids + 1, ids + 2], axis=1).astype(np.float32),  # fixed-shape tensor column
-        "c": (ids % 3).astype(np.int32),
-    }
-
-
-def test_columns_become_tensors_or_dicts_with_shapes_from_the_schema(cluster, tmp_path, no_leaks):
-    import ray
-
-    train = ray.data.range(64).map_batches(tensors, batch_size=None)
-    val = ray.data.range(50).map_batches(tensors, batch_size=None)
-    requests = {
-        "dict": {"name": "train", "batch_size": 8, "features": ["id", "a", "b"], "label": "c", "drop_remainder": True},
-        "dict_streaming": {"name": "train", "batch_size": 8, "features": ["id", "a", "b"], "label": "c",
-                           "drop_remainder": True, "cache": False},
-        "tensor": {"name": "train", "batch_size": 8, "features": "b"},
-        "tensor_streaming": {"name": "train", "batch_size": 8, "features": "b", "cache": False},
-        "whole": {"name": "val", "batch_size": 10, "features": ["id"]},
-    }
-    fit(workloads.shard_epochs, tmp_path, "columns", {"requests": requests, "epochs": 1},
-        {"train": train, "val": val}, raytf.DataConfig(datasets_to_split=["train"]))
-    r0, r1 = ranks(tmp_path)
     for key in ("dict", "dict_streaming"):
         spec = r0[key]["spec"]
         assert "'b': TensorSpec(shape=(8, 3), dtype=tf.float32" in spec, (key, spec)
@@ -119,27 +116,22 @@ def write_parquet(directory, files=4, rows=512, dim=32):
         pq.write_table(table, directory / f"part-{i}.parquet")
 
 
-def test_training_from_parquet_files(cluster, tmp_path, no_leaks):
-    write_parquet(tmp_path / "parquet")
-    data = raytf.data.parquet_files(str(tmp_path / "parquet"))  # each worker reads its row groups
-    result = fit(workloads.train_from_shards, tmp_path, "parquet", {"features": "x", "dim": 32}, {"train": data})
-    losses = [h["loss"] for h in result.history]
-    assert losses[-1] < 0.6 * losses[0], losses
-    assert {h["steps"] for h in result.history} == {1024 // 32}  # 2048 rows / 2 workers / batch 32
-
-
-def test_training_from_tfrecord_files_with_a_feature_spec(cluster, tmp_path, no_leaks):
-    """jobs/train_tfrecords.py's files and readers: tf.train.Examples parsed by a FixedLenFeature spec
-    into a tensor column through Ray Data (raytf.data.read_tfrecords), and trained from with each
-    worker reading its files (raytf.data.tfrecord_files, the job's default), shuffled."""
+def test_training_from_parquet_tfrecord_and_csv_files(cluster, tmp_path, no_leaks):
+    """One run, one MLP per source in turn (workloads.train_from_shards): Parquet files each worker
+    reads its row groups of; jobs/train_tfrecords.py's files and readers (tf.train.Examples parsed by a
+    FixedLenFeature spec into a tensor column through Ray Data (raytf.data.read_tfrecords), and trained
+    from with each worker reading its files (raytf.data.tfrecord_files, the job's default), shuffled);
+    a CSV file streamed through Ray Data."""
     import importlib.util
     import pathlib
+    import sys
 
+    import ray
+
+    write_parquet(tmp_path / "parquet")
     jobs = pathlib.Path(__file__).resolve().parents[2] / "jobs"
     spec = importlib.util.spec_from_file_location("train_tfrecords", jobs / "train_tfrecords.py")
     job = importlib.util.module_from_spec(spec)
-    import sys
-
     sys.path.insert(0, str(jobs))
     try:
         spec.loader.exec_module(job)
@@ -149,28 +141,25 @@ def test_training_from_tfrecord_files_with_a_feature_spec(cluster, tmp_path, no_
     job.write_demo_tfrecords(str(tmp_path / "tfrecords"), files=2, rows=1024, dim=32, classes=4)
     first = job.read(str(tmp_path / "tfrecords"), 32, "ray-data").take_batch(2, batch_format="numpy")
     assert first["x"].shape == (2, 32) and first["x"].dtype == np.float32 and first["y"].dtype == np.int64
-    result = fit(workloads.train_from_shards, tmp_path, "tfrecord", {"features": "x", "dim": 32},
-                 {"train": job.read(str(tmp_path / "tfrecords"), 32)})
-    losses = [h["loss"] for h in result.history]
-    assert losses[-1] < 0.6 * losses[0], losses
-    assert {h["steps"] for h in result.history} == {1024 // 32}  # 2048 rows / 2 workers / batch 32
-
-
-def test_training_from_csv_streaming(cluster, tmp_path, no_leaks):
-    import ray
-
     dim = 8
     w = np.random.default_rng(0).standard_normal((dim, 4))
     x = np.random.default_rng(1).standard_normal((1200, dim))
     lines = [",".join([f"f{i}" for i in range(dim)] + ["y"])]
     lines += [",".join([f"{v:.5f}" for v in row] + [str(int(np.argmax(row @ w)))]) for row in x]
     (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
-    data = ray.data.read_csv(str(tmp_path / "data.csv"))
-    features = [f"f{i}" for i in range(dim)]
-    result = fit(workloads.train_from_shards, tmp_path, "csv",
-                 {"features": features, "dim": dim, "cache": False}, {"train": data})
-    losses = [h["loss"] for h in result.history]
-    assert losses[-1] < 0.6 * losses[0], losses
+    sources = {"parquet": {"features": "x", "dim": 32}, "tfrecord": {"features": "x", "dim": 32},
+               "csv": {"features": [f"f{i}" for i in range(dim)], "dim": dim, "cache": False}}
+    datasets = {"parquet": raytf.data.parquet_files(str(tmp_path / "parquet")),
+                "tfrecord": job.read(str(tmp_path / "tfrecords"), 32),
+                "csv": ray.data.read_csv(str(tmp_path / "data.csv"))}
+    result = fit(workloads.train_from_shards, tmp_path, "files", {"sources": sources}, datasets)
+    for source in sources:
+        history = [h for h in result.history if h["source"] == source]
+        assert [h["epoch"] for h in history] == [0, 1, 2, 3], source
+        losses = [h["loss"] for h in history]
+        assert losses[-1] < 0.6 * losses[0], (source, losses)
+        if source != "csv":
+            assert {h["steps"] for h in history} == {1024 // 32}, source  # 2048 rows / 2 workers / batch 32
 
 
 def test_bad_requests_name_the_column_or_setting(cluster, tmp_path, no_leaks):
