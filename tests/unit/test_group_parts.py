@@ -173,3 +173,27 @@ def test_a_silent_workers_process_is_ended_by_its_pid_and_no_other_process_is():
         for process in (worker, other):
             process.kill()
             process.wait()
+
+
+def test_a_call_each_that_runs_out_of_time_names_the_setting_that_set_it(monkeypatch):
+    """A replaced parameter-server task's retarget waits FailureConfig.worker_timeout_s for the chief
+    (a silent chief is lost), not start_timeout_s: the error says which one ran out."""
+    import pytest
+    from ray.exceptions import GetTimeoutError
+
+    from raytf._internal.driver import actors
+    from raytf.errors import WorkerStartError
+
+    class _Answering:
+        def __getattr__(self, name):
+            return types.SimpleNamespace(remote=lambda *args: (name, args))
+
+    def never_in_time(ref, timeout):
+        raise GetTimeoutError(f"{ref} not ready in {timeout} s")
+
+    monkeypatch.setattr(actors.ray, "get", never_in_time)
+    with pytest.raises(WorkerStartError, match=r"did not retarget the chief within 30 s \(FailureConfig.worker_timeout_s\)"):
+        actors.call_each([_Answering()], "retarget", lambda i: ("worker", 1, "10.0.0.2:5001"), "retarget the chief",
+                         30.0, "FailureConfig.worker_timeout_s")
+    with pytest.raises(WorkerStartError, match=r"within 120 s \(FailureConfig.start_timeout_s\)"):
+        actors.call_each([_Answering()], "start", lambda i: (), "start a replacement", 120.0)

@@ -123,10 +123,11 @@ def drop_copies_on(nodes: Sequence[str], storage: Any, *, timeout_s: float) -> N
 
 
 def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple], what: str,
-              timeout_s: float) -> list:
+              timeout_s: float, setting: str = "FailureConfig.start_timeout_s") -> list:
     """``actors[i].method(*args_of(i))`` on every actor, retried where Ray says an actor is only
     briefly unavailable (a fresh process whose RPC server is not up yet): the methods called this
-    way (start, retarget) may safely run twice. Anything else that stops one is a WorkerStartError."""
+    way (start, retarget) may safely run twice. Anything else that stops one is a WorkerStartError;
+    ``setting`` is the one that set ``timeout_s``, named when it runs out."""
     deadline = time.monotonic() + timeout_s
     results: list = [None] * len(actors)
     pending = list(range(len(actors)))
@@ -142,7 +143,7 @@ def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple
                 pending.append(i)
             except GetTimeoutError:
                 raise WorkerStartError(f"worker actors did not {what} within {timeout_s:g} s "
-                                       "(FailureConfig.start_timeout_s); check the actors' logs") from None
+                                       f"({setting}); check the actors' logs") from None
             except RayActorError as error:
                 raise WorkerStartError(f"a worker actor died: cannot {what}: {error}") from None
         if pending:

@@ -336,9 +336,10 @@ class WorkerGroup:
         self._reserve([member])
         address = member.address
         if old is None or address.host_port != old.host_port:
-            # The coordinator must dial the new address before the new server answers there.
+            # The coordinator dials the new address before the new server answers there (a silent chief is lost).
             [honoured] = call_each([self.members[self.trainer_index].actor], "retarget", lambda i: (
-                member.role.name, member.task, address.host_port), "retarget the chief", self._start_timeout_s)
+                member.role.name, member.task, address.host_port), "retarget the chief",
+                self._worker_timeout_s, "FailureConfig.worker_timeout_s")
             if not honoured:  # TensorFlow already redials the old address, and would wait there for ever
                 raise WorkerStartError(f"it came back at {address.host_port} while the coordinator redialed its old "
                                        "address; the group restarts from the last checkpoint")
