@@ -197,3 +197,33 @@ def test_a_call_each_that_runs_out_of_time_names_the_setting_that_set_it(monkeyp
                          30.0, "FailureConfig.worker_timeout_s")
     with pytest.raises(WorkerStartError, match=r"within 120 s \(FailureConfig.start_timeout_s\)"):
         actors.call_each([_Answering()], "start", lambda i: (), "start a replacement", 120.0)
+
+
+def test_a_member_replaced_in_place_after_going_silent_has_its_process_ended_and_a_dead_one_not(monkeypatch):
+    """group.replace (a parameter-server worker replaced while the chief trains) ends a silent
+    member's process once Ray was told to kill it, as group.shutdown does: Ray 2.50's kill can leave a
+    stopped process holding its bundle, and the replacement would never start in it."""
+    from raytf._internal.driver import group as group_module
+    from raytf._internal.driver.group import WorkerGroup
+    from raytf.errors import FailureKind, WorkerFailure
+
+    killed = []
+    monkeypatch.setattr(group_module, "kill_and_wait", lambda actors, what, silent=(): killed.append(list(silent)))
+    monkeypatch.setattr(group_module, "call_each", lambda *args, **kwargs: [True])
+
+    def replace(silent_ranks):
+        members = _members([(WORKER, "node-a"), (WORKER, "node-b")])
+        watch = types.SimpleNamespace(silent_ranks=set(silent_ranks), replaced=lambda index, ip: None)
+        fake = _group(ParameterServerShape(), members, watch=watch, _preempted={}, _cluster={"worker": {}},
+                      _new_actor=lambda member: _Actor(), _reserve=lambda ms: None, _spec=lambda member: None,
+                      run_ref=None, _relay=types.SimpleNamespace(replace=lambda index, actor: None), _callbacks=[],
+                      notify=lambda message: None, _worker_timeout_s=30.0, _start_timeout_s=120.0)
+        old = members[1].address
+        WorkerGroup.replace(fake, WorkerFailure(rank=1, kind=FailureKind.UNRESPONSIVE, error_type="", message="",
+                                                traceback="", time=0.0))
+        return old
+
+    old = replace(silent_ranks={1})
+    assert killed.pop() == [old]
+    replace(silent_ranks=set())  # it died: nothing left to end
+    assert killed.pop() == []

@@ -58,8 +58,13 @@ def relay_for(members: int, interval_s: float) -> "ThreadRelay | ActorRelay":
     return ActorRelay(new_relay(interval_s))
 
 
-def kill_and_wait(actors: Sequence[Any], what: str) -> None:
-    """Kill ``actors`` and wait, up to RAYTF_SHUTDOWN_TIMEOUT_S in all, until Ray knows each gone."""
+SILENT_END_TIMEOUT_S = 5.0  # how long the tasks that end silent actors' processes get
+
+
+def kill_and_wait(actors: Sequence[Any], what: str, silent: Sequence[Any] = ()) -> None:
+    """Kill ``actors`` and wait, up to RAYTF_SHUTDOWN_TIMEOUT_S in all, until Ray knows each gone;
+    then end the processes at ``silent`` (the addresses of those found unresponsive), which Ray's
+    kill may have left (:func:`end_silent_processes`)."""
     for actor in actors:
         ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + _env.get_float(_env.SHUTDOWN_TIMEOUT_S)
@@ -70,6 +75,8 @@ def kill_and_wait(actors: Sequence[Any], what: str) -> None:
             pass  # gone, as asked
         except GetTimeoutError:
             logger.warning("a killed %s actor is still alive after the shutdown timeout", what)
+    if silent:
+        end_silent_processes(silent, timeout_s=SILENT_END_TIMEOUT_S)
 
 
 def end_process(pid: int) -> bool:

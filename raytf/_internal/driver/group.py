@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import call_each, end_silent_processes, kill_and_wait, new_worker, relay_for, reserve
+from raytf._internal.driver.actors import call_each, kill_and_wait, new_worker, relay_for, reserve
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -327,7 +327,8 @@ class WorkerGroup:
         """A new actor for the lost member: same bundle, same task index, its old port if free."""
         index = failure.rank
         member = self.members[index]
-        kill_and_wait([member.actor], "replaced")  # its port free again: the coordinator redials it (worker/ps.py)
+        silent = [member.address] if self.watch and index in self.watch.silent_ranks and member.address else []
+        kill_and_wait([member.actor], "replaced", silent)  # its port free again: the coordinator redials it (worker/ps.py)
         self._preempted.pop(index, None)
         old = member.address
         member.generation += 1
@@ -380,9 +381,7 @@ class WorkerGroup:
         closing = [m.actor.close.remote() for m in members if m.role.name in self.shape.closes and m.actor is not None]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
-        kill_and_wait([m.actor for m in members if m.actor is not None], "worker")
-        if silent:
-            end_silent_processes(silent, timeout_s=_CLOSE_TIMEOUT_S)
+        kill_and_wait([m.actor for m in members if m.actor is not None], "worker", silent)
         if not self._keeps_placement():
             placement.remove(self._pg)
             self._pg = None
