@@ -19,6 +19,7 @@ from raytf.config import (
 from raytf.errors import (
     CheckpointError,
     ConfigError,
+    DataError,
     DatasetShardError,
     FailureKind,
     HookError,
@@ -53,6 +54,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DataConfig",
+    "DataError",
     "DatasetShardError",
     "FailureConfig",
     "FailureKind",

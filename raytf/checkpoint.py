@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow.fs as pafs
 
-from raytf.errors import CheckpointError
+from raytf.errors import CheckpointError, ConfigError
 
 STATE_PREFIX = "state"  # the tf.train.Checkpoint files of Checkpoint.from_state: state.index, state.data-*
 
@@ -34,7 +34,7 @@ class Checkpoint:
         """A checkpoint of the files in a local directory (they are copied at ``report``)."""
         local = os.path.abspath(os.fspath(path))
         if not os.path.isdir(local):
-            raise ValueError(f"Checkpoint.from_directory: {local!r} is not a directory")
+            raise ConfigError(f"Checkpoint.from_directory: {local!r} is not a directory")
         from raytf._internal.checkpoint.files import check_links
 
         check_links(local)
@@ -52,7 +52,7 @@ class Checkpoint:
         is kept. Restore with :meth:`restore_state`.
         """
         if not trackables:
-            raise ValueError("Checkpoint.from_state needs the objects to save, e.g. model=model, optimizer=optimizer")
+            raise ConfigError("Checkpoint.from_state needs the objects to save, e.g. model=model, optimizer=optimizer")
         return StateCheckpoint(trackables)
 
     def restore_state(self, **trackables: Any) -> None:

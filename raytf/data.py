@@ -14,6 +14,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from raytf.errors import ConfigError, DataError
+
 __all__ = ["parquet_files", "read_tfrecords", "tfrecord_files"]
 
 
@@ -46,20 +48,20 @@ def parquet_files(paths: Union[str, Sequence[str]], columns: Optional[Sequence[s
     from raytf._internal.data.files import FileSource
 
     if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
-        raise ValueError(f"raytf.data.parquet_files(columns=...) takes a list of column names, got {columns!r}")
+        raise ConfigError(f"raytf.data.parquet_files(columns=...) takes a list of column names, got {columns!r}")
     return FileSource("parquet", _paths(paths, "parquet_files"), columns=tuple(columns) if columns else None)
 
 
 def _paths(paths: Union[str, Sequence[str]], function: str) -> tuple[str, ...]:
     found = (paths,) if isinstance(paths, str) else tuple(paths)
     if not found or not all(isinstance(p, str) and p for p in found):
-        raise ValueError(f"raytf.data.{function}(paths=...) takes a path or a list of paths, got {paths!r}")
+        raise ConfigError(f"raytf.data.{function}(paths=...) takes a path or a list of paths, got {paths!r}")
     return found
 
 
 def _positive(function: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"raytf.data.{function}({name}=...) must be an int >= 1, got {value!r}")
+        raise ConfigError(f"raytf.data.{function}({name}=...) must be an int >= 1, got {value!r}")
     return value
 
 
@@ -82,12 +84,12 @@ def feature_spec(features: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...]
     """``features`` as (shape, NumPy dtype, default or None) per name; a ValueError names any
     entry that is not a ``tf.io.FixedLenFeature`` of a fixed shape."""
     if not isinstance(features, Mapping) or not features:
-        raise ValueError("raytf.data.read_tfrecords / tfrecord_files(features=...) takes a dict of feature names to "
+        raise ConfigError("raytf.data.read_tfrecords / tfrecord_files(features=...) takes a dict of feature names to "
                          f"tf.io.FixedLenFeature, got {features!r}")
     spec = {}
     for name, feature in features.items():
         if type(feature).__name__ != "FixedLenFeature":
-            raise ValueError(
+            raise ConfigError(
                 f"raytf.data.read_tfrecords: feature {name!r} is a {type(feature).__name__}; only "
                 "tf.io.FixedLenFeature(shape, dtype) is read (a row's values must have one shape: pad "
                 "variable-length features when writing, or read them with ray.data.read_tfrecords)"
@@ -109,12 +111,12 @@ def records(data: bytes, name: str = "a TFRecord file") -> list[bytes]:
     view, out, at = memoryview(data), [], 0
     while at < len(data):
         if at + 12 > len(data):
-            raise ValueError(f"raytf.data.read_tfrecords: {name} ends inside a record's header (truncated, or "
+            raise DataError(f"raytf.data.read_tfrecords: {name} ends inside a record's header (truncated, or "
                              "compressed: the files must be uncompressed TFRecord)")
         (length,) = struct.unpack_from("<Q", data, at)
         end = at + 12 + length + 4
         if end > len(data):
-            raise ValueError(f"raytf.data.read_tfrecords: {name} ends inside a record of {length} bytes (truncated, "
+            raise DataError(f"raytf.data.read_tfrecords: {name} ends inside a record of {length} bytes (truncated, "
                              "or compressed: the files must be uncompressed TFRecord)")
         out.append(bytes(view[at + 12:at + 12 + length]))
         at = end
@@ -142,6 +144,6 @@ class _ParseFiles:
         try:
             parsed = tf.io.parse_example(tf.constant(serialized), self._features)
         except tf.errors.InvalidArgumentError as error:
-            raise ValueError(f"raytf.data.read_tfrecords: a record does not fit the feature spec: "
+            raise DataError(f"raytf.data.read_tfrecords: a record does not fit the feature spec: "
                              f"{error.message.splitlines()[0]}") from None
         return {name: parsed[name].numpy() for name in self.spec}

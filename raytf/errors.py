@@ -23,8 +23,14 @@ class DatasetShardError(RaytfError, ValueError):
     """A dataset shard was asked for with a setting that does not fit its data."""
 
 
-class ConfigError(RaytfError, ValueError):
-    """A setting is invalid; the message names it, the value received and the fix."""
+class ConfigError(RaytfError, ValueError, TypeError):
+    """A setting or argument is invalid; the message names it, the value received and the fix.
+    A ValueError and a TypeError too, as Python's own checks of an argument raise."""
+
+
+class DataError(RaytfError, ValueError):
+    """A data file or record cannot be read as asked: truncated, compressed, or not matching the
+    feature spec, the columns asked for, or the other files of the source; the message names the file."""
 
 
 class PlacementTimeoutError(RaytfError):

@@ -51,29 +51,88 @@ def _text(node: ast.AST) -> str:
     return "{" + ast.unparse(node) + "}"
 
 
-def raised(root: str) -> Iterator[Raised]:
-    """Every construction of one of raytf's error classes in the package, in file order."""
-    classes = set(_error_classes(root))
+def _modules(root: str) -> Iterator[tuple[str, ast.Module]]:
     package = os.path.join(root, "raytf")
     for directory, _, names in sorted(os.walk(package)):
         for name in sorted(names):
-            if not name.endswith(".py"):
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                yield os.path.relpath(path, root), ast.parse(open(path).read())
+
+
+def _made_by(expression: ast.AST, scope: ast.AST, makers: dict, depth: int = 0, before: int = 1 << 30) -> list[str]:
+    """The messages an expression can hold, where it is a name set from a call of one of raytf's
+    functions that return a message (``problem = too_few_rows(...)``): each string those return,
+    following calls, ``or`` and tuples. [] where it is none of these."""
+    if depth > 8:
+        return []
+    if isinstance(expression, (ast.Constant, ast.JoinedStr, ast.BinOp)):
+        text = _text(expression)
+        return [text] if isinstance(expression, (ast.JoinedStr, ast.BinOp)) or isinstance(expression.value, str) else []
+    if isinstance(expression, ast.BoolOp):
+        return [m for value in expression.values for m in _made_by(value, scope, makers, depth + 1)]
+    if isinstance(expression, ast.Tuple) and expression.elts:
+        return _made_by(expression.elts[0], scope, makers, depth + 1)
+    if isinstance(expression, ast.Call) and isinstance(expression.func, ast.Attribute) and \
+            expression.func.attr == "join" and isinstance(expression.func.value, ast.Constant) and \
+            len(expression.args) == 1 and isinstance(expression.args[0], ast.Name):  # sep.join(lines): every line
+        lines = expression.args[0].id
+        parts = []
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == lines and \
+                    isinstance(node.value, ast.List):
+                parts += [(e.lineno, _text(e)) for e in node.value.elts]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append" \
+                    and getattr(node.func.value, "id", None) == lines and node.args:
+                parts.append((node.lineno, _text(node.args[0])))
+        return [expression.func.value.value.join(text for _, text in sorted(parts))] if parts else []
+    if isinstance(expression, ast.Call):
+        func = expression.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        maker = makers.get(name)
+        if maker is None:
+            return []
+        return [m for node in ast.walk(maker) if isinstance(node, ast.Return) and node.value is not None
+                for m in _made_by(node.value, maker, makers, depth + 1)]
+    if isinstance(expression, ast.Name):  # its value at the last assignment before ``before``
+        last = None
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and node.lineno < before:
+                target = node.targets[0]
+                named = target.id if isinstance(target, ast.Name) else (
+                    getattr(target.elts[0], "id", None) if isinstance(target, ast.Tuple) and target.elts else None)
+                if named == expression.id and (last is None or node.lineno > last.lineno):
+                    last = node
+        return _made_by(last.value, scope, makers, depth + 1) if last is not None else []
+    return []
+
+
+def raised(root: str) -> Iterator[Raised]:
+    """Every construction of one of raytf's error classes in the package, in file order; a message
+    made by another function of raytf's (a preflight check's) is listed by each text it can take."""
+    classes = set(_error_classes(root))
+    modules = list(_modules(root))
+    makers = {node.name: node for _, tree in modules for node in tree.body
+              if isinstance(node, ast.FunctionDef) and node.name != "__init__"}
+    for module, tree in modules:
+        functions: dict = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    functions.setdefault(id(inner), node)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args:
                 continue
-            path = os.path.join(directory, name)
-            module = os.path.relpath(path, root)
-            tree = ast.parse(open(path).read())
-            functions = {}
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    for inner in ast.walk(node):
-                        functions.setdefault(id(inner), node.name)
-            for node in ast.walk(tree):
-                if not isinstance(node, ast.Call) or not node.args:
-                    continue
-                func = node.func
-                called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-                if called in classes:
-                    yield Raised(called, _text(node.args[0]), module, functions.get(id(node), "(module)"), node.lineno)
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if called not in classes:
+                continue
+            scope = functions.get(id(node))
+            where = scope.name if scope is not None else "(module)"
+            made = _made_by(node.args[0], scope, makers, before=node.lineno) \
+                if isinstance(node.args[0], ast.Name) and scope else []
+            for message in dict.fromkeys(made) or [_text(node.args[0])]:
+                yield Raised(called, message, module, where, node.lineno)
 
 
 def _cell(text: str) -> str:

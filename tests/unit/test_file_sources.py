@@ -71,16 +71,16 @@ def test_counting_a_tfrecord_file_keeps_each_chunks_byte_offset_and_names_a_trun
     counts, offsets = scan_tfrecord(read_at, len(data), 2, "f")
     assert counts == [2, 2, 1] and offsets == [0, 21 + 16, 21 + 16 + 316 + 23]  # a record: 16 bytes and its data
     for cut in (len(data) - 3, len(data) - 20):
-        with pytest.raises(ValueError, match="f ends inside a record.*compressed"):
+        with pytest.raises(raytf.DataError, match="f ends inside a record.*compressed"):
             scan_tfrecord(read_at, cut, 2, "f")
 
 
 def test_file_sources_refuse_bad_arguments_by_name():
-    with pytest.raises(ValueError, match=r"tfrecord_files\(chunk_rows=...\) must be an int >= 1, got 0"):
+    with pytest.raises(raytf.ConfigError, match=r"tfrecord_files\(chunk_rows=...\) must be an int >= 1, got 0"):
         raytf.data.tfrecord_files("/x", {"a": _fixed()}, chunk_rows=0)
-    with pytest.raises(ValueError, match=r"parquet_files\(columns=...\) takes a list of column names"):
+    with pytest.raises(raytf.ConfigError, match=r"parquet_files\(columns=...\) takes a list of column names"):
         raytf.data.parquet_files("/x", columns="a")
-    with pytest.raises(ValueError, match=r"tfrecord_files: '/nowhere/at/all' does not exist"):
+    with pytest.raises(raytf.ConfigError, match=r"tfrecord_files: '/nowhere/at/all' does not exist"):
         plan_files(raytf.data.tfrecord_files("/nowhere/at/all", {"a": _fixed()}))
 
 

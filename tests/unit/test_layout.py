@@ -265,3 +265,39 @@ def test_the_reach_finder_finds_each_kind_of_reach():
     assert found == sorted(["from tensorflow.python.ops import ...", "from ray.experimental.internal_kv import ...",
                             "from ray._private import ...", "._add_control_input", "'_original_dataset'",
                             "'tensorflow.python.framework.errors_impl'", "._hook_checked"]), found
+
+
+# Where raytf raises Python's own errors: checks of its own state (a bug in raytf if one fails), caught
+# where they are raised for (a checkpoint's data position that does not fit, an index entry), or
+# abstract. Every error a user is meant to act on is a raytf.RaytfError (docs/reference/errors.md).
+INTERNAL_RAISES = {
+    ("launch.py", "_no_train_fn"), ("_internal/hooks/__init__.py", "named"),
+    ("_internal/hooks/tensorflow/checkpoint.py", "host_copies"), ("_internal/driver/failure.py", "root_cause"),
+    ("_internal/driver/shapes.py", "order"), ("_internal/driver/shapes.py", "datasets"),
+    ("_internal/driver/shapes.py", "placement_error"), ("_internal/driver/topology.py", "assign_ranks"),
+    ("_internal/driver/topology.py", "build_tf_config"), ("_internal/driver/topology.py", "check_unique"),
+    ("_internal/driver/group.py", "__init__"), ("_internal/worker/payloads.py", "user_code"),
+    ("_internal/worker/ps.py", "retarget"), ("_internal/data/cursor.py", "resume_point"),
+    ("_internal/data/position.py", "from_json"), ("_internal/checkpoint/manager.py", "parse_entry"),
+    ("_internal/checkpoint/snapshot.py", "take"),
+    ("_internal/checkpoint/saver.py", "_upload_as"),  # an upload that lost a part: retried (uploads.py)
+}
+BUILTIN_ERRORS = {"ValueError", "TypeError", "RuntimeError", "KeyError", "NotImplementedError", "AssertionError",
+                  "Exception", "OSError", "IndexError"}
+
+
+def test_errors_a_user_acts_on_are_raytf_errors():
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        enclosing = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    enclosing.setdefault(id(inner), node.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                made = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if getattr(made, "id", None) in BUILTIN_ERRORS:
+                    found.add((path.relative_to(PACKAGE).as_posix(), enclosing.get(id(node), "(module)")))
+    assert found - INTERNAL_RAISES == set(), "raise a raytf error (raytf/errors.py) that names the setting and the fix"

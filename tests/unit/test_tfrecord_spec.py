@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from raytf.data import _ParseFiles, feature_spec, records
+from raytf.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.unit
 
@@ -53,16 +54,16 @@ def test_a_record_that_does_not_fit_or_a_cut_file_is_an_error_naming_it(tmp_path
 
     data = _file(tmp_path, [{"x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0, 2.0]))}])
     parse = _ParseFiles(feature_spec({"x": tf.io.FixedLenFeature([3], tf.float32)}))
-    with pytest.raises(ValueError, match="a record does not fit the feature spec"):
+    with pytest.raises(DataError, match="a record does not fit the feature spec"):
         parse({"bytes": np.array([data], dtype=object)})
-    with pytest.raises(ValueError, match="ends inside a record"):
+    with pytest.raises(DataError, match="ends inside a record"):
         records(data[:-3])
 
 
 def test_only_fixed_length_features_are_read():
     import tensorflow as tf
 
-    with pytest.raises(ValueError, match="feature 'tags' is a VarLenFeature; only tf.io.FixedLenFeature"):
+    with pytest.raises(ConfigError, match="feature 'tags' is a VarLenFeature; only tf.io.FixedLenFeature"):
         feature_spec({"tags": tf.io.VarLenFeature(tf.int64)})
-    with pytest.raises(ValueError, match="takes a dict of feature names"):
+    with pytest.raises(ConfigError, match="takes a dict of feature names"):
         feature_spec({})

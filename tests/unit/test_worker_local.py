@@ -103,7 +103,7 @@ def test_metrics_become_plain_python():
     assert to_plain(np.int64(3), "x") == 3 and type(to_plain(np.int64(3), "x")) is int
     assert to_plain(np.arange(3), "x") == [0, 1, 2]
     assert to_plain({"a": (np.float64(1.0), "s")}, "x") == {"a": [1.0, "s"]}
-    with pytest.raises(TypeError, match="metric 'm' is a object"):
+    with pytest.raises(raytf.ConfigError, match="metric 'm' is a object"):
         to_plain(object(), "m")
 
 
@@ -114,9 +114,9 @@ def test_report_numbers_reports_and_rejects_bad_metrics():
     session.report({"loss": np.float32(1.5)})
     session.report({"loss": 1.0})
     assert [(r.seq, r.attempt, r.metrics["loss"]) for r in seen] == [(0, 3, 1.5), (1, 3, 1.0)]
-    with pytest.raises(TypeError, match="must be a dict"):
+    with pytest.raises(raytf.ConfigError, match="must be a dict"):
         session.report([1])
-    with pytest.raises(TypeError, match="names must be str"):
+    with pytest.raises(raytf.ConfigError, match="names must be str"):
         session.report({1: 2})
 
 
@@ -172,7 +172,7 @@ def test_every_n_steps_and_a_preemption_save_whatever_the_frequency(tmp_path):
     session.preempted = True
     session.report({"step": 220}, checkpoint=checkpoint)
     assert seen[-1].checkpoint is not None
-    with pytest.raises(TypeError, match="takes raytf.Checkpoint.from_directory"):
+    with pytest.raises(raytf.ConfigError, match="takes raytf.Checkpoint.from_directory"):
         session.report({"step": 230}, checkpoint=str(tmp_path))
 
 
@@ -198,7 +198,7 @@ def test_the_keras_option_sets_tf_use_legacy_keras_before_tensorflow_loads():
 def test_metric_names_raytf_adds_to_the_history_are_refused(name):
     context = TrainContext(0, 2, 0, 2, 0, 1, 0, "run", "/p", "{}")
     session = WorkerSession(context, strategy=None, sink=lambda r: None)
-    with pytest.raises(ValueError, match=f"the metric name '{name}' is raytf's.*rename the metric"):
+    with pytest.raises(raytf.ConfigError, match=f"the metric name '{name}' is raytf's.*rename the metric"):
         session.report({name: 1})
 
 
@@ -257,13 +257,14 @@ import json, os
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import tensorflow as tf
 from raytf._internal.worker.tensorflow import adopt_gpus
+from raytf.errors import ConfigError
 adopt_gpus(["3", "5"])
 seen = os.environ["CUDA_VISIBLE_DEVICES"]
 tf.config.list_physical_devices()
 try:
     adopt_gpus(["1"])
     error = None
-except RuntimeError as e:
+except ConfigError as e:  # raytf's error, naming the setting
     error = str(e)
 print(json.dumps({"seen": seen, "after": os.environ["CUDA_VISIBLE_DEVICES"], "error": error}))
 """

@@ -19,7 +19,7 @@ from raytf._internal.checkpoint import snapshot as _snapshot
 from raytf._internal.checkpoint.files import checkpoint_name, checkpoints_dir, parts_name, upload, upload_part, verify
 from raytf._internal.protocol import CheckpointPart, ResumePoint, SaveEvery, StorageRef, UploadedCheckpoint
 from raytf.checkpoint import Checkpoint, StateCheckpoint
-from raytf.errors import RaytfError
+from raytf.errors import ConfigError, RaytfError
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class CheckpointSaver:
     @staticmethod
     def _check_type(checkpoint: Any) -> None:
         if not isinstance(checkpoint, (Checkpoint, StateCheckpoint)):
-            raise TypeError(
+            raise ConfigError(
                 "raytf.report(checkpoint=...) takes raytf.Checkpoint.from_directory(path) or "
                 f"raytf.Checkpoint.from_state(model=..., optimizer=...); got {type(checkpoint).__name__}"
             )

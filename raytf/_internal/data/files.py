@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from raytf._internal.data.position import Ranges
+from raytf.errors import ConfigError
 
 _WINDOW_BYTES = 64 << 20  # a shuffle window also ends once its chunks hold this many bytes
 
@@ -101,7 +102,7 @@ def list_files(source: FileSource) -> list[str]:
         filesystem, path = filesystem_of(given)
         info = filesystem.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
-            raise ValueError(f"raytf.data.{source.format}_files: {given!r} does not exist")
+            raise ConfigError(f"raytf.data.{source.format}_files: {given!r} does not exist")
         if info.type == pafs.FileType.Directory:
             inside = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
             names = sorted(i.path for i in inside if i.type == pafs.FileType.File
@@ -111,7 +112,7 @@ def list_files(source: FileSource) -> list[str]:
         else:
             found.append(given if "://" in given else path)
     if not found:
-        raise ValueError(f"raytf.data.{source.format}_files: no files under {', '.join(source.paths)}")
+        raise ConfigError(f"raytf.data.{source.format}_files: no files under {', '.join(source.paths)}")
     return found
 
 

@@ -24,7 +24,7 @@ from raytf._internal.background import Background
 from raytf._internal.data.planned import PlannedShard
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView
-from raytf.errors import ConfigError
+from raytf.errors import ConfigError, RaytfError
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
             ref, metadata = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # Ray < 2.60: a pair
             start, end = (0, metadata.num_rows) if part is None else (part.start_offset, part.end_offset)
             if end is None:
-                raise RuntimeError(f"Ray Data did not record the row count of a block of {dataset}")
+                raise RaytfError(f"Ray Data did not record the row count of a block of {dataset}: this Ray version is not one raytf supports (see the support table), or DataConfig(exactly_once=False) reads without counting")
             refs.append(ref)
             rows.append(end - start)
             offsets.append(start)

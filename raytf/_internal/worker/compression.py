@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence
 from raytf._internal import hooks as _hooks
 from raytf._internal.hooks import keras as keras_hooks
 from raytf._internal.hooks import tf_keras as tf_keras_hooks
+from raytf.errors import ConfigError
 
 DTYPES = ("bfloat16", "float16")
 _COMPRESSIBLE = ("float32", "float64")
@@ -67,7 +68,7 @@ def all_reduce_sum(gradients: Sequence[Any], variables: Optional[Sequence[Any]] 
 
     context = tf.distribute.get_replica_context()
     if context is None:
-        raise RuntimeError("raytf.all_reduce_gradients runs in a replica context: call it inside strategy.run")
+        raise ConfigError("raytf.all_reduce_gradients runs in a replica context: call it inside strategy.run")
     gradients = list(gradients)
     compression = _active
     if compression is None or context.num_replicas_in_sync == 1:

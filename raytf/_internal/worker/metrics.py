@@ -6,6 +6,7 @@ import numbers
 from typing import Any
 
 from raytf._internal.protocol import HISTORY_KEYS
+from raytf.errors import ConfigError
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -14,9 +15,9 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     clean = {}
     for key, value in metrics.items():
         if not isinstance(key, str):
-            raise TypeError(f"raytf.report(metrics): metric names must be str, got {key!r}")
+            raise ConfigError(f"raytf.report(metrics): metric names must be str, got {key!r}")
         if key in HISTORY_KEYS:
-            raise ValueError(
+            raise ConfigError(
                 f"raytf.report(metrics): the metric name {key!r} is raytf's (every history entry "
                 f"carries {', '.join(HISTORY_KEYS)}); rename the metric, e.g. to 'my_{key}'"
             )
@@ -40,7 +41,7 @@ def to_plain(value: Any, name: str) -> Any:
         return [to_plain(v, name) for v in value]
     if isinstance(value, dict):
         return {str(k): to_plain(v, f"{name}.{k}") for k, v in value.items()}
-    raise TypeError(
+    raise ConfigError(
         f"raytf.report(metrics): metric {name!r} is a {type(value).__name__}; "
         "report numbers, strings, tensors or lists of them"
     )

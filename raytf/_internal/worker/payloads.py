@@ -33,7 +33,7 @@ from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
 from raytf._internal.worker import tensorflow as _tensorflow
 from raytf._internal.worker.session import WorkerSession
-from raytf.errors import FailureKind
+from raytf.errors import ConfigError, FailureKind
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class EvaluatorPayload:
                 entry, checkpoint = latest
                 metrics = evaluate_fn(checkpoint, config)
                 if not isinstance(metrics, dict):
-                    raise TypeError(f"ParameterServerTrainer(evaluate_fn=...) must return a dict of metrics, "
+                    raise ConfigError(f"ParameterServerTrainer(evaluate_fn=...) must return a dict of metrics, "
                                     f"got {type(metrics).__name__}")
                 clean = {k: _session.to_plain(v, k) for k, v in metrics.items()}
                 clean.update({"evaluated_checkpoint": entry.name, "epoch": entry.epoch, "step": entry.step})

@@ -28,7 +28,7 @@ from raytf._internal.protocol import (
 )
 from raytf._internal.worker.metrics import clean_metrics, to_plain  # noqa: F401 - to_plain: payloads.py's too
 from raytf._internal.worker.uploads import Uploads
-from raytf.errors import CheckpointError, RaytfError
+from raytf.errors import CheckpointError, ConfigError, RaytfError
 
 logger = logging.getLogger(__name__)
 
@@ -237,9 +237,9 @@ class WorkerSession:
         report (``raytf.train.report``'s ``checkpoint_upload_mode``)."""
         self._stop_if_halted()
         if ranks not in ("chief", "all"):
-            raise ValueError(f"raytf.report(ranks=...) must be 'chief' or 'all', got {ranks!r}")
+            raise ConfigError(f"raytf.report(ranks=...) must be 'chief' or 'all', got {ranks!r}")
         if not isinstance(metrics, dict):
-            raise TypeError(f"raytf.report(metrics): metrics must be a dict, got {type(metrics).__name__}")
+            raise ConfigError(f"raytf.report(metrics): metrics must be a dict, got {type(metrics).__name__}")
         clean = clean_metrics(metrics)
         # Where each planned dataset stands (data/planned.py), for the checkpoint to record.
         data = None if checkpoint is None else positions_at(

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from raytf._internal import env as _env
 from raytf._internal.protocol import RunSpec, WorkerSpec
 from raytf._internal.worker import logs as _logs
-from raytf.errors import FailureKind
+from raytf.errors import ConfigError, FailureKind
 
 logger = logging.getLogger(__name__)
 
@@ -133,13 +133,13 @@ def configure_keras(run: RunSpec) -> None:
 
     legacy = tf.keras.Sequential.__module__.startswith("tf_keras")
     if run.tensorflow.keras == "tf_keras" and not legacy:
-        raise RuntimeError(
+        raise ConfigError(
             "TensorflowConfig(keras='tf_keras'), but tf.keras on this worker is Keras 3: install "
             "tf-keras (pip install tf-keras) in the workers' environment, and do not import "
             "TensorFlow before raytf sets TF_USE_LEGACY_KERAS"
         )
     if run.tensorflow.keras == "keras3" and legacy:
-        raise RuntimeError(
+        raise ConfigError(
             "TensorflowConfig(keras='keras3'), but tf.keras on this worker is tf-keras: TensorFlow "
             "was imported before raytf could set TF_USE_LEGACY_KERAS=0"
         )
@@ -174,7 +174,7 @@ def adopt_gpus(gpu_ids: Sequence[str]) -> None:
     from raytf._internal.hooks import tensorflow as tf_hooks
 
     if tf_hooks.devices_listed():
-        raise RuntimeError(
+        raise ConfigError(
             "this warm standby's TensorFlow found its devices before it was handed its GPUs "
             f"({', '.join(gpu_ids)}): train_fn's modules use TensorFlow's devices when imported. Move "
             "that into train_fn, or set FailureConfig.warm_standby to False"

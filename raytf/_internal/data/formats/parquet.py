@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from raytf._internal.data.files import FilePlan, FileSource, filesystem_of
+from raytf.errors import ConfigError, DataError
 
 
 def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[Any]) -> dict:
@@ -20,7 +21,7 @@ def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[A
     out = {}
     for name in names:
         if first.get_field_index(name) < 0:
-            raise ValueError(f"raytf.data.parquet_files: column {name!r} is not in {files[0]} (its columns: "
+            raise ConfigError(f"raytf.data.parquet_files: column {name!r} is not in {files[0]} (its columns: "
                              f"{', '.join(first.names)})")
         kind, shape = first.field(name).type, []
         while pa.types.is_fixed_size_list(kind):
@@ -31,14 +32,14 @@ def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[A
         elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
             dtype = np.dtype(kind.to_pandas_dtype())
         else:
-            raise ValueError(f"raytf.data.parquet_files: column {name!r} is {first.field(name).type}; a worker reads "
+            raise DataError(f"raytf.data.parquet_files: column {name!r} is {first.field(name).type}; a worker reads "
                              "numbers, strings and fixed-size lists of them (write variable lists padded, as "
                              "pa.list_(type, size))")
         out[name] = (dtype, tuple(shape))
     for path, schema in zip(files[1:], schemas[1:]):
         for name in names:
             if schema.get_field_index(name) < 0 or schema.field(name).type != first.field(name).type:
-                raise ValueError(f"raytf.data.parquet_files: column {name!r} of {path} does not match {files[0]}'s")
+                raise DataError(f"raytf.data.parquet_files: column {name!r} of {path} does not match {files[0]}'s")
     return out
 
 

@@ -8,6 +8,7 @@ import time
 from typing import Any, Optional
 
 from raytf._internal.data.files import FilePlan, FileSource
+from raytf.errors import DataError
 
 _HEADER = 12  # a TFRecord's uint64 length and its masked CRC
 _SCAN_BLOCK = 1 << 20  # bytes read at a time while counting a TFRecord file's records
@@ -27,7 +28,7 @@ def scan_tfrecord(read_at: Any, size: int, chunk_rows: int, name: str) -> tuple[
         if at + _HEADER > block_at + len(block):
             block_at, block = at, read_at(min(_SCAN_BLOCK, size - at), at)
         if at + _HEADER > block_at + len(block):
-            raise ValueError(f"raytf.data.tfrecord_files: {name} ends inside a record's header (truncated, or "
+            raise DataError(f"raytf.data.tfrecord_files: {name} ends inside a record's header (truncated, or "
                              "compressed: the files must be uncompressed TFRecord)")
         (length,) = struct.unpack_from("<Q", block, at - block_at)
         if records % chunk_rows == 0:
@@ -37,7 +38,7 @@ def scan_tfrecord(read_at: Any, size: int, chunk_rows: int, name: str) -> tuple[
         records += 1
         at += _HEADER + length + 4
     if at != size:
-        raise ValueError(f"raytf.data.tfrecord_files: {name} ends inside a record (truncated, or compressed: the "
+        raise DataError(f"raytf.data.tfrecord_files: {name} ends inside a record (truncated, or compressed: the "
                          "files must be uncompressed TFRecord)")
     return counts, offsets
 
