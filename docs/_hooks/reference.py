@@ -114,6 +114,14 @@ def raised(root: str) -> Iterator[Raised]:
     modules = list(_modules(root))
     makers = {node.name: node for _, tree in modules for node in tree.body
               if isinstance(node, ast.FunctionDef) and node.name != "__init__"}
+    own_str = {}  # error classes that word their message in __str__ (TrainingFailedError): its text
+    for node in ast.parse(open(os.path.join(root, "raytf", "errors.py")).read()).body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef) and method.name == "__str__":
+                    own_str[node.name] = [m.replace("\n", " / ") for r in ast.walk(method)
+                                          if isinstance(r, ast.Return) and r.value is not None
+                                          for m in _made_by(r.value, method, makers)]
     for module, tree in modules:
         functions: dict = {}
         for node in ast.walk(tree):
@@ -131,6 +139,8 @@ def raised(root: str) -> Iterator[Raised]:
             where = scope.name if scope is not None else "(module)"
             made = _made_by(node.args[0], scope, makers, before=node.lineno) \
                 if isinstance(node.args[0], ast.Name) and scope else []
+            if not made and isinstance(node.args[0], ast.Name) and called in own_str:  # a class that words its message
+                made = own_str[called]
             for message in dict.fromkeys(made) or [_text(node.args[0])]:
                 yield Raised(called, message, module, where, node.lineno)
 
