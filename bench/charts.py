@@ -79,7 +79,7 @@ def ingest(results: str) -> Optional[bytes]:
 
 
 def file_ingest(results: str) -> Optional[bytes]:
-    found = {r["path"]: r["rows_per_s"] for r in lines(results, "cpu_tfrecord_ingest.jsonl") if "path" in r}
+    found = {r["path"]: r["rows_per_s"] for r in lines(results, "cpu_file_ingest.jsonl") if "path" in r}
     if not found:
         return None
     names = [("raytf_tfrecord_files", "raytf.data.tfrecord_files", RAYTF),

@@ -1,9 +1,11 @@
-"""MkDocs hooks: the reference pages that are read off the code, and the benchmark charts.
+"""MkDocs hooks: the reference pages that are read off the code, and the benchmark charts and tables.
 
 A page holds a marker where generated text goes (``<!-- raytf:errors:ConfigError -->``,
-``<!-- raytf:cli -->``, ``<!-- raytf:environment -->``, ``<!-- raytf:hooks -->``); the charts are drawn by ``bench/charts.py`` from the JSON the
-benches printed (``bench/results/``) and added to the site as ``charts/<name>.svg``. Nothing here
-imports TensorFlow or Ray (the hooks' table reads raytf's registry, plain data), so the site builds in seconds.
+``<!-- raytf:cli -->``, ``<!-- raytf:environment -->``, ``<!-- raytf:hooks -->``, and a benchmark
+table from its record, ``<!-- raytf:bench:cpu_quick:w1_spe1 -->``: records.py); the charts are drawn
+by ``bench/charts.py`` from the JSON the benches printed (``bench/results/``) and added to the site
+as ``charts/<name>.svg``. Nothing here imports TensorFlow or Ray (the hooks' table reads raytf's
+registry, plain data), so the site builds in seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "docs", "_hooks"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import charts  # noqa: E402  (bench/charts.py; sys.path is MkDocs' again when the hooks are called)
+import records  # noqa: E402
 import reference  # noqa: E402
 
 MARKERS = {
@@ -26,12 +29,14 @@ MARKERS = {
     "<!-- raytf:slowest -->": reference.slowest_markdown,
 }
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
+BENCH = re.compile(r"<!-- raytf:bench:(\w+):(\w+) -->")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 - MkDocs' hook signature
     for marker, make in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make(ROOT))
+    markdown = BENCH.sub(lambda found: records.bench_table(ROOT, found.group(1), found.group(2)), markdown)
     return ERRORS.sub(lambda found: reference.errors_markdown(ROOT, found.group(1)), markdown)
 
 

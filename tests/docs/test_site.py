@@ -155,3 +155,70 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     rows = [line for line in page.splitlines() if line.startswith("| ") and "`" in line]
     assert [row.split("`")[1] for row in rows] == [f"tests/x.py::test_{i}" for i in range(10)]
     assert "failed" not in page and "::u`" not in page
+
+
+TRACED = ("bench/results/", "<!-- raytf:bench:", '!!! warning "No kept record"')
+
+
+def test_every_benchmark_table_names_its_record_is_rendered_from_one_or_says_it_has_none():
+    """A table of figures on a benchmark page sits in a section that names the record of its run
+    (a file in bench/results/), is rendered from one (a raytf:bench marker), or is marked as having none."""
+    untraced = []
+    for page in sorted((DOCS / "benchmarks").glob("*.md")):
+        sections = re.split(r"^#+ ", page.read_text(), flags=re.M)
+        for section in sections:
+            tables = [line for line in section.splitlines() if line.startswith("|") and re.search(r"\d", line)
+                      and not set(line) <= set("|-: ")]
+            if tables and not any(mark in section for mark in TRACED):
+                untraced.append(f"{page.name}: {section.splitlines()[0]!r}")
+    assert not untraced, untraced
+
+
+def test_a_benchmark_table_is_the_newest_invocation_of_its_record_with_where_it_ran(tmp_path, monkeypatch):
+    """``<!-- raytf:bench:<record>:<step> -->`` renders the step's systems from the record's newest
+    invocation only: medians, ranges, ratios to raytf, and the command, commit and machine."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import records
+
+    environment = {"commit": "abc1234", "date": "2026-11-28T05:00:00+00:00",
+                   "machine": {"system": "Linux", "cpu": "Some CPU", "cores": 2, "memory_gib": 24, "python": "3.11.7"},
+                   "versions": {"tensorflow": "2.21.0", "ray": "2.60.0"}}
+
+    def line(invocation, system, speed):
+        return {"invocation": invocation, "suite": "cpu-quick", "step": "w1_spe1", "command": "python bench/throughput.py",
+                "environment": environment, "result": {"system": system, "samples_per_s": speed, "loss": 0.29}}
+
+    lines = [line("old", "raytf", 1.0), line("old", "ray_train", 1.0)]
+    lines += [line("new", "raytf", s) for s in (30_000, 36_000, 33_000)]
+    lines += [line("new", "ray_train", s) for s in (20_000, 22_000, 24_000)]
+    lines.append({**line("new", "raytf", 0), "step": "w1_spe8", "result": {"system": "raytf", "samples_per_s": 9}})
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "cpu_quick.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    table = records.bench_table(str(tmp_path), "cpu_quick", "w1_spe1")
+    assert "| 33,000 (30,000-36,000) | 3 | 0.290 | 1.00 |" in table
+    assert "| 22,000 (20,000-24,000) | 3 | 0.290 | 1.50× |" in table
+    assert "invocation `new`" in table and "commit `abc1234`" in table and "2 cores (Some CPU)" in table
+    with pytest.raises(ValueError, match="no runs of step 'w2'"):
+        records.bench_table(str(tmp_path), "cpu_quick", "w2")
+
+
+def test_every_chart_reads_the_records_its_section_names():
+    """A chart on a page (``charts/<name>.svg``, drawn by bench/charts.py) reads only records the
+    section around it names, so a chart cannot show another run than its table."""
+    tree = ast.parse((ROOT / "bench" / "charts.py").read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    charts = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                  and getattr(node.target, "id", None) == "CHARTS")
+    reads = {key.value: {c.value for c in ast.walk(functions[value.id]) if isinstance(c, ast.Constant)
+                         and isinstance(c.value, str) and c.value.endswith(".jsonl")}
+             for key, value in zip(charts.keys, charts.values)}
+    shown = 0
+    for page in pages():
+        for section in re.split(r"^#+ ", page.read_text(), flags=re.M):
+            for name in re.findall(r"\(\.\./charts/(\w+)\.svg\)", section):
+                shown += 1
+                unnamed = {f for f in reads[name] if f not in section}
+                assert not unnamed, f"{page.name}: chart {name} reads {sorted(unnamed)}, which its section never names"
+    assert shown >= 5
