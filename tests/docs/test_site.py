@@ -165,12 +165,12 @@ def test_every_benchmark_table_names_its_record_is_rendered_from_one_or_says_it_
     (a file in bench/results/), is rendered from one (a raytf:bench marker), or is marked as having none."""
     untraced = []
     for page in sorted((DOCS / "benchmarks").glob("*.md")):
-        sections = re.split(r"^#+ ", page.read_text(), flags=re.M)
-        for section in sections:
-            tables = [line for line in section.splitlines() if line.startswith("|") and re.search(r"\d", line)
-                      and not set(line) <= set("|-: ")]
-            if tables and not any(mark in section for mark in TRACED):
-                untraced.append(f"{page.name}: {section.splitlines()[0]!r}")
+        for section in re.split(r"^#+ ", page.read_text(), flags=re.M):
+            # Each table with the text since the table before it (or the heading): where its record is named.
+            for before, table in re.findall(r"((?:(?!^\|).*\n)*)((?:^\|.*\n?)+)", section, flags=re.M):
+                figures = [line for line in table.splitlines() if re.search(r"\d", line) and not set(line) <= set("|-: ")]
+                if figures and not any(mark in before + table for mark in TRACED):
+                    untraced.append(f"{page.name}: {section.splitlines()[0]!r}: {figures[0][:60]!r}")
     assert not untraced, untraced
 
 
