@@ -72,7 +72,7 @@ def next(session: nox.Session) -> None:  # noqa: A001 - the session's name
             session.log(f"{keras}: not on this index")
     # raytf itself without its bounds (they exclude what is being tried), its test tools with them.
     session.install("--no-deps", "-e", ".")
-    session.install("pytest", "pytest-timeout", "pytest-xdist", "moto[server]", "scikit-learn")
+    session.install("pytest", "pytest-timeout", "pytest-rerunfailures", "pytest-xdist", "moto[server]", "scikit-learn")
     session.run("python", "-m", "raytf._internal.hooks", success_codes=[0, 1])
     session.run("python", "-m", "pytest", "-m", "unit", "-q", "-p", "no:cacheprovider", *session.posargs,
                 success_codes=[0, 1])

@@ -9,6 +9,13 @@ editing). ``-m docs``: tests/docs, the documentation site built in strict mode a
 The suite runs in two processes (``-n 2`` in pyproject.toml): much of an integration test is
 waiting (for a timeout it provokes, a process to start, a node to go), and the other process
 fills it. Each process starts its own Ray cluster on ports of its own. ``-n 0`` runs in one.
+
+A test whose run failed because a worker process died when nothing in the test killed it (a
+crash inside TensorFlow or Ray: rare, but seen here on the oldest and the newest versions
+alike) runs once more (``--reruns 1 --only-rerun``, pyproject.toml): raytf's
+answer to such a crash is ``FailureConfig.max_failures``, which most tests leave at 0 to see every
+failure. pytest's summary and the suite record (``rerun``) count each rerun; any other failure,
+and a second crash, fails the suite.
 """
 
 from __future__ import annotations
