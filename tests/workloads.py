@@ -1025,18 +1025,6 @@ def gpu_worker(config: dict) -> None:
     _write(config["out_dir"], f"gpu{ctx.world_rank}.json", info)
 
 
-def tune_trial(config: dict) -> None:
-    """A Ray Tune function trainable whose trial is a raytf run (Ray Train V2's pattern)."""
-    from ray import tune
-
-    result = raytf.Trainer(
-        small_train, config={"out_dir": config["out_dir"], "epochs": 2},
-        scaling=raytf.ScalingConfig(num_workers=2),
-        run=raytf.RunConfig(name=tune.get_context().get_trial_name(), storage_path=config["storage"], verbose=0),
-    ).fit()
-    tune.report({"loss": result.metrics["loss"], "run": result.path})
-
-
 # Parameter-server training (raytf.ParameterServerTrainer): train_fn runs on the chief.
 
 

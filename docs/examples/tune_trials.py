@@ -1,7 +1,7 @@
 """Hyperparameter search with Ray Tune: each trial a raytf run.
 
 The guide "Coming from Ray Train" quotes this file; ``tests/integration/test_docs_examples.py``
-runs it with one trial.
+runs it with two trials of two workers.
 
     python docs/examples/tune_trials.py
 """
@@ -36,7 +36,7 @@ def rows(batch: dict) -> dict:
 
 
 def main(storage_path: str = "~/raytf_results", learning_rates: tuple = (1e-3, 1e-2), num_workers: int = 2,
-         epochs: int = 3, num_rows: int = 4096):
+         epochs: int = 3, num_rows: int = 4096, max_concurrent_trials: int | None = None):
     storage_path = os.path.abspath(os.path.expanduser(storage_path))
     # --8<-- [start:tune]
     from ray import tune
@@ -53,6 +53,8 @@ def main(storage_path: str = "~/raytf_results", learning_rates: tuple = (1e-3, 1
     tuner = tune.Tuner(
         tune.with_resources(trial, {"cpu": 0.01}),  # the trial itself only waits on its workers
         param_space={"lr": tune.grid_search(list(learning_rates)), "epochs": epochs},
+        # As many trials at once as the cluster holds groups of num_workers (None: as many as start).
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
         run_config=tune.RunConfig(storage_path=storage_path, name="search"),
     )
     best = tuner.fit().get_best_result(metric="loss", mode="min")

@@ -76,7 +76,11 @@ def autoscaling_head(tmp_path):
     config_path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / "head.log", "w")
     temp_dir = head_temp_dir()  # nothing outside the suite finds this head (test_job_submit.py)
-    env = {**HEAD_ENV, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
+    # The autoscaler looks at the cluster every second (5 s by default) and the GCS asks its nodes
+    # whether they are alive every second (3 s): the node added at the start and the one replaced
+    # after the test takes one away come that much sooner (tests/integration/conftest.py).
+    env = {**HEAD_ENV, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+           "RAY_health_check_period_ms": "1000"}
     # With RAY_AUTH_MODE=token the head needs a token to exist (a bare `ray start` makes one, as
     # the job-submit head does); on a fresh machine there is none yet.
     generated = ray_cli("get-auth-token", "--generate", env=env)

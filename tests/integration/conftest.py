@@ -20,6 +20,11 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # The Ray Train anchors of test_ray_train_compat are Ray Train V2, Ray's default from 2.51; on the
 # oldest Ray raytf supports (2.50) it is opt-in. Set before the cluster starts: its workers inherit it.
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+# Ray's GCS asks each raylet whether it is alive every health_check_period_ms (3 s by default) and
+# counts a node dead after 5 failed asks in a row: a crashed node (a killed raylet refuses at once)
+# is then known about 15 s late, waited for by every test that takes a node away. Asked every
+# second, it is known in about 5; a live node still has Ray's 10 s to answer each ask.
+os.environ.setdefault("RAY_health_check_period_ms", "1000")
 # Credentials for the loopback S3 server (s3_filesystem), where AWS's clients look for them, as on a
 # machine set up for S3: a storage URI (s3_uri) then needs no secret. Set before the cluster
 # starts, so its workers have them too; no metadata server to ask on this machine.

@@ -5,6 +5,8 @@ example's point is not the split (each worker's start is seconds of TensorFlow's
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import pathlib
 import sys
 
@@ -77,8 +79,22 @@ def test_the_recipe_checkpoints_to_s3_through_a_storage_uri_and_shows_none_of_it
         assert key not in text and secret not in text, text[-2000:]
 
 
-def test_a_ray_tune_trial_is_a_raytf_run(cluster, tmp_path, no_leaks):
-    best = example("tune_trials").main(storage_path=str(tmp_path), learning_rates=(0.5,), num_workers=1,
-                                       epochs=3, num_rows=1024)
+def test_each_ray_tune_trial_is_a_raytf_run_under_its_trials_name(cluster, tmp_path, no_leaks):
+    """Two trials, one after the other (the test cluster holds one group of two workers and the
+    dataset's tasks), each a raytf run of two workers in a directory named after its trial; the
+    better learning rate wins."""
+    import signal
+
+    original = signal.getsignal(signal.SIGINT)
+    try:
+        best = example("tune_trials").main(storage_path=str(tmp_path), learning_rates=(0.5, 0.01), num_workers=2,
+                                           epochs=3, num_rows=1024, max_concurrent_trials=1)
+    finally:
+        signal.signal(signal.SIGINT, original)  # Tune leaves its own SIGINT handler installed
     assert best.config["lr"] == 0.5 and best.metrics["loss"] < 0.5  # chance is log(2) = 0.69
-    assert (tmp_path / "search").is_dir() and any(p.name.startswith("trial") for p in tmp_path.iterdir())
+    assert (tmp_path / "search").is_dir()
+    runs = [p for p in tmp_path.iterdir() if p.name.startswith("trial")]
+    assert len(runs) == 2, sorted(p.name for p in tmp_path.iterdir())  # one raytf run per trial
+    for run in runs:
+        history = json.loads((run / "history.json").read_text())
+        assert [h["epoch"] for h in history] == [0, 1, 2] and all(math.isfinite(h["loss"]) for h in history)

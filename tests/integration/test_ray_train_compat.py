@@ -1,4 +1,5 @@
-"""Ray Train code on raytf, with only its imports changed; and raytf inside a Ray Tune trial.
+"""Ray Train code on raytf, with only its imports changed (raytf inside Ray Tune trials:
+test_docs_examples.py).
 
 Each of Ray Train's TensorFlow examples (tests/ray_train_examples.py) runs to the
 end on raytf and reaches the loss it reaches on Ray Train, on the same data.
@@ -6,13 +7,10 @@ end on raytf and reaches the loss it reaches on Ray Train, on the same data.
 
 from __future__ import annotations
 
-import signal
-
 import numpy as np
 import pytest
 
 from tests import ray_train_examples as examples
-from tests import workloads
 
 pytestmark = pytest.mark.integration
 
@@ -83,25 +81,3 @@ def test_the_quick_start_with_its_own_strategy_trains_under_keras_3(cluster, tmp
     config = {"epochs": 2, "steps_per_epoch": 30, "lr": 0.05, "callback": False}
     result = raytf_run(examples.mnist_keras, config, tmp_path, "keras3", keras="keras3")
     assert result.metrics["epoch"] == 1 and result.metrics["loss"] < 2.0
-
-
-def test_two_tune_trials_each_run_raytf(cluster, tmp_path, no_leaks):
-    from ray import tune
-
-    out = tmp_path / "out"
-    out.mkdir()
-    tuner = tune.Tuner(
-        tune.with_resources(workloads.tune_trial, {"cpu": 0.01}),  # the trial itself only waits
-        param_space={"lr": tune.grid_search([0.01, 0.02]), "out_dir": str(out), "storage": str(tmp_path / "runs")},
-        tune_config=tune.TuneConfig(max_concurrent_trials=1),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0),
-    )
-    original = signal.getsignal(signal.SIGINT)
-    try:
-        results = tuner.fit()
-    finally:
-        signal.signal(signal.SIGINT, original)  # Tune leaves its own SIGINT handler installed
-    assert len(results) == 2 and not results.errors
-    runs = {r.metrics["run"] for r in results}
-    assert len(runs) == 2  # a raytf run per trial, each under its trial's name
-    assert all(np.isfinite(r.metrics["loss"]) for r in results)
