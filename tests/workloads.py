@@ -312,7 +312,8 @@ def shard_epochs(config: dict) -> None:
 
 
 def bad_requests(config: dict) -> None:
-    """Each bad request in turn; records the message of the error each raises."""
+    """Each bad request in turn; records the message of the error each raises; then, given
+    ``config["unhandled"]``, makes that request without catching its error."""
     ctx = raytf.get_context()
     messages = {}
     for key, request in config["requests"].items():
@@ -322,6 +323,8 @@ def bad_requests(config: dict) -> None:
         except raytf.DatasetShardError as error:
             messages[key] = str(error)
     _write(config["out_dir"], f"rank{ctx.world_rank}.json", messages)
+    if config.get("unhandled"):
+        raytf.get_dataset_shard(**config["unhandled"])
 
 
 def train_from_shards(config: dict) -> None:

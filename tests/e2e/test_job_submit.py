@@ -139,7 +139,7 @@ def wait_for_job(head, job_id: str, timeout_s: float = 300) -> tuple[str, str]:
     deadline = time.monotonic() + timeout_s
     while (status := job_status(head, job_id)) == "running":
         assert time.monotonic() < deadline, f"job not done after {timeout_s:g} s"
-        time.sleep(2)
+        time.sleep(0.5)
     return status, ray_cli("job", "logs", "--address", address, job_id, env=env).stdout
 
 

@@ -162,36 +162,40 @@ def test_training_from_parquet_tfrecord_and_csv_files(cluster, tmp_path, no_leak
             assert {h["steps"] for h in history} == {1024 // 32}, source  # 2048 rows / 2 workers / batch 32
 
 
-def test_bad_requests_name_the_column_or_setting(cluster, tmp_path, no_leaks):
+def test_bad_requests_name_the_column_or_setting_and_an_unhandled_one_fails_the_run(cluster, tmp_path, no_leaks):
+    """Each rank makes every bad request, catching its error, then one more without catching it:
+    the run fails with that error's type and message. An empty shard is named as such, cached and
+    streamed."""
     import ray
 
     train = ray.data.range(40).map_batches(with_label, batch_size=None)
     ragged = ray.data.from_items([{"v": [1.0] * (1 + i % 3), "y": i} for i in range(20)])
+    empty = ray.data.range(40).map_batches(with_label, batch_size=None).filter(lambda row: row["id"] > 1000)
     requests = {
         "unknown_name": {"name": "test", "batch_size": 4},
         "missing_column": {"name": "train", "batch_size": 4, "features": ["id", "nope"], "label": "y"},
         "too_big": {"name": "train", "batch_size": 64, "features": "id"},
         "ragged": {"name": "ragged", "batch_size": 4, "features": "v", "label": "y"},
         "zero_batch": {"name": "train", "batch_size": 0},
+        "empty_cached": {"name": "empty", "batch_size": 4, "features": "f", "label": "y"},
+        "empty_streaming": {"name": "empty", "batch_size": 4, "features": "f", "label": "y", "cache": False},
     }
-    fit(workloads.bad_requests, tmp_path, "bad", {"requests": requests}, {"train": train, "ragged": ragged},
-        raytf.DataConfig(datasets_to_split=["train"]))
-    messages = ranks(tmp_path)[0]
-    assert "no dataset named 'test' was passed to Trainer(datasets=...); passed: ragged, train" in messages["unknown_name"]
-    assert "column 'nope' is not in the dataset; its columns are id, f, y" in messages["missing_column"]
-    assert "batch_size=64 is larger than the worker's shard (20 rows" in messages["too_big"]
-    assert "column 'v' is ragged" in messages["ragged"]
-    assert "batch_size must be an int >= 1, got 0" in messages["zero_batch"]
-
-
-def test_an_unhandled_data_error_fails_the_run_with_its_message(cluster, tmp_path, no_leaks):
-    import ray
-
-    train = ray.data.range(200).map_batches(with_label, batch_size=None)
+    unhandled = {"name": "train", "batch_size": 4, "features": ["id", "g"], "label": "y"}
     with pytest.raises(raytf.TrainingFailedError) as info:
-        fit(workloads.train_from_shards, tmp_path, "missing", {"features": ["id", "g"], "dim": 2}, {"train": train})
+        fit(workloads.bad_requests, tmp_path, "bad", {"requests": requests, "unhandled": unhandled},
+            {"train": train, "ragged": ragged, "empty": empty}, raytf.DataConfig(datasets_to_split=["train", "empty"]))
     assert info.value.failure.error_type == "DatasetShardError"
     assert "column 'g' is not in the dataset" in str(info.value)
+    for messages in ranks(tmp_path):
+        assert "no dataset named 'test' was passed to Trainer(datasets=...); passed: empty, ragged, train" in (
+            messages["unknown_name"])
+        assert "column 'nope' is not in the dataset; its columns are id, f, y" in messages["missing_column"]
+        assert "batch_size=64 is larger than the worker's shard (20 rows" in messages["too_big"]
+        assert "column 'v' is ragged" in messages["ragged"]
+        assert "batch_size must be an int >= 1, got 0" in messages["zero_batch"]
+        for key in ("empty_cached", "empty_streaming"):
+            assert "a worker's shard has no rows: the dataset is empty, or has fewer rows than the 2 workers" in (
+                messages[key] or ""), (key, messages[key])
 
 
 def test_a_lazy_dataset_that_could_never_run_is_refused_before_anything_starts(cluster, tmp_path):
@@ -207,21 +211,6 @@ def test_a_lazy_dataset_that_could_never_run_is_refused_before_anything_starts(c
             run=raytf.RunConfig(storage_path=str(tmp_path), verbose=0),
         ).fit()
     assert len(ray.util.placement_group_table()) == pgs_before
-
-
-def test_empty_shards_are_named_as_such_on_both_paths(cluster, tmp_path, no_leaks):
-    import ray
-
-    empty = ray.data.range(40).map_batches(with_label, batch_size=None).filter(lambda row: row["id"] > 1000)
-    requests = {
-        "cached": {"name": "train", "batch_size": 4, "features": "f", "label": "y"},
-        "streaming": {"name": "train", "batch_size": 4, "features": "f", "label": "y", "cache": False},
-    }
-    fit(workloads.bad_requests, tmp_path, "empty", {"requests": requests}, {"train": empty})
-    for messages in ranks(tmp_path):
-        for key in requests:
-            assert "a worker's shard has no rows: the dataset is empty, or has fewer rows than the 2 workers" in (
-                messages[key] or ""), (key, messages[key])
 
 
 @pytest.mark.parametrize("rows, fragment", [(0, "has 0 row(s), fewer than the 2 workers"), (1, "has 1 row(s)")])

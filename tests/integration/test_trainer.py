@@ -82,21 +82,6 @@ def test_two_workers_train_one_model(pack_run):
     assert [(i["node_rank"], i["local_rank"], i["local_world_size"]) for i in ranks] == [(0, 0, 2), (0, 1, 2)]
 
 
-def test_strict_spread_places_workers_on_different_nodes(cluster, tmp_path, no_leaks):
-    result = trainer(
-        workloads.small_train, tmp_path, "spread", placement="STRICT_SPREAD", resources_per_worker={}
-    ).fit()
-
-    ranks = read_ranks(tmp_path, 2)
-    assert ranks[0]["node_id"] != ranks[1]["node_id"]
-    assert [(i["node_rank"], i["local_rank"], i["num_nodes"]) for i in ranks] == [(0, 0, 2), (1, 0, 2)]
-    workers = ranks[0]["tf_config"]["cluster"]["worker"]
-    assert len(set(workers)) == 2 and all(i["tf_config"]["cluster"]["worker"] == workers for i in ranks)
-    assert all(i["collective_sum"] == 3.0 for i in ranks)
-    losses = [entry["loss"] for entry in result.history]
-    assert losses[-1] < 0.5 * losses[0], losses
-
-
 def test_custom_resources_pin_workers_to_a_node(pack_run):
     _, tmp_path = pack_run  # resources_per_worker={"node_b": 1}
     node_b = next(n["NodeID"] for n in __import__("ray").nodes() if n["Alive"] and "node_b" in n["Resources"])
@@ -241,6 +226,8 @@ def test_a_worker_lost_each_way_stalled_dead_or_killed_by_ray_restarts_the_group
 
 def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left_and_counts_one_failure(
         cluster, tmp_path, no_leaks):
+    """A STRICT_SPREAD group of two loses a node; the restart places one rank on each of the two
+    nodes left, and those ranks train as one group."""
     # A twin of the session's second node: whichever of the two is removed, the
     # cluster keeps its shape (head + one {"node_b": 2} node) for the tests after.
     extra = cluster.add_node(num_cpus=2, resources={"node_b": 2})
@@ -295,6 +282,15 @@ def test_a_node_removed_mid_training_restarts_the_group_on_the_nodes_left_and_co
     after = {json.loads((tmp_path / f"node{r}_attempt1.json").read_text())["node_id"] for r in range(2)}
     assert len(after) == 2 and removed[0].node_id not in after  # two nodes still, neither the lost one
     assert [h["epoch"] for h in result.history if h["attempt"] == 1] == [0, 1, 2, 3]
+    # STRICT_SPREAD: one rank per node, each with its node's ranks, one TF_CONFIG, one collective group.
+    ranks = read_ranks(tmp_path, 2)
+    assert ranks[0]["node_id"] != ranks[1]["node_id"] and {r["node_id"] for r in ranks} == after
+    assert [(i["node_rank"], i["local_rank"], i["num_nodes"]) for i in ranks] == [(0, 0, 2), (1, 0, 2)]
+    workers = ranks[0]["tf_config"]["cluster"]["worker"]
+    assert len(set(workers)) == 2 and all(i["tf_config"]["cluster"]["worker"] == workers for i in ranks)
+    assert all(i["collective_sum"] == 3.0 for i in ranks)
+    losses = [h["loss"] for h in result.history if h["attempt"] == 1]
+    assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_a_dead_worker_with_no_retries_left_fails_the_run(tmp_path, no_leaks):
