@@ -1511,6 +1511,15 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
             _write(config["out_dir"], f"running-{config['driver']}-{ctx.world_rank}.json",
                    {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
             state["marked"] = True
+            if config.get("hold_until_preempted"):
+                # Every rank waits at this step until the run is asked to stop (the test drains a
+                # node, or adds one to grow onto), asking together (preemption_requested is an
+                # all-reduce; a count, not a clock, bounds it): the preemption lands here however
+                # long the node takes to join on a loaded machine.
+                for _ in range(1500):
+                    if raytf.preemption_requested():
+                        break
+                    time.sleep(0.2)
         time.sleep(config.get("step_sleep", 0))
     if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
         os._exit(1)
@@ -1578,7 +1587,8 @@ def counted_keras_train(config: dict) -> None:
     optimizer's iteration and the epoch, to ``steps-<driver>-<attempt>-<rank>.jsonl``; the
     first line is the attempt's start (the restored iteration, the group's size, the node). Test
     hooks: ``mark`` ({epoch, batch}, attempt 0): each rank writes running-<driver>-<rank>.json
-    with its pid and node, then each of its steps sleeps ``step_sleep``; ``kill`` ({attempt,
+    with its pid and node (with ``hold_until_preempted``, then waits there until the run is asked
+    to stop), then each of its steps sleeps ``step_sleep``; ``kill`` ({attempt,
     rank, epoch, batch}): exit; ``term`` (the same, or a list of them): SIGTERM to itself (a preemption).
     ``tf_keras_fit``: tf-keras's own ``model.fit`` (``TensorflowConfig(keras="tf_keras")``)."""
     import tensorflow as tf

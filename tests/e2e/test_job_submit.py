@@ -94,7 +94,8 @@ def head(tmp_path_factory):
             "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(ports["dashboard"]),
             "--ray-client-server-port", str(ports["client"]),
-            "--dashboard-agent-listen-port", str(ports["agent"]), "--num-cpus", "2", "--temp-dir", temp_dir,
+            # Room for two jobs of two 1-CPU workers at once: the tests submit pairs of jobs together.
+            "--dashboard-agent-listen-port", str(ports["agent"]), "--num-cpus", "4", "--temp-dir", temp_dir,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -166,19 +167,37 @@ def test_submitted_job_trains_on_two_workers_and_reports(head, tmp_path):
     assert "starting 2 workers" in logs
 
 
-@pytest.mark.parametrize("script, extra", [("train_keras3.py", ["--micro-batches", "2"]), ("train_tf_keras.py", [])])
-def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path, script, extra):
-    logs, printed = submit(
-        head, tmp_path, script, "--epochs", "2", "--rows", "4096", "--name", "keras",
-        "--storage-path", str(tmp_path / "results"), *extra,
-    )
-    metrics = printed["final_metrics"]
-    assert metrics["epoch"] == 1 and metrics["step"] == 2 * 4096 // 256
-    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(metrics)
-    # ReportCallback checkpointed every epoch; CheckpointConfig(num_to_keep=2) kept both.
-    index = json.loads((tmp_path / "results" / "keras" / "checkpoints" / "index.json").read_text())
-    assert [c["epoch"] for c in index["checkpoints"]] == [0, 1]
-    assert "starting 2 workers" in logs
+def submit_together(head, tmp_path, jobs: dict[str, list[str]]) -> dict[str, tuple[str, dict]]:
+    """Submit each ``name -> [script, *args]`` at once (each in a directory of its own under
+    ``tmp_path``), then wait for all: name -> (its logs, what it printed). The head runs them side by
+    side, as a cluster runs several users' jobs; each job's wait for its processes to start is
+    the other's time to train."""
+    ids = {}
+    for name, (script, *args) in jobs.items():
+        (tmp_path / name).mkdir()
+        ids[name] = submit_no_wait(head, tmp_path / name, script, *args)
+    out = {}
+    for name, job_id in ids.items():
+        status, logs = wait_for_job(head, job_id)
+        assert status == "succeeded", f"{name}: {logs[-3000:]}"
+        out[name] = (logs, printed(logs))
+    return out
+
+
+def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path):
+    """Keras 3 (with two micro-batches a step) and tf-keras, submitted together."""
+    jobs = {name: [script, "--epochs", "2", "--rows", "4096", "--name", "keras",
+                   "--storage-path", str(tmp_path / name / "results"), *extra]
+            for name, script, extra in (("keras3", "train_keras3.py", ["--micro-batches", "2"]),
+                                        ("tf_keras", "train_tf_keras.py", []))}
+    for name, (logs, printed_) in submit_together(head, tmp_path, jobs).items():
+        metrics = printed_["final_metrics"]
+        assert metrics["epoch"] == 1 and metrics["step"] == 2 * 4096 // 256, name
+        assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(metrics), name
+        # ReportCallback checkpointed every epoch; CheckpointConfig(num_to_keep=2) kept both.
+        index = json.loads((tmp_path / name / "results" / "keras" / "checkpoints" / "index.json").read_text())
+        assert [c["epoch"] for c in index["checkpoints"]] == [0, 1], name
+        assert "starting 2 workers" in logs, name
 
 
 def test_the_job_server_still_requires_ray_auth_token_and_no_bare_ray_init_finds_the_head(head):
@@ -235,18 +254,18 @@ def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
     assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
 
 
-@pytest.mark.parametrize("script", ["train_ps_custom_loop.py", "train_ps_keras.py"])
-def test_submitted_parameter_server_jobs_train(head, tmp_path, script):
-    logs, printed = submit(
-        head, tmp_path, script, "--epochs", "2", "--rows", "4096", "--steps-per-epoch", "40", "--name", "ps",
-        "--storage-path", str(tmp_path / "results"),
-    )
-    metrics = printed["final_metrics"]
-    assert metrics["epoch"] == 1 and metrics["loss"] > 0
-    history = json.loads((tmp_path / "results" / "ps" / "history.json").read_text())
-    assert [h["epoch"] for h in history if "evaluated_checkpoint" not in h] == [0, 1]
-    if script == "train_ps_custom_loop.py":  # its evaluator scored the last checkpoint
-        assert history[-1]["evaluated_checkpoint"] == [h for h in history if "checkpoint" in h][-1]["checkpoint"]
-    else:  # the kernel split across the two parameter servers
-        assert "the first kernel lives in 2 parts across the ps" in logs
-    assert "1 chief x" in logs and "ps x" in logs
+def test_submitted_parameter_server_jobs_train(head, tmp_path):
+    """The custom-loop and the Keras parameter-server jobs, submitted together."""
+    jobs = {script: [script, "--epochs", "2", "--rows", "4096", "--steps-per-epoch", "40", "--name", "ps",
+                     "--storage-path", str(tmp_path / script / "results")]
+            for script in ("train_ps_custom_loop.py", "train_ps_keras.py")}
+    for script, (logs, printed_) in submit_together(head, tmp_path, jobs).items():
+        metrics = printed_["final_metrics"]
+        assert metrics["epoch"] == 1 and metrics["loss"] > 0, script
+        history = json.loads((tmp_path / script / "results" / "ps" / "history.json").read_text())
+        assert [h["epoch"] for h in history if "evaluated_checkpoint" not in h] == [0, 1], script
+        if script == "train_ps_custom_loop.py":  # its evaluator scored the last checkpoint
+            assert history[-1]["evaluated_checkpoint"] == [h for h in history if "checkpoint" in h][-1]["checkpoint"]
+        else:  # the kernel split across the two parameter servers
+            assert "the first kernel lives in 2 parts across the ps" in logs
+        assert "1 chief x" in logs and "ps x" in logs, script

@@ -67,7 +67,7 @@ def test_every_row_trains_once_per_epoch_through_preemption_shrink_kill_new_driv
     drained = None
     try:
         elastic = raytf.ScalingConfig(num_workers=(2, 3), resources_per_worker={"once": 1}, resize_timeout_s=3)
-        first = trainer(1, elastic, 0, mark={"epoch": 1, "batch": 3}, step_sleep=0.3,
+        first = trainer(1, elastic, 0, mark={"epoch": 1, "batch": 3}, step_sleep=0.3, hold_until_preempted=True,
                         kill={"attempt": 1, "rank": 1, "epoch": 1, "batch": 3})
         join = in_background(first)
         running = wait_for(lambda: (tmp_path / "running-1-2.json").exists() and tmp_path / "running-1-2.json", 120,
@@ -84,7 +84,8 @@ def test_every_row_trains_once_per_epoch_through_preemption_shrink_kill_new_driv
             join()
         cluster.remove_node(drained)
         nodes.remove(drained)
-        join = in_background(trainer(2, elastic, 0, mark={"epoch": 1, "batch": 1}, step_sleep=0.3))
+        join = in_background(trainer(2, elastic, 0, mark={"epoch": 1, "batch": 1}, step_sleep=0.3,
+                                     hold_until_preempted=True))
         wait_for(lambda: (tmp_path / "running-2-0.json").exists(), 120, "the new driver's workers training")
         joined = cluster.add_node(num_cpus=1, resources={"once": 1})
         nodes.append(joined)
