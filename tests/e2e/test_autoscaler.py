@@ -116,7 +116,7 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     results = tmp_path / "results"
     job_id = submit_no_wait(
         autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
-        "--rows", "32768", "--epochs", "8", "--name", "autoscaled", "--storage-path", str(results),
+        "--rows", "32768", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
     )
     deadline = time.monotonic() + 300
     while not (gpu_nodes := [n for n in nodes(address) if n["state"] == "ALIVE" and n["resources_total"].get("GPU")]):
@@ -135,7 +135,7 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     before = {g["node_id"] for g in gpu_nodes}
     assert any(n["resources_total"].get("GPU") and n["node_id"] not in before for n in after)  # replaced
     history = json.loads((results / "autoscaled" / "history.json").read_text())
-    assert [h["epoch"] for h in history] == list(range(8))
+    assert [h["epoch"] for h in history] == list(range(6))
     resumed = [h for h in history if h["attempt"] == 1]
     assert resumed, "the run did not restart after the node was lost"
     committed_before = max(h["epoch"] for h in history if h["attempt"] == 0)

@@ -23,7 +23,7 @@ def gpu_nodes(cluster):
         cluster.remove_node(node)
 
 
-@pytest.mark.parametrize("workers, gpus", [(4, 1), (2, 2)])
+@pytest.mark.parametrize("workers, gpus", [(3, 1), (2, 2)])  # 3 x 1: two ranks on one node, one on the other
 def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_leaks, workers, gpus):
     result = raytf.Trainer(
         workloads.gpu_worker, config={"out_dir": str(tmp_path)},
