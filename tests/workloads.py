@@ -507,9 +507,10 @@ def resumable_train(config: dict) -> None:
     epoch (raytf counted the batches the loop took), so nothing is skipped.
     Metrics name ``epoch`` the last *completed* epoch and ``step`` the global step.
 
-    Test hooks, on attempt 0 only: ``mark_step`` (write running<rank>.json with
-    the pid and node; with ``hold_after_mark``, then wait there), ``step_sleep``
-    (seconds per step), ``kill`` ({rank, step}: that rank exits at that step).
+    Test hooks, on attempt 0 only (or each attempt of ``hook_attempts``): ``mark_step`` (the
+    attempt's step, counted from where it resumed: write running<rank>.json, on a later attempt
+    running<rank>_attempt<n>.json, with the pid and node; with ``hold_after_mark``, then wait
+    there), ``step_sleep`` (seconds per step), ``kill`` ({rank, step}: that rank exits at that step).
     """
     import numpy as np
     import ray
@@ -549,15 +550,17 @@ def resumable_train(config: dict) -> None:
     if resumed is not None:
         resumed.restore_state(model=model, optimizer=optimizer)
         step, start_epoch, resumed_at = resumed.step, resumed.epoch + 1, resumed.step
-    first_attempt = ctx.attempt == 0
+    first_attempt = ctx.attempt in config.get("hook_attempts", [0])
+    mark_step = None if config.get("mark_step") is None else (resumed_at or 0) + config["mark_step"]
     for epoch in range(start_epoch, config["epochs"]):
         losses = []
         for batch in distributed:
             losses.append(float(train_step(batch)))
             step += 1
-            if first_attempt and step == config.get("mark_step"):
-                _write(config["out_dir"], f"running{ctx.world_rank}.json",
-                       {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
+            if first_attempt and step == mark_step:
+                name = f"running{ctx.world_rank}.json" if ctx.attempt == 0 else \
+                    f"running{ctx.world_rank}_attempt{ctx.attempt}.json"
+                _write(config["out_dir"], name, {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
                 if config.get("hold_after_mark"):
                     time.sleep(300)  # until the test takes this worker's node away
             if first_attempt and config.get("step_sleep"):
@@ -567,7 +570,7 @@ def resumable_train(config: dict) -> None:
                 os._exit(1)
             if step % config.get("check_every", 4) == 0 and raytf.preemption_requested():
                 raytf.report(
-                    {"epoch": epoch - 1, "step": step, "preempted_at": step},
+                    {"epoch": epoch - 1, "step": step, "preempted_at": step, "resumed_at": resumed_at},
                     checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer),
                 )
                 return

@@ -123,26 +123,11 @@ def test_a_run_with_one_kill_ends_with_the_weights_of_a_run_with_none(cluster, t
         np.testing.assert_array_equal(a, b)
 
 
-def test_sigterm_to_a_worker_checkpoints_the_current_step_and_is_not_a_failure(cluster, tmp_path, no_leaks):
-    join = in_background(resumable(
-        tmp_path, "sigterm", {"mark_step": 6, "step_sleep": 0.2},
-        failure_config=raytf.FailureConfig(max_failures=0),
-    ))
-    running = wait_for(lambda: (tmp_path / "running1.json").exists() and tmp_path / "running1.json", 120, "rank 1 to train")
-    os.kill(json.loads(running.read_text())["pid"], signal.SIGTERM)
-    result = join()
-    assert result.attempts == 2
-    [cause] = result.failures
-    assert cause.kind == "preempted" and "SIGTERM" in cause.message
-    preempted = [h for h in result.history if "preempted_at" in h]
-    assert len(preempted) == 1 and preempted[0]["attempt"] == 0
-    at = preempted[0]["preempted_at"]
-    assert 8 <= at < ROWS // 32  # saved mid-epoch 0, at the step where the ranks agreed
-    resumed = [h for h in result.history if h["attempt"] == 1]
-    assert resumed[0]["resumed_at"] == at and resumed[-1]["epoch"] == 2
-
-
-def test_a_draining_node_checkpoints_and_the_run_moves_to_a_new_node(cluster, tmp_path, no_leaks):
+def test_a_draining_node_and_a_sigterm_each_checkpoint_the_current_step_and_are_no_failure(cluster, tmp_path, no_leaks):
+    """Attempt 0 trains on a node that is then drained (as an autoscaler drains a spot node before
+    taking it away): the run checkpoints its step and moves to a new node. There rank 1 gets
+    SIGTERM: the run checkpoints that step too. Neither costs a failure (max_failures=0); each
+    attempt resumes at the step the one before saved, in mid-epoch 0."""
     import ray
     from ray._private.state import state
     from ray.core.generated import autoscaler_pb2
@@ -151,7 +136,7 @@ def test_a_draining_node_checkpoints_and_the_run_moves_to_a_new_node(cluster, tm
     replacement = None
     try:
         join = in_background(resumable(
-            tmp_path, "drained", {"mark_step": 6, "step_sleep": 0.2},
+            tmp_path, "preempted", {"mark_step": 6, "step_sleep": 0.2, "hook_attempts": [0, 1]},
             scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"spot": 1}),
             failure_config=raytf.FailureConfig(max_failures=0),
         ))
@@ -166,16 +151,26 @@ def test_a_draining_node_checkpoints_and_the_run_moves_to_a_new_node(cluster, tm
         # Ray 2.60's GCS lists the node as draining at once; Ray 2.50's a moment later.
         wait_for(lambda: spot.node_id in state.get_draining_nodes(), 10, "Ray listing the node as draining")
         replacement = cluster.add_node(num_cpus=2, resources={"spot": 2})
+        moved = tmp_path / "running1_attempt1.json"
+        running = wait_for(lambda: moved.exists() and moved, 120, "rank 1 to train on the new node")
+        assert json.loads(running.read_text())["node_id"] == replacement.node_id
+        os.kill(json.loads(running.read_text())["pid"], signal.SIGTERM)
         result = join()
     finally:
         cluster.remove_node(spot)
         if replacement is not None:
             cluster.remove_node(replacement)
-    assert result.attempts == 2
-    [cause] = result.failures
-    assert cause.kind == "preempted" and "draining" in cause.message
-    at = [h["preempted_at"] for h in result.history if "preempted_at" in h]
-    assert len(at) == 1 and [h for h in result.history if h["attempt"] == 1][0]["resumed_at"] == at[0]
+    assert result.attempts == 3
+    drained, terminated = result.failures
+    assert drained.kind == "preempted" and "draining" in drained.message
+    assert terminated.kind == "preempted" and "SIGTERM" in terminated.message
+    preempted = [h for h in result.history if "preempted_at" in h]
+    assert [h["attempt"] for h in preempted] == [0, 1]
+    first, second = (h["preempted_at"] for h in preempted)
+    assert 8 <= first < second < ROWS // 32  # each saved mid-epoch 0, at the step where the ranks agreed
+    assert [h for h in result.history if h["attempt"] == 1][0]["resumed_at"] == first
+    resumed = [h for h in result.history if h["attempt"] == 2]
+    assert resumed[0]["resumed_at"] == second and resumed[-1]["epoch"] == 2
 
 
 def test_elastic_group_shrinks_when_a_lost_node_does_not_come_back(cluster, tmp_path, no_leaks):
