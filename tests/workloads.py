@@ -879,7 +879,7 @@ def shard_to_tf_keras_fit(config: dict) -> None:
     shard = raytf.get_dataset_shard("train", batch_size=64, features="x", label="y")
     model = _row_counting_model(tf.keras, strategy, 32)
     model.fit(shard, epochs=config["epochs"], verbose=0)
-    _write(config["out_dir"], f"rank{ctx.world_rank}.json", {
+    _write(config["out_dir"], f"{config.get('prefix', '')}rank{ctx.world_rank}.json", {
         "rows_trained": local_rows(strategy, model),
         "shard_rows": int(sum(int(tf.shape(x)[0]) for x, _ in shard)),
     })
@@ -913,7 +913,7 @@ def hidden_shards_to_tf_keras_fit(config: dict) -> None:
             out[name] = local_rows(strategy, model)
         except DatasetShardError as error:
             out[name] = str(error)
-    _write(config["out_dir"], f"rank{ctx.world_rank}.json", out)
+    _write(config["out_dir"], f"{config.get('prefix', '')}rank{ctx.world_rank}.json", out)
 
 
 def per_rank_checkpoints(config: dict) -> None:
@@ -965,10 +965,19 @@ def ray_train_style(config: dict) -> None:
     model = _row_counting_model(tf.keras, strategy, 32)
     for _ in range(config["epochs"]):
         model.fit(shard, epochs=1, verbose=0, callbacks=[raytf.keras.ReportCallback(preemption_check_every=5)])
-    _write(config["out_dir"], f"rank{ctx.world_rank}.json", {
+    _write(config["out_dir"], f"{config.get('prefix', '')}rank{ctx.world_rank}.json", {
         "same_strategy": strategy is raytf.strategy(),
         "rows_trained": local_rows(strategy, model),
     })
+
+
+def tf_keras_fit_each_way(config: dict) -> None:
+    """In one run's processes, each with a model of its own: ray_train_style (its report callback
+    makes the run's history), then shard_to_tf_keras_fit and hidden_shards_to_tf_keras_fit, each
+    writing ``<way>-rank<r>.json``. ``epochs``: {way: epochs}."""
+    for way, fn in (("ray_train", ray_train_style), ("straight", shard_to_tf_keras_fit),
+                    ("hidden", hidden_shards_to_tf_keras_fit)):
+        fn({**config, "epochs": config["epochs"].get(way), "prefix": f"{way}-"})
 
 
 def one_rank_stops(config: dict) -> None:

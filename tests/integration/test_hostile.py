@@ -69,20 +69,6 @@ def test_a_parameter_server_run_on_too_few_rows_says_so_before_anything_starts(c
 
 
 
-def test_a_shard_inside_interleave_or_flat_map_trains_every_row_and_one_read_through_python_is_refused(
-        cluster, tmp_path, no_leaks):
-    import json
-
-    from tests.integration.test_reliability import SHARD_ROWS, tf_keras_trainer
-
-    tf_keras_trainer(workloads.hidden_shards_to_tf_keras_fit, tmp_path, "hidden-shards", epochs=1).fit()
-    for rank in range(2):
-        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        # Every row of the worker's shard in the epoch: not half of each batch.
-        assert seen["interleave"] == SHARD_ROWS and seen["flat_map"] == SHARD_ROWS
-        assert "reads through Python" in seen["generator"] and "raytf.keras.distribute(dataset)" in seen["generator"]
-
-
 def test_ray_train_reports_keep_a_checkpoint_any_rank_passes_with_every_ranks_files_merged(cluster, tmp_path, no_leaks):
     import json
 

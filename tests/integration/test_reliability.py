@@ -13,7 +13,7 @@ import pytest
 
 import raytf
 from tests import workloads
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import assert_no_leaks, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +29,8 @@ def row_data():
     ).materialize()
 
 
-def read_ranks(out_dir, n=2):
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
+def read_ranks(out_dir, n=2, prefix=""):
+    return [json.loads((out_dir / f"{prefix}rank{r}.json").read_text()) for r in range(n)]
 
 
 def tf_keras_trainer(fn, tmp_path, name, epochs, **run):
@@ -43,22 +43,42 @@ def tf_keras_trainer(fn, tmp_path, name, epochs, **run):
     )
 
 
-def test_a_shard_given_straight_to_tf_keras_fit_trains_on_every_row(tmp_path, no_leaks):
-    tf_keras_trainer(workloads.shard_to_tf_keras_fit, tmp_path, "straight-to-fit", epochs=2).fit()
-    for info in read_ranks(tmp_path):
+@pytest.fixture(scope="module")
+def tf_keras_fits(cluster, tmp_path_factory):
+    """One tf-keras run of workloads.tf_keras_fit_each_way (Ray Train's style for 3 epochs, a shard
+    straight to fit for 2, a shard hidden in other datasets for 1): (its result, its directory)."""
+    tmp_path = tmp_path_factory.mktemp("tf-keras-fits")
+    result = tf_keras_trainer(workloads.tf_keras_fit_each_way, tmp_path, "tf-keras-fits",
+                              epochs={"ray_train": 3, "straight": 2, "hidden": 1}).fit()
+    assert_no_leaks()
+    return result, tmp_path
+
+
+def test_a_shard_given_straight_to_tf_keras_fit_trains_on_every_row(tf_keras_fits):
+    _, tmp_path = tf_keras_fits
+    for info in read_ranks(tmp_path, prefix="straight-"):
         assert info["shard_rows"] == SHARD_ROWS
         # Every row of the worker's shard, every epoch: not the first half of each batch.
         assert info["rows_trained"] == 2 * SHARD_ROWS
 
 
-def test_a_train_fn_written_for_ray_train_trains_with_its_own_strategy(tmp_path, no_leaks):
-    result = tf_keras_trainer(workloads.ray_train_style, tmp_path, "ray-train-style", epochs=3).fit()
-    for info in read_ranks(tmp_path):
+def test_a_train_fn_written_for_ray_train_trains_with_its_own_strategy(tf_keras_fits):
+    result, tmp_path = tf_keras_fits
+    for info in read_ranks(tmp_path, prefix="ray_train-"):
         assert info["same_strategy"]  # MultiWorkerMirroredStrategy() inside train_fn is raytf's
         assert info["rows_trained"] == 3 * SHARD_ROWS
     # fit() was called once per epoch; the epochs reported are the run's, not Keras's 0 each time.
     assert [h["epoch"] for h in result.history] == [0, 1, 2]
     assert result.checkpoint.epoch == 2
+
+
+def test_a_shard_inside_interleave_or_flat_map_trains_every_row_and_one_read_through_python_is_refused(
+        tf_keras_fits):
+    _, tmp_path = tf_keras_fits
+    for seen in read_ranks(tmp_path, prefix="hidden-"):
+        # Every row of the worker's shard in the epoch: not half of each batch.
+        assert seen["interleave"] == SHARD_ROWS and seen["flat_map"] == SHARD_ROWS
+        assert "reads through Python" in seen["generator"] and "raytf.keras.distribute(dataset)" in seen["generator"]
 
 
 def one_rank_stops(tmp_path, name, how, failure_config, tensorflow=None):
