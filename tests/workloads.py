@@ -175,16 +175,6 @@ def fail_on_rank(config: dict) -> None:
     time.sleep(600)
 
 
-def exit_on_first_attempt(config: dict) -> None:
-    """Rank 1 kills its own process on attempt 0 after one report; attempt 1 trains."""
-    ctx = raytf.get_context()
-    if ctx.world_rank == 1 and ctx.attempt == 0:
-        raytf.report({"epoch": 0})
-        time.sleep(0.5)
-        os._exit(1)
-    small_train(config)
-
-
 def _process_started_at() -> float:
     """When this process was created (Linux: /proc), in time.time() seconds."""
     with open("/proc/self/stat") as f:
