@@ -677,6 +677,13 @@ def callbacks_then_gradient_accumulation(config: dict) -> None:
     gradient_accumulation(config)
 
 
+def keras_train_then_gradient_accumulation(config: dict) -> None:
+    """keras_train, then (in the attempt that finished it) gradient_accumulation, in the same
+    workers: two checks of one Keras path for one group's start."""
+    keras_train(config)
+    gradient_accumulation(config)
+
+
 def keras_callbacks_and_metrics(config: dict) -> None:
     """Keras 3 through raytf.keras.fit on data whose labels are this worker's rank.
 

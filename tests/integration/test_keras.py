@@ -46,23 +46,25 @@ def ranks(tmp_path):
 
 @pytest.fixture(scope="module")
 def killed_runs(cluster, tmp_path_factory):
-    """Each Keras path trained 4 epochs on two workers, one of them killed after epoch 1:
-    path -> (its result, its ranks' json)."""
+    """Each Keras path trained 4 epochs on two workers, one of them killed after epoch 1 (tf-keras's
+    then checks gradient accumulation in the same workers; Keras 3's does in keras3_checks):
+    path -> (its result, its ranks' json, its directory)."""
     out = {}
-    for path in ("keras3", "tf_keras"):
+    for path, workload in (("keras3", workloads.keras_train),
+                           ("tf_keras", workloads.keras_train_then_gradient_accumulation)):
         root = tmp_path_factory.mktemp(path)
         result = fit(
-            workloads.keras_train, root, f"keras-{path}", {"path": path, "epochs": 4, "kill_after_epoch": 1},
+            workload, root, f"keras-{path}", {"path": path, "epochs": 4, "kill_after_epoch": 1, "steps": 3},
             keras=path, datasets=datasets(), failure_config=raytf.FailureConfig(max_failures=1),
         )
         assert_no_leaks()
-        out[path] = (result, ranks(root))
+        out[path] = (result, ranks(root), root)
     return out
 
 
 @pytest.mark.parametrize("path", ["keras3", "tf_keras"])
 def test_each_keras_path_trains_two_workers_reports_and_resumes_after_a_kill(killed_runs, path):
-    result, (r0, r1) = killed_runs[path]
+    result, (r0, r1), _ = killed_runs[path]
     assert r0["keras_version"].startswith("3." if path == "keras3" else "2.")
     # ReportCallback reported every epoch with a checkpoint; the kill after epoch 1
     # cost one retry, which resumed at epoch 2 from epoch 1's checkpoint.
@@ -105,14 +107,11 @@ def keras3_checks(cluster, tmp_path_factory):
 
 
 @pytest.fixture
-def accumulated(request, tmp_path):
-    """The directory of a run of workloads.gradient_accumulation on ``request.param``'s Keras path."""
+def accumulated(request):
+    """The directory of a run that ran workloads.gradient_accumulation on ``request.param``'s Keras path."""
     if request.param == "keras3":
         return request.getfixturevalue("keras3_checks")
-    fit(workloads.gradient_accumulation, tmp_path, "accumulate-tf-keras", {"path": "tf_keras", "steps": 3},
-        keras="tf_keras")
-    assert_no_leaks()
-    return tmp_path
+    return request.getfixturevalue("killed_runs")["tf_keras"][2]
 
 
 @pytest.mark.parametrize("accumulated", ["keras3", "tf_keras"], indirect=True)
