@@ -1,5 +1,8 @@
 """The elastic policy and what a round of polls amounts to: pure, no Ray."""
 
+import pytest
+
+from raytf._internal.driver.failure import root_cause
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.protocol import Activity, Phase, Progress, Report, WorkerStatus
@@ -77,6 +80,16 @@ def test_finished_stopped_lost_and_not_joined():
     assert w.silent_ranks == {0}
     w.replaced(0, "10.0.0.2")
     assert w.silent_ranks == set()
+    # Two members silent in one round: the root cause is the one that went silent first, whatever
+    # the order the relay lists them in (rank 0 first, here the later one).
+    both = watch(clock)
+    clock.now = 60.0
+    both.silent(0, since=25.0)
+    both.silent(1, since=20.0)
+    failures = both.round(None).failures
+    assert {f.rank for f in failures} == {0, 1} and root_cause(failures).rank == 1
+    assert min(failures, key=lambda f: f.rank).time - root_cause(failures).time == pytest.approx(5.0, abs=0.5)
+    clock.now = 31.0
     late = watch(clock)  # started at 31
     late.heard(0, status(0, Phase.READY))
     clock.now = 132.0

@@ -62,9 +62,11 @@ class GroupWatch:
         # When the whole group first got past each start-up phase (the clock's time), for the breakdown.
         self.reached: dict[Milestone, float] = {}
 
-    def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str) -> WorkerFailure:
+    def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str,
+                 at: Optional[float] = None) -> WorkerFailure:
         return WorkerFailure(rank=rank, kind=kind, error_type=error_type, message=message, traceback="",
-                             time=time.time(), node_ip=self._node_ips.get(rank, ""), task=self._labels.get(rank, ""))
+                             time=time.time() if at is None else at, node_ip=self._node_ips.get(rank, ""),
+                             task=self._labels.get(rank, ""))
 
     def replaced(self, rank: int, node_ip: str) -> None:
         """``rank``'s actor was replaced by a new one on ``node_ip``: forget the old one, and give the
@@ -91,11 +93,17 @@ class GroupWatch:
             self.preempt_reasons.append(f"rank {rank}: {status.preempt_reason}")
 
     def silent(self, rank: int, since: float) -> None:
-        """A poll sent to ``rank`` at ``since`` has not come back."""
-        if self._clock() - since > self._worker_timeout_s:
+        """A poll sent to ``rank`` at ``since`` has not come back.
+
+        The failure is dated when the rank went silent, not when the driver gave up on it: of two
+        members found silent in one round (a stopped worker, and the chief that then blocks in
+        TensorFlow waiting for it), the root cause is the one that stopped answering first."""
+        now = self._clock()
+        if now - since > self._worker_timeout_s:
             self._failures.append(self._failure(
                 rank, FailureKind.UNRESPONSIVE, "WorkerTimeout",
                 f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
+                at=time.time() - (now - since),
             ))
             self.phases[rank] = Phase.LOST
             self.silent_ranks.add(rank)
