@@ -50,9 +50,10 @@ def bench_table(root: str, record: str, step: str) -> str:
         raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}")
     median = {system: statistics.median(r["samples_per_s"] for r in rs) for system, rs in runs.items()}
     ours = "raytf" if "raytf" in median else next(iter(median))
-    out = ["| system | samples/s, median (range) | runs | final loss | raytf vs it |",
+    # raytf's row first; each row's ratio is that row's speed against it, named in the header.
+    out = ["| system | samples/s, median (range) | runs | final loss | first row's samples/s ÷ this row's |",
            "| --- | ---: | ---: | ---: | ---: |"]
-    for system, rs in runs.items():
+    for system, rs in sorted(runs.items(), key=lambda kv: kv[0] != ours):
         speeds = [r["samples_per_s"] for r in rs]
         spread = f"{_number(median[system])} ({_number(min(speeds))}-{_number(max(speeds))})"
         loss = statistics.median(r["loss"] for r in rs if "loss" in r) if any("loss" in r for r in rs) else None
