@@ -50,7 +50,7 @@ def bench_table(root: str, record: str, step: str) -> str:
         raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}")
     median = {system: statistics.median(r["samples_per_s"] for r in rs) for system, rs in runs.items()}
     ours = "raytf" if "raytf" in median else next(iter(median))
-    # raytf's row first; each row's ratio is that row's speed against it, named in the header.
+    # raytf's row first; each row's ratio is raytf's samples/s over that row's, as the header says.
     out = ["| system | samples/s, median (range) | runs | final loss | first row's samples/s ÷ this row's |",
            "| --- | ---: | ---: | ---: | ---: |"]
     for system, rs in sorted(runs.items(), key=lambda kv: kv[0] != ours):
