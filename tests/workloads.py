@@ -1535,6 +1535,16 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
     terms = config.get("term") or []
     if {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} in (terms if isinstance(terms, list) else [terms]):
         os.kill(os.getpid(), signal.SIGTERM)
+        # Python runs a signal's handler on the main thread, which in a Ray actor runs only when an
+        # actor call comes (the driver's next poll); this step waits for it (a count bounds it), so
+        # the preemption is this worker's at the next check whatever the machine's load.
+        from raytf._internal.worker.session import current
+
+        session = current("the term hook")
+        for _ in range(1500):
+            if session._preempt_requested():
+                break
+            time.sleep(0.02)
 
 
 def counted_custom_loop(config: dict) -> None:
