@@ -187,10 +187,12 @@ def _process_started_at() -> float:
 def exit_after_warm_up(config: dict) -> None:
     """Attempt 0: one report (the driver starts CPU workers' standbys then; with
     ``standbys_at_start``, GPU workers', none: they start with the workers); rank 1 waits until the
-    ``warm_standbys`` standbys are up, notes the time and kills its own process. Every attempt
+    ``warm_standbys`` standbys are up, notes the time and kills its own process. With
+    ``kill_standby`` (an attempt), that attempt does the same after its report, but kills the
+    first standby made for it instead of waiting (it dies before it is needed). Every attempt
     writes, per rank, its pid, when its process was created, its actor's name, and the ``id``
-    values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json);
-    attempt 1 trains small_train."""
+    values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json); the
+    attempt after the last loss trains small_train."""
     ctx = raytf.get_context()
     ids = {}
     for name in config.get("datasets", []):
@@ -203,18 +205,19 @@ def exit_after_warm_up(config: dict) -> None:
             "actor": ray.get_runtime_context().get_actor_name(), "node_id": ray.get_runtime_context().get_node_id(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
-    if ctx.attempt == 0:
+    kill_standby = config.get("kill_standby")
+    if ctx.attempt == 0 or ctx.attempt == kill_standby:
         if not config.get("standbys_at_start"):
             raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now
         if ctx.world_rank == 1:
-            if config.get("kill_standby"):
-                _kill_actor(f"raytf:{ctx.run_name}:standby:1")  # one standby dies before it is needed
+            if ctx.attempt == kill_standby:  # one standby dies before it is needed
+                _kill_actor(f"raytf:{ctx.run_name}:standby:{config.get('warm_standbys', 0) * ctx.attempt + 1}")
             else:
                 _wait_until_up([f"raytf:{ctx.run_name}:standby:{n}" for n in range(1, config["warm_standbys"] + 1)])
             if config.get("devices_in_standby"):  # standby 1's TensorFlow lists its devices: it cannot take GPUs
                 standby = _actor(f"raytf:{ctx.run_name}:standby:1", time.monotonic() + 60)
                 ray.get(standby.__ray_call__.remote(_list_devices), timeout=120)
-            _write(config["out_dir"], "killed.json", {"time": time.time()})
+            _write(config["out_dir"], f"killed{ctx.attempt}.json", {"time": time.time()})
             os._exit(1)
         time.sleep(600)  # rank 0 waits to be stopped with the group
     small_train(config)
@@ -670,11 +673,15 @@ def keras_train(config: dict) -> None:
     })
 
 
-def callbacks_then_gradient_accumulation(config: dict) -> None:
-    """keras_callbacks_and_metrics, then gradient_accumulation, in the same workers: two Keras 3
-    checks that need nothing of each other but the strategy, for one group's start."""
-    keras_callbacks_and_metrics(config)
-    gradient_accumulation(config)
+def keras_train_then_callbacks_and_gradient_accumulation(config: dict) -> None:
+    """keras_train on Keras 3, then (in the attempt that finished it) keras_callbacks_and_metrics
+    and gradient_accumulation in the same workers, writing to ``out_dir``/checks: three checks
+    that need nothing of each other but the strategy, for one group's start."""
+    keras_train(config)
+    checks = {**config, "out_dir": os.path.join(config["out_dir"], "checks")}
+    os.makedirs(checks["out_dir"], exist_ok=True)
+    keras_callbacks_and_metrics(checks)
+    gradient_accumulation(checks)
 
 
 def keras_train_then_gradient_accumulation(config: dict) -> None:
@@ -717,7 +724,8 @@ def keras_callbacks_and_metrics(config: dict) -> None:
         def on_epoch_end(self, epoch, logs=None):
             rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
-    history = raytf.keras.fit(model, data, epochs=10, validation_data=data, callbacks=[
+    # initial_epoch=0: a model of its own, not the one a resumed attempt's checkpoint holds.
+    history = raytf.keras.fit(model, data, epochs=10, initial_epoch=0, validation_data=data, callbacks=[
         keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 * 0.5 ** epoch),
         keras.callbacks.EarlyStopping(monitor="mean_label", mode="max", patience=0),
         Rates(),
@@ -763,7 +771,7 @@ def gradient_accumulation(config: dict) -> None:
     for model, batches, steps in ((whole, data, config["steps"]), (parts, data, config["steps"]),
                                   (deferred, small, 4 * config["steps"])):
         if config["path"] == "keras3":
-            raytf.keras.fit(model, batches, epochs=1)
+            raytf.keras.fit(model, batches, epochs=1, initial_epoch=0)  # a model of its own: nothing to restore
         else:
             model.fit(raytf.keras.distribute(batches.repeat()), steps_per_epoch=steps, epochs=1, verbose=0)
     if ctx.world_rank == 0:

@@ -24,7 +24,8 @@ from tests.ports import free_ports
 import yaml
 
 from tests.e2e.test_job_submit import (
-    HEAD_ENV, RAY, REPO, dashboard_get, head_temp_dir, ray_cli, submit_no_wait, wait_for_job, wait_for_job_server,
+    HEAD_ENV, RAY, REPO, dashboard_get, head_temp_dir, job_status, printed, ray_cli, submit_no_wait,
+    wait_for_job, wait_for_job_server,
 )
 
 pytestmark = pytest.mark.autoscaler
@@ -119,17 +120,27 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
         "--rows", "32768", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
     )
     deadline = time.monotonic() + 300
+
+    def still_running() -> None:  # a job that failed at once (an import, a flag) says so now, not in 300 s
+        if job_status(autoscaling_head[:2], job_id) != "running":
+            raise AssertionError(wait_for_job(autoscaling_head[:2], job_id)[1][-4000:])
+
     while not (gpu_nodes := [n for n in nodes(address) if n["state"] == "ALIVE" and n["resources_total"].get("GPU")]):
         assert time.monotonic() < deadline, "the autoscaler added no GPU node in 300 s"
+        still_running()
         time.sleep(1)
     index = results / "autoscaled" / "checkpoints" / "index.json"
     while not (index.exists() and json.loads(index.read_text())["checkpoints"]):
         assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        still_running()
         time.sleep(0.2)
     lost = gpu_nodes[0]["node_id"]
     take_away(lost)
     status, logs = wait_for_job(autoscaling_head[:2], job_id, timeout_s=600)
     assert status == "succeeded", logs[-4000:]
+    # The README's job printed its result and where its run lives.
+    assert printed(logs)["final_metrics"]["epoch"] == 5 and printed(logs)["path"] == str(results / "autoscaled")
+    assert "starting 2 workers" in logs
     after = [n for n in nodes(address) if n["state"] == "ALIVE"]
     assert not any(n["node_id"] == lost for n in after)
     before = {g["node_id"] for g in gpu_nodes}

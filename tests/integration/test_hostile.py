@@ -35,24 +35,6 @@ def test_a_second_run_of_one_name_in_one_driver_is_refused_by_name(cluster, tmp_
         ray.kill(holder)
 
 
-def test_a_dead_warm_standby_is_replaced_by_a_cold_worker_and_costs_no_retry(cluster, tmp_path, no_leaks):
-    """A standby killed before it is needed, then a worker: the restart checks the standbys it is
-    handed and starts a cold worker where one is dead. One failure allowed, one used (the worker)."""
-    import json
-
-    result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "kill_standby": True},
-        scaling=raytf.ScalingConfig(num_workers=2),
-        run=raytf.RunConfig(name="dead-standby", storage_path=str(tmp_path / "results"), verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),
-    ).fit()
-    assert result.attempts == 2 and [f.kind for f in result.failures] == ["died"]
-    actors = sorted(json.loads((tmp_path / f"attempt1_rank{r}.json").read_text())["actor"] for r in range(2))
-    # One rank in the surviving standby, the other in a new actor in the dead one's place.
-    assert sum(":standby:" in a for a in actors) == 1 and any(a.startswith("raytf:dead-standby:1:") for a in actors)
-    assert result.history[-1]["epoch"] == 3
-
-
 @pytest.mark.parametrize("rows, fragment", [(0, "has 0 row(s), fewer than the 2 workers"), (1, "has 1 row(s)")])
 def test_a_parameter_server_run_on_too_few_rows_says_so_before_anything_starts(cluster, tmp_path, rows, fragment):
     import re

@@ -46,11 +46,11 @@ def ranks(tmp_path):
 
 @pytest.fixture(scope="module")
 def killed_runs(cluster, tmp_path_factory):
-    """Each Keras path trained 4 epochs on two workers, one of them killed after epoch 1 (tf-keras's
-    then checks gradient accumulation in the same workers; Keras 3's does in keras3_checks):
-    path -> (its result, its ranks' json, its directory)."""
+    """Each Keras path trained 4 epochs on two workers, one of them killed after epoch 1, then
+    checks gradient accumulation in the same workers (Keras 3's also its callbacks and metrics, in
+    keras3_checks): path -> (its result, its ranks' json, its directory)."""
     out = {}
-    for path, workload in (("keras3", workloads.keras_train),
+    for path, workload in (("keras3", workloads.keras_train_then_callbacks_and_gradient_accumulation),
                            ("tf_keras", workloads.keras_train_then_gradient_accumulation)):
         root = tmp_path_factory.mktemp(path)
         result = fit(
@@ -97,13 +97,9 @@ def test_keras3_fit_aggregates_metrics_over_workers_and_runs_callbacks(keras3_ch
 
 
 @pytest.fixture(scope="module")
-def keras3_checks(cluster, tmp_path_factory):
-    """One Keras 3 run of two checks in turn (workloads.callbacks_then_gradient_accumulation): its directory."""
-    tmp_path = tmp_path_factory.mktemp("keras3-checks")
-    fit(workloads.callbacks_then_gradient_accumulation, tmp_path, "keras3-checks", {"path": "keras3", "steps": 3},
-        keras="keras3")
-    assert_no_leaks()
-    return tmp_path
+def keras3_checks(killed_runs):
+    """The directory of Keras 3's checks after its killed run (workloads.keras_train_then_callbacks_and_gradient_accumulation)."""
+    return killed_runs["keras3"][2] / "checks"
 
 
 @pytest.fixture
@@ -128,19 +124,24 @@ def test_gradient_accumulation_over_micro_batches_or_steps_equals_one_step_on_al
     assert moved["updates"] == {"whole": 3, "parts": 3, "deferred": 3}  # 12 steps of 16 rows, 3 updates
 
 
-@pytest.mark.parametrize("path, policy", [("keras3", "mixed_float16"), ("tf_keras", "mixed_bfloat16")])
-def test_mixed_precision_computes_in_half_precision_with_loss_scaling_where_needed(cluster, tmp_path, no_leaks, path, policy):
-    result = fit(workloads.keras_train, tmp_path, f"mixed-{path}", {"path": path, "epochs": 2},
-                 keras=path, datasets=datasets(), mixed_precision=policy)
+def assert_mixed_precision(tmp_path, result, policy):
     r0, _ = ranks(tmp_path)
     assert r0["compute_dtype"] == policy.split("_")[1] and r0["variable_dtype"] == "float32"
     # float16 needs loss scaling (compile wraps the optimizer); bfloat16 has float32's range and does not.
     assert (r0["optimizer"] == "LossScaleOptimizer") == (policy == "mixed_float16")
-    losses = [h["loss"] for h in result.history]
+    losses = [h["loss"] for h in result.history if "loss" in h]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
-def test_keras3_fit_checkpoints_on_preemption_and_resumes_at_that_step(cluster, tmp_path, no_leaks):
+def test_tf_keras_mixed_bfloat16_computes_in_half_precision_without_loss_scaling(cluster, tmp_path, no_leaks):
+    """(Keras 3's mixed_float16: the preemption test below.)"""
+    result = fit(workloads.keras_train, tmp_path, "mixed-tf_keras", {"path": "tf_keras", "epochs": 2},
+                 keras="tf_keras", datasets=datasets(), mixed_precision="mixed_bfloat16")
+    assert_mixed_precision(tmp_path, result, "mixed_bfloat16")
+
+
+def test_keras3_mixed_float16_fit_checkpoints_on_preemption_and_resumes_at_that_step(cluster, tmp_path, no_leaks):
+    """Keras 3 under mixed_float16 (its LossScaleOptimizer's state in the checkpoint), SIGTERM to rank 1."""
     from tests.integration.conftest import wait_for
 
     outcome = {}
@@ -150,7 +151,7 @@ def test_keras3_fit_checkpoints_on_preemption_and_resumes_at_that_step(cluster, 
                 "check_every": 4},
         datasets=datasets(),
         scaling=raytf.ScalingConfig(num_workers=2),
-        tensorflow=raytf.TensorflowConfig(keras="keras3"),
+        tensorflow=raytf.TensorflowConfig(keras="keras3", mixed_precision="mixed_float16"),
         run=raytf.RunConfig(name="keras-preempted", storage_path=str(tmp_path / "results"), verbose=0),
     )
     thread = threading.Thread(target=lambda: outcome.update(result=trainer.fit()), daemon=True)
@@ -167,3 +168,4 @@ def test_keras3_fit_checkpoints_on_preemption_and_resumes_at_that_step(cluster, 
     assert [(h["attempt"], h["epoch"]) for h in result.history if "preempted_at_step" not in h] == [(1, 0), (1, 1), (1, 2)]
     assert result.history[-1]["step"] == 3 * 32
     assert ranks(tmp_path)[0]["iterations"] == 3 * 32
+    assert_mixed_precision(tmp_path, result, "mixed_float16")

@@ -151,31 +151,37 @@ def split_coordinators() -> int:
     return len(actors(("class_name", "=", "SplitCoordinator")))
 
 
-def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, no_leaks):
-    """FailureConfig(warm_standby=True): the retry runs in processes that were started while the
-    first attempt trained (the standbys), none of them the first attempt's, and each rank reads
-    the rows its predecessor read, kept in the object store, without a new split of the dataset;
-    the standbys are gone with the run (no_leaks). The first attempt reports once, and all this
-    is prepared from that report on (a loop that tells raytf of nothing: tests/unit/test_group_parts.py)."""
+def test_warm_standby_processes_take_the_ranks_of_the_restarted_group_and_a_dead_one_a_cold_worker(
+        tmp_path, no_leaks):
+    """FailureConfig(warm_standby=True), rank 1 lost twice. The first retry runs in processes that
+    were started while the first attempt trained (the standbys), none of them the first attempt's,
+    and each rank reads the rows its predecessor read, kept in the object store, without a new
+    split of the dataset. Before the second loss one of the retry's own standbys is killed: the
+    second restart checks the standbys it is handed and starts a cold worker where one is dead,
+    at no extra retry. The standbys are gone with the run (no_leaks). Each attempt that is lost
+    reports once, and all this is prepared from that report on (a loop that tells raytf of
+    nothing: tests/unit/test_group_parts.py)."""
     import ray
 
     before = split_coordinators()
     result = raytf.Trainer(
-        workloads.exit_after_warm_up, config={"out_dir": str(tmp_path), "warm_standbys": 2, "datasets": ["train", "whole"]},
+        workloads.exit_after_warm_up,
+        config={"out_dir": str(tmp_path), "warm_standbys": 2, "kill_standby": 1, "datasets": ["train", "whole"]},
         datasets={"train": ray.data.range(64, override_num_blocks=8), "whole": ray.data.range(12)},
         # exactly_once=False: Ray Data's streaming_split, whose shards the standbys' restart keeps (with the
         # default, every restart reads the run's materialized blocks instead: test_exactly_once.py).
         data_config=raytf.DataConfig(datasets_to_split=["train"], exactly_once=False),
         scaling=raytf.ScalingConfig(num_workers=2),
         run=raytf.RunConfig(name="warm", storage_path=str(tmp_path / "results"), verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True)),
+                            failure_config=raytf.FailureConfig(max_failures=2, warm_standby=True)),
     ).fit()
-    assert result.attempts == 2 and result.history[-1]["epoch"] == 3
+    assert result.attempts == 3 and [f.kind for f in result.failures] == ["died", "died"]
+    assert result.history[-1]["epoch"] == 3
 
     def info(attempt, rank):
         return json.loads((tmp_path / f"attempt{attempt}_rank{rank}.json").read_text())
 
-    killed = json.loads((tmp_path / "killed.json").read_text())["time"]
+    killed = json.loads((tmp_path / "killed0.json").read_text())["time"]
     first = {info(0, r)["pid"] for r in range(2)}
     for rank in range(2):
         retry = info(1, rank)
@@ -184,6 +190,9 @@ def test_warm_standby_processes_take_the_ranks_of_the_restarted_group(tmp_path, 
         assert retry["ids"] == info(0, rank)["ids"]
         assert retry["ids"]["whole"] == list(range(12))
     assert sorted(info(0, 0)["ids"]["train"] + info(0, 1)["ids"]["train"]) == list(range(64))
+    # The second retry: one rank in the surviving standby, the other in a new actor in the dead one's place.
+    actors = sorted(info(2, r)["actor"] for r in range(2))
+    assert sum(":standby:" in a for a in actors) == 1 and any(a.startswith("raytf:warm:2:") for a in actors)
     assert split_coordinators() - before == 1  # the first attempt's split, and no other
 
 
