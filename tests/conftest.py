@@ -24,6 +24,10 @@ import os
 
 import pytest
 
+# No Ray usage statistics from the suite's clusters and heads: each would run an actor that collects
+# them (a Python process of its own) and try to send them to a network this machine cannot reach.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 _TIERS = {"unit": "unit", "cluster": "unit", "docs": "docs", "integration": "integration", "e2e": "e2e", "gpu": "gpu"}
 
 

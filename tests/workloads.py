@@ -1076,7 +1076,8 @@ def ps_custom_loop(config: dict) -> None:
 
     ``mark_epochs``: on attempt 0, mark-<epoch>.json is written once each of these epochs' steps are
     scheduled, for a test to act on while they run; the checkpoint of the epoch before is committed
-    by then (its state is written in the background, beside the next epoch's steps).
+    by then (its state is written in the background, beside the next epoch's steps). With
+    ``mark_any_attempt``, by whichever attempt schedules the epoch first.
 
     ``dataset_fn``: the shard is made inside the dataset function the coordinator traces (with a
     ``map``), not handed to it.
@@ -1142,9 +1143,17 @@ def ps_custom_loop(config: dict) -> None:
         resumed.restore_state(model=model, optimizer=optimizer, rows=rows, **accounts)
         start = resumed.epoch + 1
     steps = config.get("steps", 20)
+
+    def marks(epoch: int) -> bool:
+        if epoch not in config.get("mark_epochs", ()):
+            return False
+        if config.get("mark_any_attempt"):
+            return not os.path.exists(os.path.join(config["out_dir"], f"mark-{epoch}.json"))
+        return ctx.attempt == 0
+
     for epoch in range(start, config["epochs"]):
         scheduled = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
-        if ctx.attempt == 0 and epoch in config.get("mark_epochs", ()):
+        if marks(epoch):
             _write(config["out_dir"], f"mark-{epoch}.json", {"epoch": epoch, "pid": os.getpid(),
                                                            "cluster": json.loads(os.environ["TF_CONFIG"])["cluster"]})
         coordinator.join()
@@ -1154,7 +1163,7 @@ def ps_custom_loop(config: dict) -> None:
              "rows": int(rows.numpy()), "scheduled": (epoch + 1) * steps, "resumed_at": start},
             checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer, rows=rows, **accounts),
         )
-        if ctx.attempt == 0 and epoch + 1 in config.get("mark_epochs", ()):
+        if epoch + 1 < config["epochs"] and marks(epoch + 1):
             _wait_for_commit(ctx.run_path, epoch)
     if counting:  # and raytf's committed positions, beside the workload's own step counts
         committed = getattr(iterator, "_raytf_positions", None)
