@@ -101,6 +101,29 @@ def test_the_raycluster_runs_the_ray_raytf_is_tested_with_and_stores_checkpoints
             assert env["RAYTF_STORAGE_PATH"].startswith("s3://")
 
 
+def gibibytes(quantity: str) -> float:
+    """A Kubernetes memory quantity in GiB (the binary suffixes the manifests use)."""
+    units = {"Ki": 2**-20, "Mi": 2**-10, "Gi": 1, "Ti": 2**10}
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti)", quantity).groups()
+    return float(number) * units[unit]
+
+
+def test_every_pod_mounts_shared_memory_sized_for_the_object_store_and_checkpoints_in_memory():
+    """Kubernetes gives a container 64 MiB at /dev/shm: Ray's object store and raytf's snapshots
+    and restores from memory need a memory volume there (counted against the pod's memory)."""
+    spec = manifest("raycluster.yaml")["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            [mount] = [m for m in container.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            volume = volumes[mount["name"]]
+            assert volume["emptyDir"]["medium"] == "Memory", group.get("groupName", "head")
+            memory = gibibytes(container["resources"]["limits"]["memory"])
+            # Ray's object store takes 30% of memory by default; raytf's copies of a checkpoint come on top.
+            assert 0.3 * memory <= gibibytes(volume["emptyDir"]["sizeLimit"]) <= 0.5 * memory, group.get("groupName")
+
+
 def test_the_image_copies_files_that_exist():
     for line in open(os.path.join(CLUSTER, "docker", "Dockerfile")):
         if line.startswith("COPY"):
