@@ -282,7 +282,8 @@ class ParameterServerTrainer(Trainer):
         return WorkerGroup(
             run, self._roles(), ParameterServerShape(finishers=tuple(self.finishing_roles)),
             placement_strategy=self.scaling.placement,
-            elastic=ElasticPolicy(workers, workers, self.scaling.placement_timeout_s, 0.0),
+            elastic=ElasticPolicy(workers, workers, self.scaling.placement_timeout_s, 0.0,
+                                  config="ParameterServerScaling"),
             datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
             start_timeout_s=failures.start_timeout_s, notify=display.message,
             callbacks=[StartupTiming(), DrainWatch(), FinishEvaluator(), *([MemoryCopies()] if run.restore_from_memory else [])],

@@ -9,14 +9,22 @@ from raytf._internal.protocol import Activity, Phase, Progress, Report, WorkerSt
 from raytf.errors import FailureKind, WorkerFailure
 
 
+PLACEMENT, RESIZE = "ScalingConfig.placement_timeout_s", "ScalingConfig.resize_timeout_s"
+BETWEEN = "raytf's wait at each size between num_workers' max and min"
+
+
 def test_a_fixed_group_asks_for_its_size_for_the_placement_timeout():
-    assert ElasticPolicy(3, 3, 120.0, 60.0).tries() == [(3, 120.0)]
-    assert ElasticPolicy(3, 3, None, 60.0).tries() == [(3, None)]
+    assert ElasticPolicy(3, 3, 120.0, 60.0).tries() == [(3, 120.0, PLACEMENT)]
+    assert ElasticPolicy(3, 3, None, 60.0).tries() == [(3, None, PLACEMENT)]
+    assert ElasticPolicy(3, 3, 9.0, 0.0, config="ParameterServerScaling").tries() == [
+        (3, 9.0, "ParameterServerScaling.placement_timeout_s")]
 
 
 def test_an_elastic_group_waits_for_max_then_tries_each_smaller_size_down_to_min():
+    """Each wait names the setting that set it: the messages said placement_timeout_s of every one."""
     policy = ElasticPolicy(2, 5, 120.0, 60.0, shrink_try_s=5.0)
-    assert policy.tries() == [(5, 60.0), (4, 5.0), (3, 5.0), (2, 120.0)]
+    assert policy.tries() == [(5, 60.0, RESIZE), (4, 5.0, BETWEEN), (3, 5.0, BETWEEN), (2, 120.0, PLACEMENT)]
+    assert ElasticPolicy(2, 3, None, 10.0).tries() == [(3, 10.0, RESIZE), (2, None, PLACEMENT)]
     assert policy.shrunk(5) is None
     assert "5 workers could not be placed within 60 s (ScalingConfig.resize_timeout_s); training with 3" == policy.shrunk(3)
 
@@ -131,3 +139,22 @@ def test_the_start_up_breakdown_times_each_phase_from_the_slowest_worker():
     assert w.startup(began, placed, actors_up) == {
         "placement": 0.5, "actors": 1.5, "loading": 4.0, "connect": 1.5, "first_step": 0.5, "total": 8.0,
     }
+
+
+def test_the_wait_for_room_names_the_setting_that_set_it(monkeypatch):
+    """placement.place says how long it has waited of which setting (before, every wait read
+    "ScalingConfig.placement_timeout_s", an elastic group's resize_timeout_s among them)."""
+    from raytf._internal.driver import placement
+
+    class NeverFits:
+        def wait(self, timeout_seconds):
+            return False
+
+    removed = []
+    monkeypatch.setattr(placement, "placement_group", lambda bundles, strategy: NeverFits())
+    monkeypatch.setattr(placement, "remove_placement_group", removed.append)
+    monkeypatch.setattr(placement.cluster, "launching", lambda: {})
+    said = []
+    assert placement.place([{"CPU": 1.0}] * 3, "PACK", 2.0, said.append, RESIZE) is None
+    assert said == ["waiting for room for 3 x {'CPU': 1.0} (1 s of ScalingConfig.resize_timeout_s=2)"]
+    assert len(removed) == 1  # the group that never fitted is given back

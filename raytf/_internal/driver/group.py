@@ -136,8 +136,8 @@ class WorkerGroup:
                 return
             placement.remove(self._pg)
             self._pg = None
-        for workers, timeout in self.elastic.tries():
-            self._pg = placement.place(self._bundles(workers), self.placement_strategy, timeout, self.notify)
+        for workers, timeout, set_by in self.elastic.tries():
+            self._pg = placement.place(self._bundles(workers), self.placement_strategy, timeout, self.notify, set_by)
             if self._pg is not None:
                 self.num_workers = workers
                 shrunk = self.elastic.shrunk(workers)

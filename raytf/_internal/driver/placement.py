@@ -21,8 +21,10 @@ def _describe(bundles: Sequence[dict[str, float]]) -> str:
 
 
 def place(bundles: Sequence[dict[str, float]], strategy: str, timeout_s: Optional[float],
-          notify: Callable[[str], None] = lambda message: None) -> Optional[PlacementGroup]:
-    """A placement group of ``bundles``, ready; or None after ``timeout_s`` (None: wait forever).
+          notify: Callable[[str], None] = lambda message: None,
+          set_by: str = "ScalingConfig.placement_timeout_s") -> Optional[PlacementGroup]:
+    """A placement group of ``bundles``, ready; or None after ``timeout_s`` (None: wait forever),
+    which ``set_by`` names in what is said while waiting.
 
     Time in which the autoscaler is launching nodes does not count: a cloud
     GPU node takes minutes to come up, and the wait is for it. What it waits
@@ -40,7 +42,7 @@ def place(bundles: Sequence[dict[str, float]], strategy: str, timeout_s: Optiona
         now = time.monotonic()
         if what != said or now - said_at >= _NOTE_INTERVAL_S:
             limit = "None" if timeout_s is None else f"{timeout_s:g}"
-            notify(what if launching else f"{what} ({waited:.0f} s of ScalingConfig.placement_timeout_s={limit})")
+            notify(what if launching else f"{what} ({waited:.0f} s of {set_by}={limit})")
             said, said_at = what, now
         if timeout_s is not None and waited >= timeout_s:
             remove_placement_group(group)

@@ -10,9 +10,18 @@ fixed group would wait.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 SHRINK_TRY_S = 5.0  # how long each size between max and min gets to be placed
+
+
+class Try(NamedTuple):
+    """One size to place, how long to wait for it (None: for ever), and what set that wait (for
+    the messages that say how long has gone)."""
+
+    workers: int
+    timeout_s: Optional[float]
+    set_by: str
 
 
 @dataclass(frozen=True)
@@ -22,14 +31,19 @@ class ElasticPolicy:
     placement_timeout_s: Optional[float]
     resize_timeout_s: float
     shrink_try_s: float = SHRINK_TRY_S
+    config: str = "ScalingConfig"  # the class whose settings these are, as messages name them
 
-    def tries(self) -> list[tuple[int, Optional[float]]]:
-        """(workers, how long to wait for them) in the order to try them."""
+    def tries(self) -> list[Try]:
+        """The sizes in the order to try them: a fixed group its size for placement_timeout_s; an
+        elastic one max for resize_timeout_s, each size between for shrink_try_s, min for
+        placement_timeout_s."""
+        placement = f"{self.config}.placement_timeout_s"
         if self.min_workers == self.max_workers:
-            return [(self.max_workers, self.placement_timeout_s)]
-        tries: list[tuple[int, Optional[float]]] = [(self.max_workers, self.resize_timeout_s)]
-        for workers in range(self.max_workers - 1, self.min_workers - 1, -1):
-            tries.append((workers, self.placement_timeout_s if workers == self.min_workers else self.shrink_try_s))
+            return [Try(self.max_workers, self.placement_timeout_s, placement)]
+        tries = [Try(self.max_workers, self.resize_timeout_s, f"{self.config}.resize_timeout_s")]
+        for workers in range(self.max_workers - 1, self.min_workers, -1):
+            tries.append(Try(workers, self.shrink_try_s, "raytf's wait at each size between num_workers' max and min"))
+        tries.append(Try(self.min_workers, self.placement_timeout_s, placement))
         return tries
 
     def shrunk(self, workers: int) -> Optional[str]:
@@ -37,4 +51,4 @@ class ElasticPolicy:
         if workers == self.max_workers:
             return None
         return (f"{self.max_workers} workers could not be placed within {self.resize_timeout_s:g} s "
-                f"(ScalingConfig.resize_timeout_s); training with {workers}")
+                f"({self.config}.resize_timeout_s); training with {workers}")
