@@ -63,6 +63,9 @@ class FailureKind(str, enum.Enum):
     RETURNED_EARLY = "returned_early"  # train_fn returned while its peers waited for it in a collective
     STALLED = "stalled"  # it sat in its own code while its peers waited for it (hang_timeout_s)
     PREEMPTED = "preempted"  # its node was drained or it got SIGTERM: not counted against max_failures
+    # An elastic group (ScalingConfig.num_workers=(min, max)) below max found room for the rest and
+    # stopped to grow: counted against neither max_failures nor max_preemptions.
+    RESIZED = "resized"
     # A launched script could not bind the port raytf held for it (another process took it in the
     # moment between): retried with new ports, not counted against max_failures.
     PORT_TAKEN = "port_taken"

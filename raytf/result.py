@@ -15,7 +15,7 @@ class Result:
     directory or URI, ``attempts`` how many times the worker group started,
     ``checkpoint`` the latest committed checkpoint, ``failures`` what ended
     each attempt before the last (a ``WorkerFailure`` each; preemptions have
-    kind ``"preempted"``). ``startup``: where each attempt's start-up went, in
+    kind ``"preempted"``, an elastic group's growth ``"resized"``). ``startup``: where each attempt's start-up went, in
     seconds per phase from ``fit()`` placing the group (``placement``; the
     actors' processes, ``actors``; loading ``train_fn`` and importing
     TensorFlow, ``loading``; the strategy's connection, ``connect``; until

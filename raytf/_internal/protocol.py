@@ -218,6 +218,7 @@ class GroupStatus:
     phases: dict[int, Phase] = field(default_factory=dict)
     preempting: bool = False
     preempt_reason: Optional[str] = None
+    preempt_kind: FailureKind = FailureKind.PREEMPTED  # RESIZED: the group stops to grow
     stopped: bool = False
     progress: Optional[Progress] = None  # rank 0's, as last heard
     ready: bool = False

@@ -101,7 +101,7 @@ def test_every_row_trains_once_per_epoch_through_preemption_shrink_kill_new_driv
     preempted_at = attempts[(1, 1)][0]
     assert per_epoch_3 + 3 <= preempted_at < 2 * per_epoch_3 and attempts[(2, 0)][0] == preempted_at
     assert joined.node_id in attempts[(2, 1)][2]
-    grown = [f for f in result.failures if f.kind == "preempted"]
+    grown = [f for f in result.failures if f.kind == "resized"]
     assert len(grown) == 1 and "growing from 2 to 3 workers" in grown[0].message
     assert result.history[-1]["epoch"] == EPOCHS - 1
     wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}

@@ -1,11 +1,14 @@
 """The controller and failure policy against a fake worker group: no Ray, milliseconds."""
 
+import dataclasses
+
 import pytest
 
 from raytf import FailureConfig, PlacementTimeoutError, TrainingFailedError, WorkerFailure
 from raytf._internal.driver.controller import Controller, Errored, Finished, Restarting, Running, Scheduling
 from raytf._internal.driver.failure import Decision, FailurePolicy, root_cause
 from raytf._internal.protocol import GroupStatus, Report, UploadedCheckpoint
+from raytf.errors import FailureKind
 
 
 def failure(rank=1, kind="died", time=1.0, message="killed"):
@@ -258,6 +261,22 @@ def test_a_preemption_restarts_without_counting_a_failure():
     kinds = [(f.kind, f.message) for f in controller._policy.failures]
     assert kinds[0] == ("preempted", "node 10.0.0.2 is draining")
     assert kinds[1][0] == "preempted" and "then rank 1" in kinds[1][1] and "died" in kinds[1][1]
+    assert controller._policy.counted == 0
+
+
+def test_a_group_that_stops_to_grow_is_resized_and_spends_no_budget():
+    """Growth (driver/growth.py) asks the group to stop as a preemption does, with kind RESIZED:
+    before, it was "preempted" and spent max_preemptions, so a node that came and went often
+    enough ended the run."""
+    grow = GroupStatus(preempting=True, preempt_reason="growing from 2 to 3 workers",
+                       preempt_kind=FailureKind.RESIZED)
+    script = {0: [GroupStatus(), grow, dataclasses.replace(grow, stopped=True)],
+              1: [grow, dataclasses.replace(grow, stopped=True)],
+              2: [GroupStatus(finished=True)]}
+    controller, _ = run(FakeGroup(script), FailureConfig(max_failures=0, max_preemptions=0))
+    assert controller.run() == Finished(attempt=2)
+    assert [(f.kind, f.error_type, f.message) for f in controller._policy.failures] == [
+        ("resized", "Resized", "growing from 2 to 3 workers")] * 2
     assert controller._policy.counted == 0
 
 

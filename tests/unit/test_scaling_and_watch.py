@@ -158,3 +158,15 @@ def test_the_wait_for_room_names_the_setting_that_set_it(monkeypatch):
     assert placement.place([{"CPU": 1.0}] * 3, "PACK", 2.0, said.append, RESIZE) is None
     assert said == ["waiting for room for 3 x {'CPU': 1.0} (1 s of ScalingConfig.resize_timeout_s=2)"]
     assert len(removed) == 1  # the group that never fitted is given back
+
+
+def test_a_node_that_comes_and_goes_makes_each_growth_wait_longer():
+    """growth.flap_hold_s: none with no growth in the last ten minutes; 30 s after a recent one,
+    doubled for each further recent growth, at most ten minutes."""
+    from raytf._internal.driver.growth import flap_hold_s
+
+    assert flap_hold_s([], 1000.0) == 0.0
+    assert flap_hold_s([100.0], 1000.0) == 0.0  # 900 s ago: not a flap
+    assert flap_hold_s([990.0], 1000.0) == 30.0
+    assert flap_hold_s([900.0, 950.0, 990.0], 1000.0) == 120.0
+    assert flap_hold_s([float(t) for t in range(900, 1000, 5)], 1000.0) == 600.0

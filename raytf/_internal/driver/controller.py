@@ -218,11 +218,13 @@ class Controller:
             return Running(state.attempt, failures, state.failing_since or self._clock(), preempting)
         if failures or (preempting and status.stopped):
             if preempting:
-                # A node drained or a worker got SIGTERM: whatever followed (a clean
-                # stop after the checkpoint, or the node going away) is the preemption.
+                # A node drained, a worker got SIGTERM, or the group stops to grow: whatever
+                # followed (a clean stop after the checkpoint, or the node going away) is that.
                 cause = root_cause(failures) if failures else None
+                resized = status.preempt_kind == FailureKind.RESIZED
                 failure = WorkerFailure(
-                    rank=cause.rank if cause else -1, kind=FailureKind.PREEMPTED, error_type="Preempted",
+                    rank=cause.rank if cause else -1, kind=status.preempt_kind,
+                    error_type="Resized" if resized else "Preempted",
                     message=preempting + (f"; then {cause.describe()}" if cause else ""),
                     traceback="", time=time.time(), node_ip=cause.node_ip if cause else "",
                 )

@@ -18,7 +18,7 @@ LOST = (FailureKind.DIED, FailureKind.UNRESPONSIVE, FailureKind.NOT_STARTED)
 # A rank that stopped taking part while its peers waited for it (see raytf._internal.driver.hang).
 STOPPED = (FailureKind.STALLED, FailureKind.RETURNED_EARLY)
 # Retried whatever max_failures says: nobody's fault (port races only up to FREE_PORT_RACES).
-NOT_COUNTED = (FailureKind.PREEMPTED, FailureKind.PORT_TAKEN)
+NOT_COUNTED = (FailureKind.PREEMPTED, FailureKind.RESIZED, FailureKind.PORT_TAKEN)
 # A launched script whose server lost raytf's port handover is retried with new ports this many
 # times without counting; past it, every further race counts against max_failures as a failure
 # (a machine where ports are taken that often has a problem no number of retries fixes).
@@ -78,6 +78,8 @@ class FailurePolicy:
 
     def decide(self, failure: WorkerFailure) -> Decision:
         self.failures.append(failure)
+        if failure.kind == FailureKind.RESIZED:  # no budget: GrowBack spaces out a flapping node's growths
+            return Decision.RETRY
         if failure.kind == FailureKind.PREEMPTED:
             limit = self._config.max_preemptions
             preemptions = sum(1 for f in self.failures if f.kind == FailureKind.PREEMPTED)

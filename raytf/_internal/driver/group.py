@@ -80,6 +80,7 @@ class WorkerGroup:
         self.attempt_shards: Optional[list[dict[str, Any]]] = None  # split for this attempt, by world rank
         self.shard_manifests: Any = None  # parameter-server workers' shard files, for the chief
         self.preempt_reason: Optional[str] = None  # the group's preemption, once requested
+        self.preempt_kind = FailureKind.PREEMPTED  # what the preemption is: RESIZED to grow
         self.run_ref: Optional[ray.ObjectRef] = None  # the RunSpec, put once: train_fn travels once
         self._callbacks = list(callbacks)
         self._worker_timeout_s = worker_timeout_s
@@ -105,7 +106,7 @@ class WorkerGroup:
         self._attempt, self._resume = attempt, resume
         self.times = {"began": time.monotonic()}
         for again in range(_PLACEMENTS_AFTER_DEAD_NODES, -1, -1):
-            self.preempt_reason, self._preempted = None, {}
+            self.preempt_reason, self.preempt_kind, self._preempted = None, FailureKind.PREEMPTED, {}
             for callback in self._callbacks:
                 callback.before_start(self, attempt)
             placed: set[str] = set()
@@ -259,7 +260,7 @@ class WorkerGroup:
                 self._request_preemption(reason)
         for callback in self._callbacks:
             callback.on_answers(self, now)
-        status = watch.round(self.preempt_reason)
+        status = dataclasses.replace(watch.round(self.preempt_reason), preempt_kind=self.preempt_kind)
         if self._preempted and status.failures:
             # A preempted member's end is the preemption, whatever it looked like from here.
             preempted = self._preempted
@@ -284,13 +285,13 @@ class WorkerGroup:
             return dataclasses.replace(status, preempt_reason=None)
         return status
 
-    def preempt(self, index: int, reason: str) -> None:
+    def preempt(self, index: int, reason: str, kind: FailureKind = FailureKind.PREEMPTED) -> None:
         """Member ``index`` is going away: replace it, where its role is replaceable; else ask the
-        group to checkpoint and stop (once)."""
+        group to checkpoint and stop (once). ``kind``: RESIZED where the group stops to grow."""
         if self.members[index].role.name in self.shape.replaceable:
             self._preempt_member(index, reason)
         elif self.preempt_reason is None:
-            self._request_preemption(reason)
+            self._request_preemption(reason, kind)
 
     def _preempt_member(self, index: int, reason: str) -> None:
         """End the member now, so that it is replaced as a preemption."""
@@ -301,10 +302,11 @@ class WorkerGroup:
         logger.warning("%s is being preempted (%s); replacing it", member.label, reason)
         ray.kill(member.actor, no_restart=True)
 
-    def _request_preemption(self, reason: str) -> None:
+    def _request_preemption(self, reason: str, kind: FailureKind = FailureKind.PREEMPTED) -> None:
         """Tell every member that runs train_fn, so ``raytf.preemption_requested()`` agrees at once everywhere."""
-        logger.warning("preemption: %s; asking the %s actors to checkpoint and stop", reason, self.shape.train_role)
-        self.preempt_reason = reason
+        logger.warning("%s: %s; asking the %s actors to checkpoint and stop",
+                       "resize" if kind == FailureKind.RESIZED else "preemption", reason, self.shape.train_role)
+        self.preempt_reason, self.preempt_kind = reason, kind
         for member in self.members:
             if member.role.name == self.shape.train_role:
                 member.actor.preempt.remote(reason)

@@ -5,14 +5,17 @@ driver keeps a placement group for the missing workers' bundles waiting in the c
 holds nothing while it waits; it is the demand an autoscaler sees (Ray's autoscaler launches
 nodes for pending placement groups), and it is ready as soon as the room is there: a node the
 autoscaler added, a node back from a drain, another job's workers gone. Then the driver lets
-it go and asks the group to checkpoint and stop, as a preemption (no failure is counted), and
+it go and asks the group to checkpoint and stop, as a preemption does (``result.failures`` has
+it as kind "resized", counted against neither max_failures nor max_preemptions), and
 the next attempt places ``max`` workers and resumes from that checkpoint; with
 ``DataConfig(exactly_once=True)`` the interrupted epoch goes on exactly where it stood
 (data/position.py), now cut over more workers.
 
 A group that tried to grow and was placed below ``max`` again (the room was not there for the
 group's placement strategy, or was taken meanwhile) waits twice as long before the next try,
-up to a minute.
+up to a minute. A node that comes and goes would make a group that grows and shrinks without
+end, a restart each time: a growth within ten minutes of the last waits 30 s after it, and each
+further one twice as long, up to ten minutes, said once per wait.
 """
 
 from __future__ import annotations
@@ -25,11 +28,21 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView
+from raytf.errors import FailureKind
 
 logger = logging.getLogger(__name__)
 
 _CHECK_S = 2.0  # how often a group below its maximum looks whether the room is there
 _MAX_BACKOFF = 30  # times _CHECK_S
+_FLAP_WINDOW_S = 600.0  # growths this close together are a flapping node's
+_FLAP_HOLD_S = 30.0  # the wait after the last growth before the next, doubled per recent growth
+
+
+def flap_hold_s(grown_at: list[float], now: float) -> float:
+    """How long after the last growth the next may come: 0 with no growth in the last
+    _FLAP_WINDOW_S; else _FLAP_HOLD_S doubled for each growth in it beyond the first, at most the window."""
+    recent = [t for t in grown_at if now - t < _FLAP_WINDOW_S]
+    return min(_FLAP_HOLD_S * 2 ** (len(recent) - 1), _FLAP_WINDOW_S) if recent else 0.0
 
 
 class GrowBack(GroupCallback):
@@ -42,6 +55,8 @@ class GrowBack(GroupCallback):
         self._probe: Any = None  # the missing bundles' placement group, waiting for room
         self._probe_ready: Any = None  # its ready() reference, asked for once
         self._grew_from: Optional[int] = None  # the size that asked to grow, until the next placement
+        self._grown_at: list[float] = []  # when each growth was asked for (the driver's clock)
+        self._holding_until: Optional[float] = None  # a flapping node's wait, once said
 
     def after_placement(self, group: GroupView) -> None:
         if self._grew_from is not None:
@@ -57,6 +72,14 @@ class GrowBack(GroupCallback):
         if (missing <= 0 or group.preempt_reason or group.watch is None or group.watch.trained_since() is None
                 or now - self._checked_at < self._check_s * self._backoff):
             return
+        hold = flap_hold_s(self._grown_at, now)
+        if hold and now < self._grown_at[-1] + hold:
+            if self._holding_until != self._grown_at[-1] + hold:
+                self._holding_until = self._grown_at[-1] + hold
+                recent = sum(1 for t in self._grown_at if now - t < _FLAP_WINDOW_S)
+                group.notify(f"elastic group: grew {recent} time(s) in the last {_FLAP_WINDOW_S / 60:.0f} min and "
+                             f"lost workers again; the next growth waits until {hold:.0f} s after the last")
+            return
         self._checked_at = now
         bundle = next(role.bundle for role in group.roles if role.name == group.shape.train_role)
         if self._probe is None:
@@ -67,11 +90,12 @@ class GrowBack(GroupCallback):
             return
         self._remove_probe()  # its room, for the next attempt's placement
         self._grew_from = group.num_workers
+        self._grown_at.append(now)
         group.notify(f"room for {missing} more worker(s) of {bundle}: growing to {group.elastic.max_workers}")
         group.preempt(group.trainer_index,
                       f"the cluster has room for {missing} more worker(s) of {bundle} (ScalingConfig.num_workers="
                       f"({group.elastic.min_workers}, {group.elastic.max_workers})); growing from "
-                      f"{group.num_workers} to {group.elastic.max_workers} workers")
+                      f"{group.num_workers} to {group.elastic.max_workers} workers", FailureKind.RESIZED)
 
     def before_shutdown(self, group: GroupView) -> None:
         self._remove_probe()

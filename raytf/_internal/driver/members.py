@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.protocol import RankInfo, RoleSpec, RunSpec, WorkerAddress
+from raytf.errors import FailureKind
 
 
 @dataclass(eq=False)
@@ -58,4 +59,5 @@ class GroupView(Protocol):
 
     def bundle_nodes(self) -> Mapping[int, str]: ...  # bundle index -> node id
 
-    def preempt(self, index: int, reason: str) -> None: ...  # member ``index`` is going away
+    def preempt(self, index: int, reason: str, kind: FailureKind = FailureKind.PREEMPTED) -> None:
+        ...  # member ``index`` is going away (RESIZED: the group stops to grow)
