@@ -304,8 +304,7 @@ class WorkerGroup:
 
     def _request_preemption(self, reason: str, kind: FailureKind = FailureKind.PREEMPTED) -> None:
         """Tell every member that runs train_fn, so ``raytf.preemption_requested()`` agrees at once everywhere."""
-        logger.warning("%s: %s; asking the %s actors to checkpoint and stop",
-                       "resize" if kind == FailureKind.RESIZED else "preemption", reason, self.shape.train_role)
+        logger.warning("%s: %s; asking the %s actors to checkpoint and stop", kind, reason, self.shape.train_role)
         self.preempt_reason, self.preempt_kind = reason, kind
         for member in self.members:
             if member.role.name == self.shape.train_role:
