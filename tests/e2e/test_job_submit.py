@@ -244,9 +244,10 @@ def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
 
 
 def test_submitted_parameter_server_jobs_train(head, tmp_path):
-    """The custom-loop and the Keras parameter-server jobs, submitted together."""
-    jobs = {script: [script, "--epochs", "2", "--rows", "4096", "--steps-per-epoch", "40", "--name", "ps",
-                     "--storage-path", str(tmp_path / script / "results")]
+    """The custom-loop and the Keras parameter-server jobs, submitted together, one worker each
+    (besides the chief, the parameter servers, and the custom loop's evaluator)."""
+    jobs = {script: [script, "--epochs", "2", "--rows", "4096", "--steps-per-epoch", "40", "--num-workers", "1",
+                     "--name", "ps", "--storage-path", str(tmp_path / script / "results")]
             for script in ("train_ps_custom_loop.py", "train_ps_keras.py")}
     for script, (logs, printed_) in submit_together(head, tmp_path, jobs).items():
         metrics = printed_["final_metrics"]
