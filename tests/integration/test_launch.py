@@ -47,21 +47,17 @@ def test_the_keras_tutorial_script_runs_on_two_actors_and_resumes_from_its_backu
     assert runs.returncode == 0 and "tutorial: 1 driver start(s)" in runs.stdout
 
 
-def test_a_script_that_exits_3_makes_raytf_launch_exit_3(cluster, tmp_path, no_leaks):
-    done = raytf(cluster, "launch", "--num-workers", "2", "--storage-path", str(tmp_path), "--",
-                 sys.executable, "-c", "import json, os, sys; json.loads(os.environ['TF_CONFIG']); sys.exit(3)")
-    assert done.returncode == 3, done.stdout + done.stderr
-    assert "exited with status 3" in done.stderr
-
-
-def test_each_rank_gets_its_own_tf_config_and_the_runs_directories(cluster, tmp_path, no_leaks):
-    script = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
+def test_each_rank_gets_its_own_tf_config_and_the_runs_directories_and_its_exit_status_is_launchs(
+        cluster, tmp_path, no_leaks):
+    """Each rank's script writes what it was given, then exits 3: raytf launch exits 3 too."""
+    script = ("import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); "
               "open(os.path.join(os.environ['RAYTF_RUN_DIR'], 'rank%d.json' % c['task']['index']), 'w').write("
               "json.dumps({'tf_config': c, 'checkpoints': os.environ['RAYTF_CHECKPOINT_DIR'], "
-              "'cuda': os.environ.get('CUDA_VISIBLE_DEVICES')}))")
+              "'cuda': os.environ.get('CUDA_VISIBLE_DEVICES')})); sys.exit(3)")
     done = raytf(cluster, "launch", "--num-workers", "2", "--storage-path", str(tmp_path), "--name", "env", "--",
                  sys.executable, "-c", script)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "exited with status 3" in done.stderr
     seen = [json.loads((tmp_path / "env" / f"rank{r}.json").read_text()) for r in range(2)]
     workers = seen[0]["tf_config"]["cluster"]["worker"]
     assert len(set(workers)) == 2
