@@ -74,11 +74,10 @@ class GrowBack(GroupCallback):
             return
         hold = flap_hold_s(self._grown_at, now)
         if hold and now < self._grown_at[-1] + hold:
-            if self._holding_until != self._grown_at[-1] + hold:
+            if self._holding_until != self._grown_at[-1] + hold:  # said once per wait
                 self._holding_until = self._grown_at[-1] + hold
-                recent = sum(1 for t in self._grown_at if now - t < _FLAP_WINDOW_S)
-                group.notify(f"elastic group: grew {recent} time(s) in the last {_FLAP_WINDOW_S / 60:.0f} min and "
-                             f"lost workers again; the next growth waits until {hold:.0f} s after the last")
+                group.notify(f"elastic group: lost workers again within {_FLAP_WINDOW_S / 60:.0f} min of growing; "
+                             f"the next growth waits until {hold:.0f} s after the last")
             return
         self._checked_at = now
         bundle = next(role.bundle for role in group.roles if role.name == group.shape.train_role)
