@@ -138,7 +138,7 @@ def recovery(results: str) -> Optional[bytes]:
     parts = ["detect", "placement", "actors", "loading", "connect", "dataset", "model_and_restore", "first_step"]
     colours = plt.get_cmap("tab10").colors
     figure, axes = plt.subplots(figsize=(8, 0.5 * len(runs) + 1.8))
-    for y, (label, components) in enumerate(runs[::-1]):
+    for y, (_label, components) in enumerate(runs[::-1]):
         left = 0.0
         for i, part in enumerate(parts):
             width = components.get(part, 0.0)

@@ -53,8 +53,9 @@ class ScalingConfig:
 
     Elastic training: ``num_workers=(min, max)``. Every attempt first asks for
     ``max`` workers; when the cluster cannot place them within
-    ``resize_timeout_s`` (a lost node's capacity has not come back), it starts
-    with as many as fit, never fewer than ``min``. The per-worker batch of
+    ``resize_timeout_s`` (a lost node's capacity has not come back), it tries
+    each smaller size in turn, down to ``min``, for 5 s each, and starts with the
+    first that fits (the guide on elastic groups says how long). The per-worker batch of
     ``get_dataset_shard(batch_size=...)`` stays fixed (the global batch shrinks
     with the group); ``get_dataset_shard(global_batch_size=...)`` keeps the
     global batch and gives each worker its share instead.
@@ -87,13 +88,13 @@ class ScalingConfig:
         object.__setattr__(self, "placement", placement)
         object.__setattr__(self, "resources_per_worker", resources)
         check_timeout("ScalingConfig.placement_timeout_s", self.placement_timeout_s)
-        if not any(self.bundle().values()):
+        if not any(self._bundle().values()):
             raise ConfigError(
                 "ScalingConfig reserves nothing per worker (cpus_per_worker=0, gpus_per_worker=0, "
                 "no resources_per_worker): give each worker at least one CPU, GPU or custom resource"
             )
 
-    def bundle(self) -> dict[str, float]:
+    def _bundle(self) -> dict[str, float]:
         """The placement-group bundle of one worker (zero amounts left out, as Ray wants)."""
         bundle = {"CPU": float(self.cpus_per_worker), "GPU": float(self.gpus_per_worker)}
         bundle.update({k: float(v) for k, v in self.resources_per_worker.items()})
@@ -189,7 +190,7 @@ class FailureConfig:
         if not (isinstance(self.warm_standby, bool) or self.warm_standby == "auto"):
             raise ConfigError(f'FailureConfig.warm_standby must be True, False or "auto", got {self.warm_standby!r}')
 
-    def standbys(self, gpu_workers: bool) -> Optional[str]:
+    def _standbys(self, gpu_workers: bool) -> Optional[str]:
         """When this run's restarts get warm standbys: ``"at_start"`` (GPU workers: started with the
         attempt's workers), ``"when_trained"`` (CPU workers with ``warm_standby=True``), or None."""
         if self.warm_standby is False or (self.warm_standby == "auto" and not gpu_workers):
@@ -375,7 +376,7 @@ class DataConfig:
             )
         object.__setattr__(self, "datasets_to_split", names)
 
-    def split(self, names: Sequence[str]) -> set[str]:
+    def _split(self, names: Sequence[str]) -> set[str]:
         """The names to split, checked against the datasets passed."""
         if self.datasets_to_split == "all":
             return set(names)

@@ -135,7 +135,7 @@ class _ParseFiles:
 
         if self._features is None:
             self._features = {
-                name: tf.io.FixedLenFeature(shape, tf.string if dtype == object else tf.as_dtype(dtype),
+                name: tf.io.FixedLenFeature(shape, tf.string if dtype == object else tf.as_dtype(dtype),  # noqa: E721 - numpy "O"
                                             default_value=default)
                 for name, (shape, dtype, default) in self.spec.items()}
         serialized = [r for data in batch["bytes"] for r in records(bytes(data))]

@@ -38,8 +38,8 @@ def _check_command(command: Sequence[str]) -> None:
 class Launcher(Trainer):
     """A Trainer whose workers run ``command`` instead of a ``train_fn``."""
 
-    payload_kind = PayloadKind.SUBPROCESS
-    warm_standby_works = False
+    _payload_kind = PayloadKind.SUBPROCESS
+    _warm_standby_works = False
 
     def __init__(self, command: Sequence[str], *, scaling: Optional[ScalingConfig] = None,
                  run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):
@@ -64,8 +64,8 @@ class ParameterServerLauncher(ParameterServerTrainer):
     replaced in place at its old address (the script's coordinator reconnects to it); the run
     ends when the chief's script does, and the evaluator's is stopped then."""
 
-    role_payloads = {role: PayloadKind.SUBPROCESS for role in ("chief", "worker", "ps", "evaluator")}
-    finishing_roles = ("chief",)
+    _role_payloads = {role: PayloadKind.SUBPROCESS for role in ("chief", "worker", "ps", "evaluator")}
+    _finishing_roles = ("chief",)
 
     def __init__(self, command: Sequence[str], *, scaling: Optional[ParameterServerScaling] = None,
                  run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):

@@ -85,13 +85,13 @@ class ParameterServerScaling:
             gpus = check_number(f"ParameterServerScaling.gpus_per_{role}", getattr(self, f"gpus_per_{role}"))
             if gpus > 1 and gpus != int(gpus):
                 raise ConfigError(f"ParameterServerScaling.gpus_per_{role} above 1 must be a whole number, got {gpus!r}")
-            if not any(self.bundle(role).values()) and role != "worker":
+            if not any(self._bundle(role).values()) and role != "worker":
                 raise ConfigError(f"ParameterServerScaling reserves nothing per {role} (cpus_per_{role}=0, "
                                   f"gpus_per_{role}=0): give it at least one CPU or GPU")
         resources = check_resources("ParameterServerScaling.resources_per_worker", self.resources_per_worker,
                                     cpus="cpus_per_worker", gpus="gpus_per_worker")
         object.__setattr__(self, "resources_per_worker", resources)
-        if not any(self.bundle("worker").values()):
+        if not any(self._bundle("worker").values()):
             raise ConfigError("ParameterServerScaling reserves nothing per worker (cpus_per_worker=0, "
                               "gpus_per_worker=0, no resources_per_worker): give each at least one CPU or GPU")
         object.__setattr__(self, "placement", check_choice("ParameterServerScaling.placement", self.placement,
@@ -99,10 +99,10 @@ class ParameterServerScaling:
         check_timeout("ParameterServerScaling.placement_timeout_s", self.placement_timeout_s)
         check_bool("ParameterServerScaling.check_resources", self.check_resources)
 
-    def count(self, role: str) -> int:
+    def _count(self, role: str) -> int:
         return {"chief": 1, "worker": self.num_workers, "ps": self.num_ps, "evaluator": self.num_evaluators}[role]
 
-    def bundle(self, role: str = "worker") -> dict[str, float]:
+    def _bundle(self, role: str = "worker") -> dict[str, float]:
         """The placement-group bundle of one task of ``role`` (zero amounts left out, as Ray wants)."""
         bundle = {"CPU": float(getattr(self, f"cpus_per_{role}")), "GPU": float(getattr(self, f"gpus_per_{role}"))}
         if role == "worker":
@@ -139,12 +139,12 @@ class ParameterServerTrainer(Trainer):
     batch once more, that step's updates partly made; nothing is skipped.
     """
 
-    payload_kind = PayloadKind.CHIEF
-    scaling_type = ParameterServerScaling
-    warm_standby_works = False
-    role_payloads = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
+    _payload_kind = PayloadKind.CHIEF
+    _scaling_type = ParameterServerScaling
+    _warm_standby_works = False
+    _role_payloads = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
                      "evaluator": PayloadKind.EVALUATOR}
-    finishing_roles = ("chief", "evaluator")  # whose end ends the run
+    _finishing_roles = ("chief", "evaluator")  # whose end ends the run
 
     def __init__(
         self,
@@ -205,8 +205,8 @@ class ParameterServerTrainer(Trainer):
         return bool(self.scaling.num_evaluators)
 
     def _roles(self) -> list[RoleSpec]:
-        return [RoleSpec(role, self.scaling.count(role), self.scaling.count(role), self.scaling.bundle(role),
-                         self.role_payloads[role]) for role in ROLES if self.scaling.count(role)]
+        return [RoleSpec(role, self.scaling._count(role), self.scaling._count(role), self.scaling._bundle(role),
+                         self._role_payloads[role]) for role in ROLES if self.scaling._count(role)]
 
     def _preflight(self, display: ProgressDisplay) -> None:
         from ray.data.dataset import MaterializedDataset
@@ -216,7 +216,7 @@ class ParameterServerTrainer(Trainer):
                 f"ParameterServerTrainer(datasets={{{dataset_name!r}: ...}}): file sources are read by raytf.Trainer's "
                 "workers; for parameter servers read the files through Ray Data (raytf.data.read_tfrecords, "
                 "ray.data.read_parquet)")
-        split = self.data_config.split(list(self.datasets))
+        split = self.data_config._split(list(self.datasets))
         for dataset_name, dataset in self.datasets.items():
             if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
                 problem = too_few_rows(dataset_name, dataset.count(), self.scaling.num_workers, dataset_name in split,
@@ -260,8 +260,8 @@ class ParameterServerTrainer(Trainer):
 
         if isinstance(storage.filesystem, pafs.LocalFileSystem):  # the chief writes, the evaluator reads
             for role in ("chief", "evaluator"):
-                if self.scaling.count(role):
-                    problem = unseen_storage(storage.root, cluster.nodes_seeing(storage.root, self.scaling.bundle(role)))
+                if self.scaling._count(role):
+                    problem = unseen_storage(storage.root, cluster.nodes_seeing(storage.root, self.scaling._bundle(role)))
                     if problem:
                         raise ConfigError(problem)
 
@@ -278,9 +278,9 @@ class ParameterServerTrainer(Trainer):
         from raytf._internal.driver.shapes import ParameterServerShape
 
         failures = self.run.failure_config
-        workers = self.scaling.count("worker")
+        workers = self.scaling._count("worker")
         return WorkerGroup(
-            run, self._roles(), ParameterServerShape(finishers=tuple(self.finishing_roles)),
+            run, self._roles(), ParameterServerShape(finishers=tuple(self._finishing_roles)),
             placement_strategy=self.scaling.placement,
             elastic=ElasticPolicy(workers, workers, self.scaling.placement_timeout_s, 0.0,
                                   config="ParameterServerScaling"),

@@ -136,7 +136,7 @@ class TensorflowConfig:
                 )
         object.__setattr__(self, "worker_env", worker_env)
 
-    def resolve_communication(self, scaling: Any) -> str:
+    def _resolve_communication(self, scaling: Any) -> str:
         """The implementation the workers will use, checked against their GPUs (``scaling``: a
         ScalingConfig, or a ParameterServerScaling, whose GPUs are any role's)."""
         if self.communication == "nccl" and not scaling.use_gpu:
@@ -155,7 +155,7 @@ class TensorflowConfig:
             return "nccl" if scaling.use_gpu else "ring"
         return self.communication
 
-    def threads(self, scaling: Any) -> tuple[int, int]:
+    def _threads(self, scaling: Any) -> tuple[int, int]:
         """(intra-op, inter-op) thread counts: the worker's CPUs unless set."""
         default = max(1, int(scaling.cpus_per_worker))
         return (self.intra_op_threads or default, self.inter_op_threads or default)

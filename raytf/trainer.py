@@ -144,7 +144,7 @@ class Trainer:
         if config is not None and not isinstance(config, dict):
             raise ConfigError(f"Trainer(config=...) must be a dict, got {type(config).__name__}")
         for name, value, kind in (
-            ("scaling", scaling, self.scaling_type),
+            ("scaling", scaling, self._scaling_type),
             ("run", run, RunConfig),
             ("tensorflow", tensorflow, TensorflowConfig),
             ("data_config", data_config, DataConfig),
@@ -155,16 +155,16 @@ class Trainer:
                 )
         self.train_fn = train_fn
         self.config = dict(config or {})
-        self.scaling: Any = scaling or self.scaling_type()
+        self.scaling: Any = scaling or self._scaling_type()
         self.run = run or RunConfig()
         self.tensorflow = tensorflow or TensorflowConfig()
         self.datasets = _check_datasets(datasets)
         self.data_config = data_config or DataConfig()
         # Cross-field checks that need no cluster, before anything starts.
-        self.tensorflow.resolve_communication(self.scaling)
-        self.data_config.split(list(self.datasets))
+        self.tensorflow._resolve_communication(self.scaling)
+        self.data_config._split(list(self.datasets))
         if self.run.failure_config.warm_standby is True:
-            if not self.warm_standby_works:
+            if not self._warm_standby_works:
                 raise ConfigError(
                     f"FailureConfig.warm_standby: {type(self).__name__} has no warm standby (its workers are "
                     "replaced, or run a script, rather than restarted from train_fn); leave it off"
@@ -196,13 +196,13 @@ class Trainer:
             finally:
                 lease.release()
 
-    payload_kind = PayloadKind.TRAIN_FN  # what the workers run
-    scaling_type: type = ScalingConfig  # the scaling config this trainer takes (ParameterServerScaling there)
+    _payload_kind = PayloadKind.TRAIN_FN  # what the workers run
+    _scaling_type: type = ScalingConfig  # the scaling config this trainer takes (ParameterServerScaling there)
 
     def _has_evaluator(self) -> bool:
         """Whether an evaluator reads committed checkpoints while the run trains."""
         return False
-    warm_standby_works = True  # FailureConfig.warm_standby: restarts hand ranks to pre-warmed processes
+    _warm_standby_works = True  # FailureConfig.warm_standby: restarts hand ranks to pre-warmed processes
 
     def _payload(self) -> bytes:
         """What every worker is sent to run: ``train_fn`` and its config, pickled."""
@@ -220,7 +220,7 @@ class Trainer:
         the autoscaler to add nodes."""
         from ray.data.dataset import MaterializedDataset
 
-        bundle = self.scaling.bundle()
+        bundle = self.scaling._bundle()
         if self.scaling.check_resources:
             problem, waits_for = check_group(
                 bundle, self.scaling.min_workers, cluster.live_node_resources(), cluster.node_types(),
@@ -233,7 +233,7 @@ class Trainer:
             if waits_for:
                 display.message(f"no live node can hold a worker of {bundle}; the autoscaler can add "
                                 f"{' or '.join(waits_for)} nodes, so the group waits for them")
-        split = self.data_config.split(list(self.datasets))
+        split = self.data_config._split(list(self.datasets))
         for dataset_name, dataset in self.datasets.items():
             if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
                 problem = too_few_rows(dataset_name, dataset.count(), self.scaling.max_workers, dataset_name in split)
@@ -249,7 +249,7 @@ class Trainer:
         import pyarrow.fs as pafs
 
         if isinstance(storage.filesystem, pafs.LocalFileSystem):
-            problem = unseen_storage(storage.root, cluster.nodes_seeing(storage.root, self.scaling.bundle()))
+            problem = unseen_storage(storage.root, cluster.nodes_seeing(storage.root, self.scaling._bundle()))
             if problem:
                 raise ConfigError(problem)
 
@@ -260,15 +260,15 @@ class Trainer:
             save_every=_save_every(self.run.checkpoint_config),
             upload=CheckpointUpload(self.run.checkpoint_config.upload),
             restore_from_memory=self.run.checkpoint_config.restore_from_memory,
-            split=tuple(sorted(self.data_config.split(list(self.datasets)))), plugins=("raytf.keras._keras3",),
+            split=tuple(sorted(self.data_config._split(list(self.datasets)))), plugins=("raytf.keras._keras3",),
         )
 
     def _tensorflow_settings(self) -> TensorflowSettings:
         """The TensorflowConfig as this run's workers apply it."""
-        intra, inter = self.tensorflow.threads(self.scaling)
+        intra, inter = self.tensorflow._threads(self.scaling)
         tensorflow = self.tensorflow
         return TensorflowSettings(
-            communication=tensorflow.resolve_communication(self.scaling),
+            communication=tensorflow._resolve_communication(self.scaling),
             collective_timeout_s=tensorflow.collective_timeout_s, intra_op_threads=intra, inter_op_threads=inter,
             use_gpu=self.scaling.use_gpu, gpu_memory_growth=tensorflow.gpu_memory_growth,
             env=dict(tensorflow.worker_env), keras=tensorflow.keras, mixed_precision=tensorflow.mixed_precision,
@@ -287,7 +287,7 @@ class Trainer:
         callbacks: list[Any] = [StartupTiming(), DrainWatch()]
         if run.restore_from_memory:
             callbacks.append(MemoryCopies())
-        standbys = failures.standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self.warm_standby_works else None
+        standbys = failures._standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self._warm_standby_works else None
         if standbys is not None:
             callbacks.append(WarmStandbys(self.datasets, run.split, at_start=standbys == "at_start"))
         if self.scaling.min_workers < self.scaling.max_workers:
@@ -300,8 +300,8 @@ class Trainer:
             callbacks.append(ExactData(self.datasets, run.split, self.data_config.exactly_once))
         return WorkerGroup(
             run,
-            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling.bundle(),
-                      self.payload_kind)],
+            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling._bundle(),
+                      self._payload_kind)],
             MirroredShape(hang_timeout_s=failures.hang_timeout_s),
             placement_strategy=self.scaling.placement,
             elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
@@ -320,7 +320,7 @@ class Trainer:
                 f"{name.replace('_', ' ')} {value}" for name, value in status.startup.items()))
 
     def _group_text(self) -> str:
-        return f"{self._workers_text()} workers x {self.scaling.bundle()} ({self.scaling.placement})"
+        return f"{self._workers_text()} workers x {self.scaling._bundle()} ({self.scaling.placement})"
 
     def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
                      display: ProgressDisplay, stop_signals: "_StopSignals") -> Result:

@@ -32,7 +32,7 @@ def train_func(config: dict) -> None:
                                      tf.keras.layers.Dense(1)])
         model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss="mse")
     shard = train.get_dataset_shard("train")
-    for epoch in range(config["epochs"]):
+    for _ in range(config["epochs"]):
         model.fit(shard.to_tf("x", "y", batch_size=64), callbacks=[ReportCheckpointCallback()], verbose=0)
 # --8<-- [end:train_func]
 

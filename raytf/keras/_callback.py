@@ -78,12 +78,12 @@ class ReportCallback:
                 f"{preemption_check_every!r}"
             )
         super().__init__()  # the Keras Callback's
-        self.save = checkpoint
-        self.names = list(metrics) if metrics is not None else None
-        self.check_every = preemption_check_every
-        self.batch_ends = 0
-        self.preempted = False
-        self.training_data: Optional[str] = None  # the planned dataset the fit loop trains from (its name)
+        self._save = checkpoint
+        self._names = list(metrics) if metrics is not None else None
+        self._check_every = preemption_check_every
+        self._batch_ends = 0
+        self._preempted = False
+        self._training_data: Optional[str] = None  # the planned dataset the fit loop trains from (its name)
 
     def _implements_train_batch_hooks(self) -> bool:
         # tf-keras refuses batch-level callbacks under ParameterServerStrategy (batches run on the
@@ -92,24 +92,24 @@ class ReportCallback:
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         state = current("keras.ReportCallback")
-        self.training_data = last_iterated(state.cursors)  # the fit loop made its iterator just now
+        self._training_data = last_iterated(state.cursors)  # the fit loop made its iterator just now
         in_progress = epoch if epoch > state.keras_epoch else state.keras_epoch + 1
         total = self.params.get("epochs")
         state.note_progress(epoch=in_progress, step=0, steps=self.params.get("steps"),
                             epochs=total if total and total > in_progress else None)
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
-        self.batch_ends += 1
+        self._batch_ends += 1
         state = current("keras.ReportCallback")
         state.note_progress(step=batch + 1)
-        if self.batch_ends == 1 and self.save and state.upload is CheckpointUpload.ASYNC:
+        if self._batch_ends == 1 and self._save and state.upload is CheckpointUpload.ASYNC:
             prewarm(state_of(self.model))  # the optimizer's slots exist from the first step on
-        if self.check_every is None or self.preempted or self.batch_ends % self.check_every:
+        if self._check_every is None or self._preempted or self._batch_ends % self._check_every:
             return
         if session.preemption_requested():  # the same answer on every rank
-            self.preempted = True
-            if not state.exact_resume and self.training_data is not None:  # tf-keras's own fit: its data
-                state.exact_resume.add(self.training_data)                  # resumes at this step too
+            self._preempted = True
+            if not state.exact_resume and self._training_data is not None:  # tf-keras's own fit: its data
+                state.exact_resume.add(self._training_data)                  # resumes at this step too
             step = int(self.model.optimizer.iterations.numpy())
             average_weights(self.model)  # local SGD: the checkpoint holds the averaged model
             # "epoch" is the last completed one: resuming continues this one at "step".
@@ -118,19 +118,19 @@ class ReportCallback:
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
-        if self.preempted:
+        if self._preempted:
             return  # stopped mid-epoch: its checkpoint is already reported
         self._after_a_resumed_epoch(epoch)
-        if _parameter_server() and self.check_every is not None and session.preemption_requested():
+        if _parameter_server() and self._check_every is not None and session.preemption_requested():
             self.model.stop_training = True  # this epoch's checkpoint, reported below, is the last
         logs = dict(logs or {})
-        if self.names is not None:
-            logs = {k: logs[k] for k in self.names if k in logs}
+        if self._names is not None:
+            logs = {k: logs[k] for k in self._names if k in logs}
         optimizer = getattr(self.model, "optimizer", None)
         step = int(optimizer.iterations.numpy()) if optimizer is not None else None
-        if self.save:
+        if self._save:
             average_weights(self.model)  # every rank checkpoints here: local SGD's model is averaged first
-        saved = Checkpoint.from_state(**state_of(self.model)) if self.save else None
+        saved = Checkpoint.from_state(**state_of(self.model)) if self._save else None
         run_epoch = current("keras.ReportCallback").end_keras_epoch(epoch)
         session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=saved)  # report() makes them plain
 
@@ -139,8 +139,8 @@ class ReportCallback:
         """tf-keras's own fit, resumed in mid-epoch, has trained the rest of that epoch, shorter than
         a whole one: it must count the next epoch's steps again, not take this one's length."""
         state = current("keras.ReportCallback")
-        cursor = state.cursors.get(self.training_data) if self.training_data is not None else None
-        if (cursor is None or self.training_data in state.exact_resume or cursor.start.epoch != epoch
+        cursor = state.cursors.get(self._training_data) if self._training_data is not None else None
+        if (cursor is None or self._training_data in state.exact_resume or cursor.start.epoch != epoch
                 or cursor.start.is_fresh(cursor.rows)):
             return
         from raytf._internal import hooks

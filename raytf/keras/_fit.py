@@ -199,7 +199,7 @@ def fit(
 
         steps.epoch(
             steps.train, iterator, epoch_steps,
-            lambda step: callback_list.on_train_batch_begin(step + offset), batch_end,
+            lambda step: callback_list.on_train_batch_begin(step + offset), batch_end,  # noqa: B023 - called in this epoch
         )
         average_weights(model)  # local SGD: validation, callbacks and checkpoints see one model
         skip = offset = 0

@@ -52,7 +52,7 @@ class ScalingConfig:
     trainer_resources: Optional[dict[str, float]] = None
     accelerator_type: Optional[str] = None
 
-    def to_raytf(self) -> raytf.ScalingConfig:
+    def _to_raytf(self) -> raytf.ScalingConfig:
         if self.trainer_resources:
             raise _refuse("ScalingConfig.trainer_resources",
                           "raytf's driver runs in the process that calls fit() and reserves nothing: remove it")
@@ -77,7 +77,7 @@ class FailureConfig:
     max_failures: int = 0
     max_preemption_failures: int = -1
 
-    def to_raytf(self) -> raytf.FailureConfig:
+    def _to_raytf(self) -> raytf.FailureConfig:
         return raytf.FailureConfig(max_failures=self.max_failures, max_preemptions=self.max_preemption_failures)
 
 
@@ -89,7 +89,7 @@ class CheckpointConfig:
     checkpoint_score_attribute: Optional[str] = None
     checkpoint_score_order: str = "max"
 
-    def to_raytf(self) -> raytf.CheckpointConfig:
+    def _to_raytf(self) -> raytf.CheckpointConfig:
         return raytf.CheckpointConfig(num_to_keep=self.num_to_keep, score_attribute=self.checkpoint_score_attribute,
                                       mode=self.checkpoint_score_order)
 
@@ -107,17 +107,17 @@ class RunConfig:
     callbacks: Optional[list] = None
     worker_runtime_env: Optional[dict] = None
 
-    def to_raytf(self) -> raytf.RunConfig:
+    def _to_raytf(self) -> raytf.RunConfig:
         if self.callbacks:
             raise _refuse("RunConfig.callbacks", "read result.history (every report) after fit(), or report "
                           "from train_fn what a callback would log")
         return raytf.RunConfig(
             name=self.name, storage_path=self.storage_path, storage_filesystem=self.storage_filesystem,
-            failure_config=(self.failure_config or FailureConfig()).to_raytf(),
-            checkpoint_config=(self.checkpoint_config or CheckpointConfig()).to_raytf(),
+            failure_config=(self.failure_config or FailureConfig())._to_raytf(),
+            checkpoint_config=(self.checkpoint_config or CheckpointConfig())._to_raytf(),
         )
 
-    def worker_env(self) -> dict[str, str]:
+    def _worker_env(self) -> dict[str, str]:
         runtime_env = dict(self.worker_runtime_env or {})
         env = runtime_env.pop("env_vars", {}) or {}
         if runtime_env:
@@ -133,7 +133,7 @@ class DataConfig:
 
     datasets_to_split: Union[str, Sequence[str]] = "all"
 
-    def to_raytf(self) -> raytf.DataConfig:
+    def _to_raytf(self) -> raytf.DataConfig:
         return raytf.DataConfig(datasets_to_split=self.datasets_to_split)
 
 
@@ -198,13 +198,13 @@ class TensorflowTrainer:
         scaling_config = _from_ray_train(scaling_config, ScalingConfig, "TensorflowTrainer(scaling_config=...)")
         dataset_config = _from_ray_train(dataset_config, DataConfig, "TensorflowTrainer(dataset_config=...)")
         tensorflow = tensorflow_config or TensorflowConfig()
-        env = run_config.worker_env()
+        env = run_config._worker_env()
         if env:
             tensorflow = raytf.TensorflowConfig(**{**tensorflow.__dict__, "worker_env": {**tensorflow.worker_env, **env}})
         self._trainer = raytf.Trainer(
             train_loop_per_worker, config=train_loop_config,
-            scaling=(scaling_config or ScalingConfig()).to_raytf(), run=run_config.to_raytf(),
-            tensorflow=tensorflow, datasets=datasets, data_config=(dataset_config or DataConfig()).to_raytf(),
+            scaling=(scaling_config or ScalingConfig())._to_raytf(), run=run_config._to_raytf(),
+            tensorflow=tensorflow, datasets=datasets, data_config=(dataset_config or DataConfig())._to_raytf(),
         )
 
     def fit(self) -> Result:

@@ -28,10 +28,10 @@ class ReportCheckpointCallback(ReportCallback):
                 )
         if isinstance(metrics, str):
             metrics = [metrics]
-        self.renamed: Optional[dict[str, str]] = dict(metrics) if isinstance(metrics, dict) else None
-        super().__init__(checkpoint=True, metrics=None if self.renamed else metrics)
+        self._renamed: Optional[dict[str, str]] = dict(metrics) if isinstance(metrics, dict) else None
+        super().__init__(checkpoint=True, metrics=None if self._renamed else metrics)
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
-        if self.renamed:  # {reported name: Keras log name}
-            logs = {name: (logs or {})[log] for name, log in self.renamed.items() if log in (logs or {})}
+        if self._renamed:  # {reported name: Keras log name}
+            logs = {name: (logs or {})[log] for name, log in self._renamed.items() if log in (logs or {})}
         super().on_epoch_end(epoch, logs)

@@ -168,5 +168,5 @@ def test_the_worker_groups_hold_each_jobs_default_scaling(scaling_of):
             for group in groups:
                 limits = containers(group)[0]["resources"]["limits"]
                 node = {"CPU": float(limits["cpu"]), "GPU": float(limits.get(GPU, 0))}
-                room += fits(scaling.bundle(), node) * group["maxReplicas"]
+                room += fits(scaling._bundle(), node) * group["maxReplicas"]
             assert room >= scaling.max_workers, (script, args)

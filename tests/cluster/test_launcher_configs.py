@@ -164,7 +164,7 @@ def test_the_node_types_hold_each_jobs_default_scaling_and_the_commands_shown(na
         asks += [("train_keras3.py", ["--num-workers", "1", "--gpus-per-worker", "4", "--cpus-per-worker", "8"])]
     for script, args in asks:
         scaling = scaling_of(script, args)
-        bundle = scaling.bundle()
+        bundle = scaling._bundle()
         room = sum(fits(bundle, t["resources"]) * t["max_workers"] for t in workers(config).values())
         assert room >= scaling.max_workers, (name, script, args, bundle)
         if name in CLOUD:

@@ -28,13 +28,19 @@ def pages() -> list[pathlib.Path]:
     return sorted(p for p in DOCS.rglob("*.md") if not {"_hooks", "examples"} & set(p.relative_to(DOCS).parts))
 
 
-def test_the_site_builds_in_strict_mode(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> pathlib.Path:
+    """The site, built as the docs' own command builds it (strict mode); a failed build fails here."""
+    site = tmp_path_factory.mktemp("site")
     built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-6000:]
-    site = tmp_path / "site"
+    return site
+
+
+def test_the_site_builds_in_strict_mode(site):
     for chart in ("recovery", "w3_pause", "file_ingest"):  # drawn from bench/results by the build
         assert (site / "charts" / f"{chart}.svg").read_text().lstrip().startswith("<?xml")
     errors = (site / "reference" / "errors" / "index.html").read_text()
@@ -116,7 +122,7 @@ def test_every_example_the_docs_quote_is_run_by_a_test():
 
 def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_into_the_site():
     readme = (ROOT / "README.md").read_text()
-    first = next(FENCE.match(l) and i for i, l in enumerate(readme.splitlines()) if FENCE.match(l))
+    first = next(i for i, line in enumerate(readme.splitlines()) if FENCE.match(line))
     commands = readme.splitlines()[first + 1:first + 3]
     assert commands == ['pip install -e . && python jobs/train_mlp.py', 'pip install -e ".[test]" && python -m pytest']
     # CI runs the test command verbatim, then the oldest versions' tiers (noxfile.py).
@@ -222,3 +228,78 @@ def test_every_chart_reads_the_records_its_section_names():
                 unnamed = {f for f in reads[name] if f not in section}
                 assert not unnamed, f"{page.name}: chart {name} reads {sorted(unnamed)}, which its section never names"
     assert shown >= 5
+
+
+# -- the API reference: signatures, and nothing internal ------------------------------------------
+
+API = ROOT / "tests" / "docs" / "api.txt"
+HEADING = re.compile(r'<h[2-6] id="(raytf\.[\w.]*)"')
+
+
+def text_of(fragment: str) -> str:
+    """A signature's text, independent of how the formatter of the day wraps and quotes it."""
+    import html
+
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", fragment)).split()).replace("'", '"')
+    return re.sub(r"\s*,?\s*\)", ")", re.sub(r"\(\s+", "(", text))
+
+
+def reference_entries(site: pathlib.Path) -> dict[str, str]:
+    """Each name the built reference pages show -> the signature shown under its heading ("" if none)."""
+    entries = {}
+    for page in sorted((site / "reference").glob("*/index.html")):
+        html = page.read_text()
+        headings = list(HEADING.finditer(html)) + [None]
+        for heading, following in zip(headings, headings[1:]):
+            section = html[heading.end():following.start() if following else len(html)]
+            signature = re.search(r'<div class="doc-signature[^"]*">(.*?)</div>', section, re.S)
+            entries[heading.group(1)] = text_of(signature.group(1)) if signature else ""
+    return entries
+
+
+def public_object(name: str):
+    import importlib
+
+    module, _, attribute = name.rpartition(".")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def test_each_public_class_and_function_shows_its_signature_with_every_parameter(site):
+    import inspect
+
+    entries = reference_entries(site)
+    checked = 0
+    for name in public_names():
+        obj = public_object(name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not_constructed_by_users(obj):
+            continue
+        parameters = [p for p in inspect.signature(obj).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        # raytf.launch, the function, is shown in its module's entry (raytf.launch.launch).
+        shown = entries.get(name) or entries.get(f"{obj.__module__}.{obj.__qualname__}", "")
+        assert shown, f"{name}: no signature under its heading in the reference"
+        missing = [p.name for p in parameters if not re.search(rf"\b{p.name}\b", shown)]
+        assert not missing, f"{name}: the signature shown ({shown!r}) lacks {missing}"
+        checked += 1
+    assert checked >= 40, checked
+
+
+def not_constructed_by_users(obj) -> bool:
+    """raytf's errors and enums: raytf makes them; the reference shows what they hold."""
+    import enum
+    import inspect
+
+    return inspect.isclass(obj) and issubclass(obj, (BaseException, enum.Enum))
+
+
+def test_the_reference_shows_exactly_the_api_of_tests_docs_api_txt(site):
+    """Every name the reference shows, with its signature, against the reviewed list in
+    tests/docs/api.txt (as TensorFlow keeps golden API files): a method or attribute that becomes
+    public by its name alone fails here. Add it to api.txt where users should call it; else name
+    it with a leading underscore. ``RAYTF_UPDATE_API=1`` rewrites api.txt from the site."""
+    shown = [f"{name} {signature}".rstrip() for name, signature in sorted(reference_entries(site).items())]
+    if os.environ.get("RAYTF_UPDATE_API") == "1":
+        API.write_text("".join(line + "\n" for line in shown))
+    expected = API.read_text().splitlines()
+    added, removed = sorted(set(shown) - set(expected)), sorted(set(expected) - set(shown))
+    assert not added and not removed, f"shown but not in api.txt: {added}\nin api.txt but not shown: {removed}"

@@ -43,7 +43,7 @@ def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_le
     by_node = {}
     for s in seen:
         by_node.setdefault(s["node_id"], []).append(s)
-    for node, ranks in by_node.items():
+    for ranks in by_node.values():
         assert len({g for s in ranks for g in s["ray_gpu_ids"]}) == gpus * len(ranks)  # no GPU shared
         # Ranks are contiguous per node and local ranks count within the node.
         world = sorted(s["world_rank"] for s in ranks)

@@ -219,7 +219,7 @@ def test_a_worker_stopped_at_each_point_of_a_counted_step_and_killed_there_train
             (out / "passable").write_text("")
             os.replace(out / "passable", gate)  # the step run again passes this point
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not _alive(pid), timeout_s=30, message="the worker to be gone")
+            wait_for(lambda: not _alive(pid), timeout_s=30, message="the worker to be gone")  # noqa: B023 - waited for here
             # A parameter server waiting at the gate writes and goes on; a worker's gate has no writer
             # left, and the read ends at once.
             descriptor = os.open(held, os.O_RDONLY | os.O_NONBLOCK)

@@ -33,8 +33,8 @@ def test_bad_scaling_names_the_setting(kwargs, fragment):
 def test_scaling_bundle_and_normalised_placement():
     scaling = ScalingConfig(num_workers=2, cpus_per_worker=2, resources_per_worker={"ssd": 1}, placement="strict_spread")
     assert scaling.placement == "STRICT_SPREAD"
-    assert scaling.bundle() == {"CPU": 2.0, "ssd": 1.0}  # no zero GPU entry: Ray rejects those
-    assert ScalingConfig(cpus_per_worker=0, gpus_per_worker=1).bundle() == {"GPU": 1.0}
+    assert scaling._bundle() == {"CPU": 2.0, "ssd": 1.0}  # no zero GPU entry: Ray rejects those
+    assert ScalingConfig(cpus_per_worker=0, gpus_per_worker=1)._bundle() == {"GPU": 1.0}
 
 
 @pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", ".hidden", "", "x" * 200, 7])
@@ -84,11 +84,11 @@ def test_start_timeout_must_be_positive():
 
 def test_communication_defaults_follow_the_hardware():
     cpu, gpu = ScalingConfig(), ScalingConfig(gpus_per_worker=1)
-    assert TensorflowConfig().resolve_communication(cpu) == "ring"
-    assert TensorflowConfig().resolve_communication(gpu) == "nccl"
-    assert TensorflowConfig(communication="RING").resolve_communication(gpu) == "ring"
+    assert TensorflowConfig()._resolve_communication(cpu) == "ring"
+    assert TensorflowConfig()._resolve_communication(gpu) == "nccl"
+    assert TensorflowConfig(communication="RING")._resolve_communication(gpu) == "ring"
     with pytest.raises(ConfigError, match="communication='nccl' needs GPUs"):
-        TensorflowConfig(communication="nccl").resolve_communication(cpu)
+        TensorflowConfig(communication="nccl")._resolve_communication(cpu)
     with pytest.raises(ConfigError, match="communication must be one of auto, ring, nccl"):
         TensorflowConfig(communication="mpi")
 
@@ -99,15 +99,15 @@ def test_bfloat16_compression_is_refused_on_gpu_workers_with_the_fix_named():
     gpu = ScalingConfig(gpus_per_worker=1)
     for communication in ("auto", "nccl", "ring"):
         with pytest.raises(ConfigError, match="gradient_compression='bfloat16' cannot run on GPU workers.*'float16'"):
-            TensorflowConfig(communication=communication, gradient_compression="bfloat16").resolve_communication(gpu)
-    assert TensorflowConfig(gradient_compression="float16", error_feedback=True).resolve_communication(gpu) == "nccl"
-    assert TensorflowConfig(gradient_compression="bfloat16").resolve_communication(ScalingConfig()) == "ring"
+            TensorflowConfig(communication=communication, gradient_compression="bfloat16")._resolve_communication(gpu)
+    assert TensorflowConfig(gradient_compression="float16", error_feedback=True)._resolve_communication(gpu) == "nccl"
+    assert TensorflowConfig(gradient_compression="bfloat16")._resolve_communication(ScalingConfig()) == "ring"
 
 
 def test_threads_default_to_the_workers_cpus():
-    assert TensorflowConfig().threads(ScalingConfig(cpus_per_worker=4)) == (4, 4)
-    assert TensorflowConfig().threads(ScalingConfig(cpus_per_worker=0.5)) == (1, 1)
-    assert TensorflowConfig(intra_op_threads=2).threads(ScalingConfig()) == (2, 1)
+    assert TensorflowConfig()._threads(ScalingConfig(cpus_per_worker=4)) == (4, 4)
+    assert TensorflowConfig()._threads(ScalingConfig(cpus_per_worker=0.5)) == (1, 1)
+    assert TensorflowConfig(intra_op_threads=2)._threads(ScalingConfig()) == (2, 1)
     with pytest.raises(ConfigError, match="inter_op_threads must be >= 1"):
         TensorflowConfig(inter_op_threads=0)
 
@@ -170,11 +170,11 @@ def test_infinite_oversized_and_mistyped_settings_are_config_errors(make, fragme
 
 def test_warm_standbys_by_default_for_gpu_workers_from_their_start_and_for_cpu_workers_only_when_asked():
     assert FailureConfig().warm_standby == "auto"
-    assert FailureConfig().standbys(gpu_workers=True) == "at_start"
-    assert FailureConfig().standbys(gpu_workers=False) is None
-    assert FailureConfig(warm_standby=True).standbys(gpu_workers=False) == "when_trained"
-    assert FailureConfig(warm_standby=True).standbys(gpu_workers=True) == "at_start"
-    assert FailureConfig(warm_standby=False).standbys(gpu_workers=True) is None
+    assert FailureConfig()._standbys(gpu_workers=True) == "at_start"
+    assert FailureConfig()._standbys(gpu_workers=False) is None
+    assert FailureConfig(warm_standby=True)._standbys(gpu_workers=False) == "when_trained"
+    assert FailureConfig(warm_standby=True)._standbys(gpu_workers=True) == "at_start"
+    assert FailureConfig(warm_standby=False)._standbys(gpu_workers=True) is None
 
 
 def test_none_for_a_mapping_means_empty_as_in_ray_train():
@@ -216,7 +216,7 @@ def test_a_parameter_server_trainer_checks_tensorflow_options_against_its_own_sc
     gpu_workers = raytf.ParameterServerScaling(num_workers=2, gpus_per_worker=1)
     nccl = raytf.TensorflowConfig(communication="nccl")
     trainer = raytf.ParameterServerTrainer(lambda: None, scaling=gpu_workers, tensorflow=nccl)
-    assert trainer.scaling is gpu_workers and trainer.tensorflow.resolve_communication(trainer.scaling) == "nccl"
+    assert trainer.scaling is gpu_workers and trainer.tensorflow._resolve_communication(trainer.scaling) == "nccl"
     with pytest.raises(ConfigError, match="needs GPUs, but ParameterServerScaling has no role"):
         raytf.ParameterServerTrainer(lambda: None, scaling=raytf.ParameterServerScaling(), tensorflow=nccl)
     with pytest.raises(ConfigError, match="must be a raytf.ParameterServerScaling, got ScalingConfig"):

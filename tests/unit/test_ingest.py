@@ -122,10 +122,10 @@ def test_shards_are_split_with_each_ranks_node_as_locality_hint():
 
 
 def test_data_config_names_must_be_passed_datasets():
-    assert DataConfig().split(["train", "val"]) == {"train", "val"}
-    assert DataConfig(datasets_to_split=["train"]).split(["train", "val"]) == {"train"}
+    assert DataConfig()._split(["train", "val"]) == {"train", "val"}
+    assert DataConfig(datasets_to_split=["train"])._split(["train", "val"]) == {"train"}
     with pytest.raises(ConfigError, match="names 'test', but Trainer\\(datasets=...\\) has only 'train'"):
-        DataConfig(datasets_to_split=["test"]).split(["train"])
+        DataConfig(datasets_to_split=["test"])._split(["train"])
     with pytest.raises(ConfigError, match="must be 'all' or a list of dataset names"):
         DataConfig(datasets_to_split="some")
 

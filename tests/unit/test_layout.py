@@ -301,3 +301,14 @@ def test_errors_a_user_acts_on_are_raytf_errors():
                 if getattr(made, "id", None) in BUILTIN_ERRORS:
                     found.add((path.relative_to(PACKAGE).as_posix(), enclosing.get(id(node), "(module)")))
     assert found - INTERNAL_RAISES == set(), "raise a raytf error (raytf/errors.py) that names the setting and the fix"
+
+
+def test_ruff_finds_nothing_in_the_repository():
+    """The lint pyproject.toml configures ([tool.ruff]): pyflakes, pycodestyle's errors and bugbear
+    over raytf/, tests/, bench/, jobs/ and docs/, the rules that find bugs rather than taste."""
+    import subprocess
+    import sys
+
+    checked = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                             cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]

@@ -8,21 +8,21 @@ from raytf import train
 
 
 def test_scaling_maps_use_gpu_and_resources_per_worker():
-    assert train.ScalingConfig(num_workers=4).to_raytf().bundle() == {"CPU": 1.0}
-    gpu = train.ScalingConfig(num_workers=2, use_gpu=True).to_raytf()
+    assert train.ScalingConfig(num_workers=4)._to_raytf()._bundle() == {"CPU": 1.0}
+    gpu = train.ScalingConfig(num_workers=2, use_gpu=True)._to_raytf()
     assert (gpu.num_workers, gpu.cpus_per_worker, gpu.gpus_per_worker) == (2, 1, 1)
     custom = train.ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 4, "GPU": 2, "ssd": 1},
-                                 placement_strategy="SPREAD", accelerator_type="A100").to_raytf()
-    assert custom.bundle() == {"CPU": 4.0, "GPU": 2.0, "ssd": 1.0, "accelerator_type:A100": 0.001}
+                                 placement_strategy="SPREAD", accelerator_type="A100")._to_raytf()
+    assert custom._bundle() == {"CPU": 4.0, "GPU": 2.0, "ssd": 1.0, "accelerator_type:A100": 0.001}
     assert custom.placement == "SPREAD"
-    assert train.ScalingConfig(num_workers=(2, 4)).to_raytf().elastic
+    assert train.ScalingConfig(num_workers=(2, 4))._to_raytf().elastic
 
 
 @pytest.mark.parametrize("make, fragment", [
-    (lambda: train.ScalingConfig(resources_per_worker={"GPU": 1}).to_raytf(), "set use_gpu=True"),
-    (lambda: train.ScalingConfig(trainer_resources={"CPU": 1}).to_raytf(), "trainer_resources has no counterpart"),
-    (lambda: train.RunConfig(callbacks=[object()]).to_raytf(), "RunConfig.callbacks has no counterpart"),
-    (lambda: train.RunConfig(worker_runtime_env={"pip": ["x"]}).worker_env(), "worker_runtime_env keys ['pip']"),
+    (lambda: train.ScalingConfig(resources_per_worker={"GPU": 1})._to_raytf(), "set use_gpu=True"),
+    (lambda: train.ScalingConfig(trainer_resources={"CPU": 1})._to_raytf(), "trainer_resources has no counterpart"),
+    (lambda: train.RunConfig(callbacks=[object()])._to_raytf(), "RunConfig.callbacks has no counterpart"),
+    (lambda: train.RunConfig(worker_runtime_env={"pip": ["x"]})._worker_env(), "worker_runtime_env keys ['pip']"),
     (lambda: train.TensorflowTrainer(lambda: None, resume_from_checkpoint=raytf.Checkpoint("/x")),
      "same RunConfig(name=..., storage_path=...)"),
     (lambda: train.report({"loss": 1.0}, checkpoint_upload_mode="NO_UPLOAD"),
@@ -37,11 +37,11 @@ def test_what_cannot_map_says_what_to_write_instead(make, fragment):
 def test_run_failure_and_checkpoint_configs_map():
     run = train.RunConfig(name="r", storage_path="/tmp/x", failure_config=train.FailureConfig(max_failures=3),
                           checkpoint_config=train.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc",
-                                                                   checkpoint_score_order="min")).to_raytf()
+                                                                   checkpoint_score_order="min"))._to_raytf()
     assert (run.name, run.storage_path, run.failure_config.max_failures) == ("r", "/tmp/x", 3)
     assert (run.checkpoint_config.num_to_keep, run.checkpoint_config.score_attribute,
             run.checkpoint_config.mode) == (2, "acc", "min")
-    assert train.RunConfig(worker_runtime_env={"env_vars": {"A": "1"}}).worker_env() == {"A": "1"}
+    assert train.RunConfig(worker_runtime_env={"env_vars": {"A": "1"}})._worker_env() == {"A": "1"}
 
 
 def test_the_trainer_gives_workers_tf_keras_as_ray_train_does():

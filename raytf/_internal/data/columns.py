@@ -22,7 +22,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An uninitialised array whose buffer starts on a 64-byte boundary (one TensorFlow can use
     as it is, :func:`host_tensor`); an object array as NumPy makes it."""
     dtype = np.dtype(dtype)
-    if dtype == object:
+    if dtype == object:  # noqa: E721 - a numpy dtype equals object where it is "O"
         return np.empty(shape, dtype)
     size = int(np.prod(shape)) * dtype.itemsize
     raw = np.empty(size + _ALIGN, dtype=np.uint8)

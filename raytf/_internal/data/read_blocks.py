@@ -44,7 +44,7 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
     specs = {}
     for c in needed:
         dtype, shape = blocks.spec(c)
-        specs[c] = (tf.string if dtype == object else tf.as_dtype(dtype), shape)
+        specs[c] = (tf.string if dtype == object else tf.as_dtype(dtype), shape)  # noqa: E721 - numpy "O"
     full = cursor.full_steps()
     share = blocks.rows // cursor.world_size
     if share < request.batch_size:

@@ -46,7 +46,7 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
             f"raytf.get_dataset_shard({request.name!r}): batch_size={request.batch_size} is larger than the "
             f"worker's shard ({share} rows, the smallest across {cursor.world_size} workers); lower batch_size or "
             "pass more data")
-    tf_dtype = {c: tf.string if specs[c][0] == object else tf.as_dtype(specs[c][0]) for c in needed}
+    tf_dtype = {c: tf.string if specs[c][0] == object else tf.as_dtype(specs[c][0]) for c in needed}  # noqa: E721 - numpy "O"
 
     def tables() -> list[np.ndarray]:
         """The pass's pieces, as flat arrays and their splits: whole batches, then the last."""
