@@ -29,8 +29,9 @@ def train_fn(config: dict) -> None:
         model.compile(optimizer=tf.keras.optimizers.Adam(1e-3), metrics=["accuracy"],
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     initial_epoch = raytf.keras.restore(model)  # 0, or the epoch after the latest checkpoint's
-    model.fit(raytf.keras.distribute(train.repeat()), epochs=config["epochs"], initial_epoch=initial_epoch,
-              steps_per_epoch=int(train.cardinality()), verbose=0,
+    # The shard itself, not train.repeat() with steps_per_epoch: each epoch is one pass over it, so a
+    # run stopped mid-epoch resumes at the next untrained row and every row trains once per epoch.
+    model.fit(train, epochs=config["epochs"], initial_epoch=initial_epoch, verbose=0,
               callbacks=[raytf.keras.ReportCallback()])  # each epoch: metrics, checkpoint to S3
 # --8<-- [end:train_fn]
 
