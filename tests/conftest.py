@@ -100,7 +100,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "exit_status": int(exitstatus), "outcomes": _OUTCOMES, "args": session.config.invocation_params.args,
         "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf(
             "SC_PHYS_PAGES") / 2**30), "python": platform.python_version(), "system": platform.platform()},
-        "versions": {name: version(name) for name in ("tensorflow", "keras", "tf-keras", "ray", "pytest")},
+        "versions": {name: version(name)
+                     for name in ("tensorflow", "keras", "tf-keras", "ray", "pyarrow", "numpy", "pytest")},
         "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

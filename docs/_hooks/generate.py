@@ -27,6 +27,7 @@ MARKERS = {
     "<!-- raytf:environment -->": reference.environment_markdown,
     "<!-- raytf:hooks -->": reference.hooks_markdown,
     "<!-- raytf:slowest -->": reference.slowest_markdown,
+    "<!-- raytf:support -->": reference.support_markdown,
 }
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
 BENCH = re.compile(r"<!-- raytf:bench:(\w+):(\w+) -->")

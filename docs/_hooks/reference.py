@@ -271,3 +271,44 @@ def slowest_markdown(root: str) -> str:
     for nodeid, took in list(run["tests_s"].items())[:10]:
         lines.append(f"| {took:.0f} | `{nodeid.split('@')[0]}` |")
     return "\n".join(lines) + "\n"
+
+
+SUPPORTED = (("Python", "python"), ("TensorFlow", "tensorflow"), ("Keras", "keras"), ("tf-keras", "tf-keras"),
+             ("Ray", "ray"), ("pyarrow", "pyarrow"), ("numpy", "numpy"))
+
+
+def support_markdown(root: str) -> str:
+    """The versions raytf supports, read off what CI runs: the bounds in pyproject.toml, the oldest
+    combination noxfile.py pins (``nox -s oldest``), and the newest the whole suite's newest kept
+    record ran on (the README's test command installs the newest the bounds allow)."""
+    import json
+    import re
+    import tomllib
+
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    allowed = {"python": project["requires-python"]}
+    for requirement in project["dependencies"]:
+        name, bounds = re.match(r"([\w-]+)(?:\[[\w,]+\])?\s*(.*)", requirement).groups()
+        allowed[name] = bounds
+    tree = ast.parse(open(os.path.join(root, "noxfile.py")).read())
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name)}
+    oldest = {"python": ast.literal_eval(values["PYTHON"])}
+    for pin in ast.literal_eval(values["OLDEST"]):
+        exact = re.match(r"([\w-]+)(?:\[[\w,]+\])?==(.+)", pin)  # (pandas<3 is a bound, not a pin)
+        if exact:
+            oldest[exact.group(1)] = exact.group(2)
+    path = os.path.join(root, SUITE_RECORD)
+    with open(path) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    run = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])][-1]
+    newest = {"python": run["machine"]["python"], **run["versions"]}
+    lines = [
+        f"| | Allowed (`pyproject.toml`) | Oldest, run by CI (`noxfile.py`) | Newest, run by CI ({run['when'][:10]}, "
+        f"commit `{run['commit']}`) |", "|---|---|---|---|",
+    ]
+    for label, key in SUPPORTED:
+        lines.append(f"| {label} | `{allowed.get(key, '')}` | {oldest.get(key, '')} | "
+                     f"{newest.get(key) or 'not recorded'} |")
+    return "\n".join(lines) + "\n"

@@ -45,6 +45,11 @@ def test_the_site_builds_in_strict_mode(site):
         assert (site / "charts" / f"{chart}.svg").read_text().lstrip().startswith("<?xml")
     errors = (site / "reference" / "errors" / "index.html").read_text()
     assert "must be one of" in errors and "raytf/config.py" in errors  # the messages, read off the code
+    # The support table is CI's matrix: the oldest pins of noxfile.py and the bounds of pyproject.toml.
+    support = (site / "reference" / "support" / "index.html").read_text()
+    pins = re.findall(r'"(tensorflow|keras|tf-keras|ray\[default,data\])==([\d.]+)"', (ROOT / "noxfile.py").read_text())
+    assert len(pins) == 4 and all(f"<td>{version}</td>" in support for _, version in pins), pins
+    assert "&gt;=3.11" in support
 
 
 def test_a_broken_link_or_a_missing_name_fails_the_build(tmp_path):
@@ -303,3 +308,25 @@ def test_the_reference_shows_exactly_the_api_of_tests_docs_api_txt(site):
     expected = API.read_text().splitlines()
     added, removed = sorted(set(shown) - set(expected)), sorted(set(expected) - set(shown))
     assert not added and not removed, f"shown but not in api.txt: {added}\nin api.txt but not shown: {removed}"
+
+
+def message_texts() -> list[str]:
+    """The text of every string raytf's code writes, an f-string's placeholders cut out."""
+    texts = []
+    for path in sorted((ROOT / "raytf").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr):
+                texts.append("\x00".join(v.value for v in node.values if isinstance(v, ast.Constant)))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append(node.value)
+    return [" ".join(t.split()) for t in texts]
+
+
+def test_each_message_the_troubleshooting_page_quotes_is_one_raytf_writes():
+    page = (DOCS / "guides" / "troubleshooting.md").read_text()
+    seen = [p for p in page.split("\n\n") if p.startswith("**You see**")]
+    quotes = [" ".join(q.split()) for p in seen for q in re.findall(r'"([^"]+)"', p)]
+    assert len(seen) >= 10 and len(quotes) >= 10, (len(seen), quotes)
+    texts = message_texts()
+    stale = [q for q in quotes if not any(q in t for t in texts)]
+    assert not stale, f"quoted on the troubleshooting page but written nowhere in raytf/: {stale}"
