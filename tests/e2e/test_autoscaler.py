@@ -23,8 +23,9 @@ import pytest
 from tests.ports import free_ports
 import yaml
 
+from tests.e2e.conftest import activated
 from tests.e2e.test_job_submit import (
-    HEAD_ENV, RAY, REPO, dashboard_get, head_temp_dir, job_status, printed, ray_cli, submit_no_wait,
+    HEAD_ENV, REPO, dashboard_get, head_temp_dir, job_status, printed, ray_cli, submit_no_wait,
     wait_for_job, wait_for_job_server,
 )
 
@@ -64,7 +65,7 @@ def nodes(address: str) -> list[dict]:
 
 
 @pytest.fixture
-def autoscaling_head(tmp_path):
+def autoscaling_head(tmp_path, wheel_python):
     from ray._private.services import get_node_ip_address
 
     ip = get_node_ip_address()
@@ -87,11 +88,12 @@ def autoscaling_head(tmp_path):
     generated = ray_cli("get-auth-token", "--generate", env=env)
     assert generated.returncode == 0, generated.stderr[-2000:]
     head = subprocess.Popen(
-        [*RAY, "start", "--head", "--block", f"--autoscaling-config={config_path}", "--num-cpus", "1",
+        [wheel_python, "-m", "ray.scripts.scripts",  # raytf from its wheel (conftest.py): the quick start runs on it
+         "start", "--head", "--block", f"--autoscaling-config={config_path}", "--num-cpus", "1",
          "--num-gpus", "0", "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
          "--dashboard-port", str(ports["dashboard"]), "--ray-client-server-port", str(ports["client"]),
          "--dashboard-agent-listen-port", str(ports["agent"]), "--temp-dir", temp_dir],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        stdout=log, stderr=subprocess.STDOUT, env=activated(env, wheel_python),
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
     wait_for_job_server(head, address)

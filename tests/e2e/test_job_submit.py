@@ -24,6 +24,7 @@ import urllib.request
 
 import pytest
 
+from tests.e2e.conftest import activated
 from tests.ports import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -80,7 +81,7 @@ def names_the_head(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
+def head(tmp_path_factory, wheel_python):
     ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
     log = open(tmp_path_factory.mktemp("head") / "head.log", "w")
     temp_dir = head_temp_dir()
@@ -91,7 +92,8 @@ def head(tmp_path_factory):
     assert generated.returncode == 0, generated.stderr[-2000:]
     process = subprocess.Popen(
         [
-            *RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+            wheel_python, "-m", "ray.scripts.scripts",  # raytf from its wheel (conftest.py)
+            "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
             "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(ports["dashboard"]),
             "--ray-client-server-port", str(ports["client"]),
@@ -100,7 +102,7 @@ def head(tmp_path_factory):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**HEAD_ENV, "RAY_AUTH_MODE": "token"},
+        env=activated({**HEAD_ENV, "RAY_AUTH_MODE": "token"}, wheel_python),
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
     try:
@@ -225,10 +227,10 @@ def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head,
     assert printed(logs)["final_metrics"]["val_accuracy"] >= 0.95  # the job's stated accuracy
 
 
-def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
+def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path, wheel_python):
     address, env = head[:2]
-    script = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
-              "print('rank', c['task']['index'], 'of', len(c['cluster']['worker']))")
+    script = ("import json, os, raytf; c = json.loads(os.environ['TF_CONFIG']); "
+              "print('rank', c['task']['index'], 'of', len(c['cluster']['worker']), 'raytf from', raytf.__file__)")
     workdir = tmp_path / "job"
     workdir.mkdir()
     submitted = ray_cli(
@@ -241,6 +243,9 @@ def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path):
     status, logs = wait_for_job(head, job_id)
     assert status == "succeeded", logs[-3000:]
     assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
+    # The job ran the raytf of the wheel the head's virtualenv installed (conftest.py), not this checkout's.
+    venv = os.path.dirname(os.path.dirname(wheel_python))
+    assert logs.count(f"raytf from {venv}/lib/") == 2, logs[-3000:]
 
 
 def test_submitted_parameter_server_jobs_train(head, tmp_path):
