@@ -36,6 +36,42 @@ def test_the_custom_loop_trains_and_keeps_the_best_two_checkpoints(cluster, tmp_
     assert [h["epoch"] for h in result.history] == [0, 1, 2] and losses[-1] < losses[0], result.history
     kept = sorted(p.name for p in (tmp_path / "custom-loop" / "checkpoints").iterdir() if p.is_dir())
     assert len(kept) == 2 and result.checkpoint.epoch == 2, kept  # num_to_keep=2, the latest always kept
+    after_training(result.checkpoint, tmp_path / "exported")
+
+
+def after_training(checkpoint, directory):
+    """after_training.py on the custom loop's last checkpoint: scored offline on rows it never
+    trained on, exported as a SavedModel and a .keras file that predict what the checkpoint does,
+    and served by Ray Serve on this node's address in TF Serving's REST format."""
+    import urllib.request
+
+    import numpy as np
+    import tensorflow as tf
+    from ray import serve
+
+    from tests.ports import free_port
+
+    after = example("after_training")
+    held_out = example("custom_loop").rows({"id": np.arange(100_000, 101_024)})
+    x, y = held_out["x"], held_out["y"]
+    scores = after.evaluate(checkpoint, x, y)
+    assert scores["accuracy"] > 0.85, scores  # the label is a sign of x0 + x1: learned, not guessed
+    saved_model, keras_file = after.export(checkpoint, str(directory))
+    logits = after.predict(saved_model, x)
+    assert np.mean(np.argmax(logits, axis=1) == y) == pytest.approx(scores["accuracy"], abs=1e-6)
+    np.testing.assert_allclose(tf.keras.models.load_model(keras_file).predict(x, verbose=0), logits, rtol=1e-5,
+                               atol=1e-5)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(after.deployment(saved_model), name="classifier", route_prefix="/classify")
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/classify", method="POST",
+                                         data=json.dumps({"instances": x[:5].tolist()}).encode())
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            served = json.load(answer)["predictions"]
+    finally:
+        serve.shutdown()
+    np.testing.assert_allclose(served, logits[:5], rtol=1e-5, atol=1e-5)
 
 
 def test_ray_train_code_with_its_imports_swapped_trains(cluster, tmp_path, no_leaks):
