@@ -8,14 +8,7 @@ Ray, so a worker can set TensorFlow's environment before TensorFlow loads.
 
 from raytf._version import __version__  # noqa: F401 - raytf.__version__
 from raytf.checkpoint import Checkpoint
-from raytf.config import (
-    CheckpointConfig,
-    DataConfig,
-    FailureConfig,
-    RunConfig,
-    ScalingConfig,
-    TensorflowConfig,
-)
+from raytf.config import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig, TensorflowConfig
 from raytf.errors import (
     CheckpointError,
     ConfigError,

@@ -112,7 +112,7 @@ class Checkpoint:
         os.makedirs(local, exist_ok=True)
         root = self.path.rstrip("/")
         for info in self.filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
-            relative = info.path[len(root):].lstrip("/").lstrip(os.sep)
+            relative = info.path[len(root) :].lstrip("/").lstrip(os.sep)
             if info.type != pafs.FileType.File or relative == MANIFEST:
                 continue
             target = os.path.join(local, *relative.replace(os.sep, "/").split("/"))

@@ -23,23 +23,47 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raytf", description="Distributed TensorFlow on Ray.")
     parser.add_argument("--version", action="version", version=f"raytf {__version__}")
     commands = parser.add_subparsers(dest="action", metavar="{launch,runs}")
-    launch = commands.add_parser("launch", help="run an unmodified TF_CONFIG script on Ray actors",
-                                 usage="raytf launch --num-workers N [options] -- COMMAND [ARGS...]")
+    launch = commands.add_parser(
+        "launch",
+        help="run an unmodified TF_CONFIG script on Ray actors",
+        usage="raytf launch --num-workers N [options] -- COMMAND [ARGS...]",
+    )
     launch.add_argument("--num-workers", type=int, required=True)
     launch.add_argument("--gpus-per-worker", type=float, default=0)
     launch.add_argument("--cpus-per-worker", type=float, default=1)
-    launch.add_argument("--placement", default="PACK", choices=PLACEMENT_STRATEGIES + tuple(
-        p.lower() for p in PLACEMENT_STRATEGIES), metavar="{" + ",".join(PLACEMENT_STRATEGIES) + "}")
+    launch.add_argument(
+        "--placement",
+        default="PACK",
+        choices=PLACEMENT_STRATEGIES + tuple(p.lower() for p in PLACEMENT_STRATEGIES),
+        metavar="{" + ",".join(PLACEMENT_STRATEGIES) + "}",
+    )
     launch.add_argument("--max-failures", type=int, default=0, help="lost ranks or nodes survived")
-    launch.add_argument("--storage-path", default=None,
-                        help="where the run's directories are (default: $RAYTF_STORAGE_PATH or ~/raytf_results)")
+    launch.add_argument(
+        "--storage-path",
+        default=None,
+        help="where the run's directories are (default: $RAYTF_STORAGE_PATH or ~/raytf_results)",
+    )
     launch.add_argument("--name", default=None, help="run name; the same name resumes from the script's backup")
-    launch.add_argument("--keras", default="auto", choices=KERAS_VERSIONS,
-                        help="tf_keras: TF_USE_LEGACY_KERAS=1 (for scripts written for Keras 2's model.fit)")
-    launch.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="an environment variable for the script (repeatable)")
-    launch.add_argument("--ps", type=int, default=None, metavar="N",
-                        help="parameter servers: run the script as a parameter-server cluster (chief, workers, ps)")
+    launch.add_argument(
+        "--keras",
+        default="auto",
+        choices=KERAS_VERSIONS,
+        help="tf_keras: TF_USE_LEGACY_KERAS=1 (for scripts written for Keras 2's model.fit)",
+    )
+    launch.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the script (repeatable)",
+    )
+    launch.add_argument(
+        "--ps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="parameter servers: run the script as a parameter-server cluster (chief, workers, ps)",
+    )
     launch.add_argument("--chief", action="store_true", help="a chief task (implied by --ps)")
     launch.add_argument("--evaluator", action="store_true", help="an evaluator task beside the cluster (with --ps)")
     launch.add_argument("--cpus-per-ps", type=float, default=1)
@@ -62,23 +86,38 @@ def _launch(args: argparse.Namespace) -> int:
             raise raytf.ConfigError(f"raytf launch --env {item!r}: write NAME=VALUE")
         env[name] = value
     if args.ps is None and (args.chief or args.evaluator):
-        raise raytf.ConfigError("raytf launch: --chief and --evaluator are parameter-server tasks; add --ps N "
-                                "(the number of parameter servers)")
+        raise raytf.ConfigError(
+            "raytf launch: --chief and --evaluator are parameter-server tasks; add --ps N "
+            "(the number of parameter servers)"
+        )
     if args.ps is not None:
-        scaling = raytf.ParameterServerScaling(
-            num_workers=args.num_workers, num_ps=args.ps, num_evaluators=int(args.evaluator),
-            cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-            cpus_per_ps=args.cpus_per_ps, cpus_per_chief=args.cpus_per_ps, cpus_per_evaluator=args.cpus_per_ps,
-            placement=args.placement)
+        scaling: raytf.ScalingConfig | raytf.ParameterServerScaling = raytf.ParameterServerScaling(
+            num_workers=args.num_workers,
+            num_ps=args.ps,
+            num_evaluators=int(args.evaluator),
+            cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
+            cpus_per_ps=args.cpus_per_ps,
+            cpus_per_chief=args.cpus_per_ps,
+            cpus_per_evaluator=args.cpus_per_ps,
+            placement=args.placement,
+        )
     else:
-        scaling = raytf.ScalingConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
-                                      gpus_per_worker=args.gpus_per_worker, placement=args.placement)
+        scaling = raytf.ScalingConfig(
+            num_workers=args.num_workers,
+            cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
+            placement=args.placement,
+        )
     try:
         raytf.launch(
             command,
             scaling=scaling,
-            run=raytf.RunConfig(name=args.name, storage_path=args.storage_path,
-                                failure_config=raytf.FailureConfig(max_failures=args.max_failures)),
+            run=raytf.RunConfig(
+                name=args.name,
+                storage_path=args.storage_path,
+                failure_config=raytf.FailureConfig(max_failures=args.max_failures),
+            ),
             tensorflow=raytf.TensorflowConfig(keras=args.keras, worker_env=env),
         )
     except raytf.TrainingFailedError as error:

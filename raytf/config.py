@@ -78,11 +78,14 @@ class ScalingConfig:
         check_number("ScalingConfig.gpus_per_worker", self.gpus_per_worker)
         if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
             raise ConfigError(
-                "ScalingConfig.gpus_per_worker above 1 must be a whole number, "
-                f"got {self.gpus_per_worker!r}"
+                f"ScalingConfig.gpus_per_worker above 1 must be a whole number, got {self.gpus_per_worker!r}"
             )
-        resources = check_resources("ScalingConfig.resources_per_worker", self.resources_per_worker,
-                                    cpus="cpus_per_worker", gpus="gpus_per_worker")
+        resources = check_resources(
+            "ScalingConfig.resources_per_worker",
+            self.resources_per_worker,
+            cpus="cpus_per_worker",
+            gpus="gpus_per_worker",
+        )
         check_bool("ScalingConfig.check_resources", self.check_resources)
         placement = check_choice("ScalingConfig.placement", self.placement, PLACEMENT_STRATEGIES, upper=True)
         object.__setattr__(self, "placement", placement)
@@ -261,11 +264,11 @@ class CheckpointConfig:
                 f"or 'sync' (once it is committed), got {self.upload!r}"
             )
         if not isinstance(self.restore_from_memory, bool):
-            raise ConfigError(f"CheckpointConfig.restore_from_memory must be True or False, got {self.restore_from_memory!r}")
-        if self.score_attribute is not None and not isinstance(self.score_attribute, str):
             raise ConfigError(
-                f"CheckpointConfig.score_attribute must be a metric name, got {self.score_attribute!r}"
+                f"CheckpointConfig.restore_from_memory must be True or False, got {self.restore_from_memory!r}"
             )
+        if self.score_attribute is not None and not isinstance(self.score_attribute, str):
+            raise ConfigError(f"CheckpointConfig.score_attribute must be a metric name, got {self.score_attribute!r}")
 
 
 def default_storage_path() -> str:
@@ -303,9 +306,7 @@ class RunConfig:
         if self.storage_path is None:
             object.__setattr__(self, "storage_path", default_storage_path())
         if self.name is not None and (
-            not isinstance(self.name, str)
-            or not RUN_NAME_PATTERN.fullmatch(self.name)
-            or self.name in (".", "..")
+            not isinstance(self.name, str) or not RUN_NAME_PATTERN.fullmatch(self.name) or self.name in (".", "..")
         ):
             raise ConfigError(
                 f"RunConfig.name must be one path component of letters, digits, '.', '_' and '-' "
@@ -313,9 +314,7 @@ class RunConfig:
             )
         check_storage(self.storage_path, self.storage_filesystem)
         if not isinstance(self.failure_config, FailureConfig):
-            raise ConfigError(
-                f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}"
-            )
+            raise ConfigError(f"RunConfig.failure_config must be a raytf.FailureConfig, got {self.failure_config!r}")
         if not isinstance(self.checkpoint_config, CheckpointConfig):
             raise ConfigError(
                 f"RunConfig.checkpoint_config must be a raytf.CheckpointConfig, got {self.checkpoint_config!r}"
@@ -353,7 +352,7 @@ class DataConfig:
     resume in mid-epoch trains some rows twice and some never.
     """
 
-    datasets_to_split: Union[str, tuple[str, ...]] = "all"
+    datasets_to_split: Union[str, Sequence[str]] = "all"  # kept as a tuple
     exactly_once: bool = True
 
     def __post_init__(self) -> None:
@@ -371,9 +370,7 @@ class DataConfig:
         except TypeError:
             names = None
         if names is None or not all(isinstance(n, str) for n in names):
-            raise ConfigError(
-                f"DataConfig.datasets_to_split must be 'all' or a list of dataset names, got {value!r}"
-            )
+            raise ConfigError(f"DataConfig.datasets_to_split must be 'all' or a list of dataset names, got {value!r}")
         object.__setattr__(self, "datasets_to_split", names)
 
     def _split(self, names: Sequence[str]) -> set[str]:

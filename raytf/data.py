@@ -19,8 +19,9 @@ from raytf.errors import ConfigError, DataError
 __all__ = ["parquet_files", "read_tfrecords", "tfrecord_files"]
 
 
-def tfrecord_files(paths: Union[str, Sequence[str]], features: Mapping[str, Any], *, chunk_rows: int = 1024,
-                   shuffle_rows: int = 8192) -> Any:
+def tfrecord_files(
+    paths: Union[str, Sequence[str]], features: Mapping[str, Any], *, chunk_rows: int = 1024, shuffle_rows: int = 8192
+) -> Any:
     """A directory (or list) of uncompressed TFRecord files of ``tf.train.Example``, read by each
     worker directly with TensorFlow's reader, for ``Trainer(datasets={name: ...})``; parsed by
     ``features`` as in :func:`read_tfrecords`. Every row of an epoch is trained once, whatever
@@ -33,9 +34,13 @@ def tfrecord_files(paths: Union[str, Sequence[str]], features: Mapping[str, Any]
     URIs TensorFlow opens (``gs://``; ``s3://`` needs tensorflow-io)."""
     from raytf._internal.data.files import FileSource
 
-    return FileSource("tfrecord", _paths(paths, "tfrecord_files"), features=feature_spec(features),
-                      chunk_rows=_positive("tfrecord_files", "chunk_rows", chunk_rows),
-                      shuffle_rows=_positive("tfrecord_files", "shuffle_rows", shuffle_rows))
+    return FileSource(
+        "tfrecord",
+        _paths(paths, "tfrecord_files"),
+        features=feature_spec(features),
+        chunk_rows=_positive("tfrecord_files", "chunk_rows", chunk_rows),
+        shuffle_rows=_positive("tfrecord_files", "shuffle_rows", shuffle_rows),
+    )
 
 
 def parquet_files(paths: Union[str, Sequence[str]], columns: Optional[Sequence[str]] = None) -> Any:
@@ -76,16 +81,19 @@ def read_tfrecords(paths: Union[str, Sequence[str]], features: Mapping[str, Any]
     import ray
 
     spec = feature_spec(features)
-    return ray.data.read_binary_files(paths, **read_args).map_batches(
-        _ParseFiles(spec), batch_format="numpy", batch_size=1)
+    return ray.data.read_binary_files(paths if isinstance(paths, str) else list(paths), **read_args).map_batches(
+        _ParseFiles(spec), batch_format="numpy", batch_size=1
+    )
 
 
 def feature_spec(features: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype, Optional[np.ndarray]]]:
     """``features`` as (shape, NumPy dtype, default or None) per name; a ValueError names any
     entry that is not a ``tf.io.FixedLenFeature`` of a fixed shape."""
     if not isinstance(features, Mapping) or not features:
-        raise ConfigError("raytf.data.read_tfrecords / tfrecord_files(features=...) takes a dict of feature names to "
-                         f"tf.io.FixedLenFeature, got {features!r}")
+        raise ConfigError(
+            "raytf.data.read_tfrecords / tfrecord_files(features=...) takes a dict of feature names to "
+            f"tf.io.FixedLenFeature, got {features!r}"
+        )
     spec = {}
     for name, feature in features.items():
         if type(feature).__name__ != "FixedLenFeature":
@@ -111,14 +119,18 @@ def records(data: bytes, name: str = "a TFRecord file") -> list[bytes]:
     view, out, at = memoryview(data), [], 0
     while at < len(data):
         if at + 12 > len(data):
-            raise DataError(f"raytf.data.read_tfrecords: {name} ends inside a record's header (truncated, or "
-                             "compressed: the files must be uncompressed TFRecord)")
+            raise DataError(
+                f"raytf.data.read_tfrecords: {name} ends inside a record's header (truncated, or "
+                "compressed: the files must be uncompressed TFRecord)"
+            )
         (length,) = struct.unpack_from("<Q", data, at)
         end = at + 12 + length + 4
         if end > len(data):
-            raise DataError(f"raytf.data.read_tfrecords: {name} ends inside a record of {length} bytes (truncated, "
-                             "or compressed: the files must be uncompressed TFRecord)")
-        out.append(bytes(view[at + 12:at + 12 + length]))
+            raise DataError(
+                f"raytf.data.read_tfrecords: {name} ends inside a record of {length} bytes (truncated, "
+                "or compressed: the files must be uncompressed TFRecord)"
+            )
+        out.append(bytes(view[at + 12 : at + 12 + length]))
         at = end
     return out
 
@@ -135,15 +147,20 @@ class _ParseFiles:
 
         if self._features is None:
             self._features = {
-                name: tf.io.FixedLenFeature(shape, tf.string if dtype == object else tf.as_dtype(dtype),  # noqa: E721 - numpy "O"
-                                            default_value=default)
-                for name, (shape, dtype, default) in self.spec.items()}
+                name: tf.io.FixedLenFeature(
+                    shape,
+                    tf.string if dtype == object else tf.as_dtype(dtype),  # noqa: E721 - numpy "O"
+                    default_value=default,
+                )
+                for name, (shape, dtype, default) in self.spec.items()
+            }
         serialized = [r for data in batch["bytes"] for r in records(bytes(data))]
         if not serialized:
             return {name: np.empty((0, *shape), dtype=dtype) for name, (shape, dtype, _) in self.spec.items()}
         try:
             parsed = tf.io.parse_example(tf.constant(serialized), self._features)
         except tf.errors.InvalidArgumentError as error:
-            raise DataError(f"raytf.data.read_tfrecords: a record does not fit the feature spec: "
-                             f"{error.message.splitlines()[0]}") from None
+            raise DataError(
+                f"raytf.data.read_tfrecords: a record does not fit the feature spec: {error.message.splitlines()[0]}"
+            ) from None
         return {name: parsed[name].numpy() for name in self.spec}

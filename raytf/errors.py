@@ -129,8 +129,10 @@ class TrainingFailedError(RaytfError):
     def __str__(self) -> str:
         lines = [f"Training failed on {self.failure.describe()}"]
         if self.failure.kind == FailureKind.PREEMPTED:
-            lines.append("Preemptions are retried up to FailureConfig.max_preemptions times (default 100); "
-                         "this one was past it. Raise it, or -1 for no limit")
+            lines.append(
+                "Preemptions are retried up to FailureConfig.max_preemptions times (default 100); "
+                "this one was past it. Raise it, or -1 for no limit"
+            )
         if len(self.attempts) > 1:
             lines.append(f"{len(self.attempts)} attempts, each ended by:")
             lines += [f"  attempt {i}: {f.describe()}" for i, f in enumerate(self.attempts)]

@@ -41,8 +41,14 @@ class Launcher(Trainer):
     _payload_kind = PayloadKind.SUBPROCESS
     _warm_standby_works = False
 
-    def __init__(self, command: Sequence[str], *, scaling: Optional[ScalingConfig] = None,
-                 run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        scaling: Optional[ScalingConfig] = None,
+        run: Optional[RunConfig] = None,
+        tensorflow: Optional[TensorflowConfig] = None,
+    ):
         _check_command(command)
         super().__init__(_no_train_fn, scaling=scaling, run=run, tensorflow=tensorflow)
         if self.tensorflow.gradient_compression is not None:
@@ -67,13 +73,20 @@ class ParameterServerLauncher(ParameterServerTrainer):
     _role_payloads = {role: PayloadKind.SUBPROCESS for role in ("chief", "worker", "ps", "evaluator")}
     _finishing_roles = ("chief",)
 
-    def __init__(self, command: Sequence[str], *, scaling: Optional[ParameterServerScaling] = None,
-                 run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        scaling: Optional[ParameterServerScaling] = None,
+        run: Optional[RunConfig] = None,
+        tensorflow: Optional[TensorflowConfig] = None,
+    ):
         _check_command(command)
         scaling = scaling or ParameterServerScaling()
         # The script evaluates in its evaluator task: there is no evaluate_fn to ask for.
-        super().__init__(_no_train_fn, scaling=dataclasses.replace(scaling, num_evaluators=0), run=run,
-                         tensorflow=tensorflow)
+        super().__init__(
+            _no_train_fn, scaling=dataclasses.replace(scaling, num_evaluators=0), run=run, tensorflow=tensorflow
+        )
         self.scaling = scaling
         self.command = list(command)
 
@@ -83,8 +96,13 @@ class ParameterServerLauncher(ParameterServerTrainer):
         return cloudpickle.dumps(UserCode(command=tuple(self.command)))
 
 
-def launch(command: Sequence[str], *, scaling: Optional[ScalingConfig | ParameterServerScaling] = None,
-           run: Optional[RunConfig] = None, tensorflow: Optional[TensorflowConfig] = None) -> Result:
+def launch(
+    command: Sequence[str],
+    *,
+    scaling: Optional[ScalingConfig | ParameterServerScaling] = None,
+    run: Optional[RunConfig] = None,
+    tensorflow: Optional[TensorflowConfig] = None,
+) -> Result:
     """Run ``command`` on ``scaling.num_workers`` actors, each with its TF_CONFIG (with a
     :class:`ParameterServerScaling`, on every task of a parameter-server cluster); raise
     TrainingFailedError (its failure's ``exit_code`` the script's status) when it fails."""

@@ -73,8 +73,11 @@ class ParameterServerScaling:
                 "raytf.Trainer (MultiWorkerMirroredStrategy)"
             )
         check_int("ParameterServerScaling.num_ps", self.num_ps, minimum=1, maximum=100_000)
-        if isinstance(self.num_evaluators, int) and not isinstance(self.num_evaluators, bool) \
-                and self.num_evaluators > 1:
+        if (
+            isinstance(self.num_evaluators, int)
+            and not isinstance(self.num_evaluators, bool)
+            and self.num_evaluators > 1
+        ):
             raise ConfigError(
                 f"ParameterServerScaling.num_evaluators must be 0 or 1, got {self.num_evaluators}: TensorFlow's "
                 "sidecar evaluator is a single task that evaluates each checkpoint in turn"
@@ -84,18 +87,31 @@ class ParameterServerScaling:
             check_number(f"ParameterServerScaling.cpus_per_{role}", getattr(self, f"cpus_per_{role}"))
             gpus = check_number(f"ParameterServerScaling.gpus_per_{role}", getattr(self, f"gpus_per_{role}"))
             if gpus > 1 and gpus != int(gpus):
-                raise ConfigError(f"ParameterServerScaling.gpus_per_{role} above 1 must be a whole number, got {gpus!r}")
+                raise ConfigError(
+                    f"ParameterServerScaling.gpus_per_{role} above 1 must be a whole number, got {gpus!r}"
+                )
             if not any(self._bundle(role).values()) and role != "worker":
-                raise ConfigError(f"ParameterServerScaling reserves nothing per {role} (cpus_per_{role}=0, "
-                                  f"gpus_per_{role}=0): give it at least one CPU or GPU")
-        resources = check_resources("ParameterServerScaling.resources_per_worker", self.resources_per_worker,
-                                    cpus="cpus_per_worker", gpus="gpus_per_worker")
+                raise ConfigError(
+                    f"ParameterServerScaling reserves nothing per {role} (cpus_per_{role}=0, "
+                    f"gpus_per_{role}=0): give it at least one CPU or GPU"
+                )
+        resources = check_resources(
+            "ParameterServerScaling.resources_per_worker",
+            self.resources_per_worker,
+            cpus="cpus_per_worker",
+            gpus="gpus_per_worker",
+        )
         object.__setattr__(self, "resources_per_worker", resources)
         if not any(self._bundle("worker").values()):
-            raise ConfigError("ParameterServerScaling reserves nothing per worker (cpus_per_worker=0, "
-                              "gpus_per_worker=0, no resources_per_worker): give each at least one CPU or GPU")
-        object.__setattr__(self, "placement", check_choice("ParameterServerScaling.placement", self.placement,
-                                                           PLACEMENT_STRATEGIES, upper=True))
+            raise ConfigError(
+                "ParameterServerScaling reserves nothing per worker (cpus_per_worker=0, "
+                "gpus_per_worker=0, no resources_per_worker): give each at least one CPU or GPU"
+            )
+        object.__setattr__(
+            self,
+            "placement",
+            check_choice("ParameterServerScaling.placement", self.placement, PLACEMENT_STRATEGIES, upper=True),
+        )
         check_timeout("ParameterServerScaling.placement_timeout_s", self.placement_timeout_s)
         check_bool("ParameterServerScaling.check_resources", self.check_resources)
 
@@ -142,9 +158,13 @@ class ParameterServerTrainer(Trainer):
     _payload_kind = PayloadKind.CHIEF
     _scaling_type = ParameterServerScaling
     _warm_standby_works = False
-    _role_payloads = {"chief": PayloadKind.CHIEF, "worker": PayloadKind.SERVER, "ps": PayloadKind.SERVER,
-                     "evaluator": PayloadKind.EVALUATOR}
-    _finishing_roles = ("chief", "evaluator")  # whose end ends the run
+    _role_payloads = {
+        "chief": PayloadKind.CHIEF,
+        "worker": PayloadKind.SERVER,
+        "ps": PayloadKind.SERVER,
+        "evaluator": PayloadKind.EVALUATOR,
+    }
+    _finishing_roles: tuple[str, ...] = ("chief", "evaluator")  # whose end ends the run
 
     def __init__(
         self,
@@ -160,8 +180,15 @@ class ParameterServerTrainer(Trainer):
         evaluate_fn: Optional[Callable[[Any, dict], dict]] = None,
         hold_updates: bool = True,
     ):
-        super().__init__(train_fn, config=config, scaling=scaling, run=run, tensorflow=tensorflow,
-                         datasets=datasets, data_config=data_config)
+        super().__init__(
+            train_fn,
+            config=config,
+            scaling=scaling,  # type: ignore[arg-type]  # ParameterServerScaling: its _scaling_type
+            run=run,
+            tensorflow=tensorflow,
+            datasets=datasets,
+            data_config=data_config,
+        )
         if self.tensorflow.gradient_compression is not None:
             raise ConfigError(
                 "TensorflowConfig.gradient_compression compresses MultiWorkerMirroredStrategy's all-reduce; "
@@ -175,11 +202,15 @@ class ParameterServerTrainer(Trainer):
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ConfigError(f"ParameterServerTrainer(evaluate_fn=...) must be callable, got {evaluate_fn!r}")
         if self.scaling.num_evaluators and evaluate_fn is None:
-            raise ConfigError("ParameterServerScaling(num_evaluators=1) needs ParameterServerTrainer(evaluate_fn=...), "
-                              "the function the evaluator runs on each checkpoint")
+            raise ConfigError(
+                "ParameterServerScaling(num_evaluators=1) needs ParameterServerTrainer(evaluate_fn=...), "
+                "the function the evaluator runs on each checkpoint"
+            )
         if evaluate_fn is not None and not self.scaling.num_evaluators:
-            raise ConfigError("ParameterServerTrainer(evaluate_fn=...) is run by the evaluator: set "
-                              "ParameterServerScaling(num_evaluators=1)")
+            raise ConfigError(
+                "ParameterServerTrainer(evaluate_fn=...) is run by the evaluator: set "
+                "ParameterServerScaling(num_evaluators=1)"
+            )
         if evaluate_fn is not None and self.run.checkpoint_config.num_to_keep == 0:
             raise ConfigError("the evaluator evaluates committed checkpoints; CheckpointConfig keeps none")
         if not isinstance(hold_updates, bool):
@@ -192,9 +223,15 @@ class ParameterServerTrainer(Trainer):
         from ray import cloudpickle
 
         try:
-            return cloudpickle.dumps(UserCode(train_fn=self.train_fn, config=self.config, evaluate_fn=self.evaluate_fn,
-                                              variable_partitioner=self.variable_partitioner,
-                                              hold_updates=self.hold_updates))
+            return cloudpickle.dumps(
+                UserCode(
+                    train_fn=self.train_fn,
+                    config=self.config,
+                    evaluate_fn=self.evaluate_fn,
+                    variable_partitioner=self.variable_partitioner,
+                    hold_updates=self.hold_updates,
+                )
+            )
         except Exception as error:
             raise ConfigError(
                 f"ParameterServerTrainer: train_fn, config, variable_partitioner and evaluate_fn must be picklable "
@@ -205,8 +242,17 @@ class ParameterServerTrainer(Trainer):
         return bool(self.scaling.num_evaluators)
 
     def _roles(self) -> list[RoleSpec]:
-        return [RoleSpec(role, self.scaling._count(role), self.scaling._count(role), self.scaling._bundle(role),
-                         self._role_payloads[role]) for role in ROLES if self.scaling._count(role)]
+        return [
+            RoleSpec(
+                role,
+                self.scaling._count(role),
+                self.scaling._count(role),
+                self.scaling._bundle(role),
+                self._role_payloads[role],
+            )
+            for role in ROLES
+            if self.scaling._count(role)
+        ]
 
     def _preflight(self, display: ProgressDisplay) -> None:
         from ray.data.dataset import MaterializedDataset
@@ -215,12 +261,19 @@ class ParameterServerTrainer(Trainer):
             raise ConfigError(
                 f"ParameterServerTrainer(datasets={{{dataset_name!r}: ...}}): file sources are read by raytf.Trainer's "
                 "workers; for parameter servers read the files through Ray Data (raytf.data.read_tfrecords, "
-                "ray.data.read_parquet)")
+                "ray.data.read_parquet)"
+            )
         split = self.data_config._split(list(self.datasets))
         for dataset_name, dataset in self.datasets.items():
             if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
-                problem = too_few_rows(dataset_name, dataset.count(), self.scaling.num_workers, dataset_name in split,
-                                       trainer="ParameterServerTrainer", scaling="ParameterServerScaling")
+                problem = too_few_rows(
+                    dataset_name,
+                    dataset.count(),
+                    self.scaling.num_workers,
+                    dataset_name in split,
+                    trainer="ParameterServerTrainer",
+                    scaling="ParameterServerScaling",
+                )
                 if problem:
                     raise ConfigError(problem)
         if not self.scaling.check_resources or cluster.node_types() is not None:
@@ -229,12 +282,17 @@ class ParameterServerTrainer(Trainer):
         for role in self._roles():
             if any(fits(role.bundle, node) for node in nodes):
                 continue
-            short = [r for r, amount in role.bundle.items()
-                     if max((node.get(r, 0.0) for node in nodes), default=0.0) < amount]
+            short = [
+                r
+                for r, amount in role.bundle.items()
+                if max((node.get(r, 0.0) for node in nodes), default=0.0) < amount
+            ]
             settings = ", ".join(
                 f"ParameterServerScaling.{ {'CPU': 'cpus_per_', 'GPU': 'gpus_per_'}.get(r, 'resources_per_') }"
                 f"{role.name}={role.bundle[r]:g} but the largest node has "
-                f"{max((node.get(r, 0.0) for node in nodes), default=0.0):g} {r}" for r in short)
+                f"{max((node.get(r, 0.0) for node in nodes), default=0.0):g} {r}"
+                for r in short
+            )
             raise ConfigError(
                 f"no node in the cluster can hold a {role.name} task: {settings}. Lower the {role.name}'s ask "
                 "(a parameter server rarely needs a GPU) or add a node that fits it; on an autoscaling cluster "
@@ -245,8 +303,11 @@ class ParameterServerTrainer(Trainer):
         for resource, amount in wanted.items():
             total = sum(node.get(resource, 0.0) for node in nodes)
             if amount > total:
-                asks = ", ".join(f"{role.max_count} {role.name} x {role.bundle.get(resource, 0.0):g}" for role in roles
-                                 if role.bundle.get(resource))
+                asks = ", ".join(
+                    f"{role.max_count} {role.name} x {role.bundle.get(resource, 0.0):g}"
+                    for role in roles
+                    if role.bundle.get(resource)
+                )
                 raise ConfigError(
                     f"the parameter-server group needs {amount:g} {resource} in all ({asks}) and the cluster has "
                     f"{total:g}: lower ParameterServerScaling's {resource.lower()}s_per_* (the chief, ps and "
@@ -261,7 +322,9 @@ class ParameterServerTrainer(Trainer):
         if isinstance(storage.filesystem, pafs.LocalFileSystem):  # the chief writes, the evaluator reads
             for role in ("chief", "evaluator"):
                 if self.scaling._count(role):
-                    problem = unseen_storage(storage.root, cluster.nodes_seeing(storage.root, self.scaling._bundle(role)))
+                    problem = unseen_storage(
+                        storage.root, cluster.nodes_seeing(storage.root, self.scaling._bundle(role))
+                    )
                     if problem:
                         raise ConfigError(problem)
 
@@ -269,7 +332,9 @@ class ParameterServerTrainer(Trainer):
         # A server runs the chief's functions and their input pipelines on its inter-op threads, and one
         # function waits on another's result: with a single inter-op thread (raytf's default for one CPU)
         # the first step deadlocks. TensorFlow's own default sizes the pool unless the user set it.
-        return dataclasses.replace(super()._tensorflow_settings(), inter_op_threads=self.tensorflow.inter_op_threads or 0)
+        return dataclasses.replace(
+            super()._tensorflow_settings(), inter_op_threads=self.tensorflow.inter_op_threads or 0
+        )
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
         from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, MemoryCopies, StartupTiming
@@ -280,15 +345,26 @@ class ParameterServerTrainer(Trainer):
         failures = self.run.failure_config
         workers = self.scaling._count("worker")
         return WorkerGroup(
-            run, self._roles(), ParameterServerShape(finishers=tuple(self._finishing_roles)),
+            run,
+            self._roles(),
+            ParameterServerShape(finishers=tuple(self._finishing_roles)),
             placement_strategy=self.scaling.placement,
-            elastic=ElasticPolicy(workers, workers, self.scaling.placement_timeout_s, 0.0,
-                                  config="ParameterServerScaling"),
-            datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
-            start_timeout_s=failures.start_timeout_s, notify=display.message,
-            callbacks=[StartupTiming(), DrainWatch(), FinishEvaluator(), *([MemoryCopies()] if run.restore_from_memory else [])],
+            elastic=ElasticPolicy(
+                workers, workers, self.scaling.placement_timeout_s, 0.0, config="ParameterServerScaling"
+            ),
+            datasets=self.datasets,
+            worker_timeout_s=failures.worker_timeout_s,
+            start_timeout_s=failures.start_timeout_s,
+            notify=display.message,
+            callbacks=[
+                StartupTiming(),
+                DrainWatch(),
+                FinishEvaluator(),
+                *([MemoryCopies()] if run.restore_from_memory else []),
+            ],
         )
 
     def _group_text(self) -> str:
         return ", ".join(f"{role.max_count} {role.name} x {role.bundle}" for role in self._roles()) + (
-            f" ({self.scaling.placement})")
+            f" ({self.scaling.placement})"
+        )

@@ -12,8 +12,16 @@ from typing import Any, Optional
 
 from raytf._internal.protocol import TrainContext
 
-__all__ = ["TrainContext", "all_reduce_gradients", "get_checkpoint", "get_context", "get_dataset_shard", "preemption_requested",
-           "report", "strategy"]
+__all__ = [
+    "TrainContext",
+    "all_reduce_gradients",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "preemption_requested",
+    "report",
+    "strategy",
+]
 
 
 def _current(function: str) -> Any:
@@ -40,8 +48,10 @@ def coordinator() -> Any:
     if session.parameter_server is None:
         from raytf.errors import RaytfError
 
-        raise RaytfError("raytf.coordinator() exists only in a ParameterServerTrainer's train_fn, which runs on "
-                         "the chief; raytf.Trainer's workers use raytf.strategy()")
+        raise RaytfError(
+            "raytf.coordinator() exists only in a ParameterServerTrainer's train_fn, which runs on "
+            "the chief; raytf.Trainer's workers use raytf.strategy()"
+        )
     return session.parameter_server.coordinator
 
 

@@ -9,13 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from raytf._internal.validate import (
-    check_bool,
-    check_choice,
-    check_environment,
-    check_int,
-    check_timeout,
-)
+from raytf._internal.validate import check_bool, check_choice, check_environment, check_int, check_timeout
 from raytf.errors import ConfigError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
@@ -107,9 +101,7 @@ class TensorflowConfig:
         object.__setattr__(self, "communication", comm)
         keras = self.keras.replace("-", "_").lower() if isinstance(self.keras, str) else self.keras
         if keras not in KERAS_VERSIONS:
-            raise ConfigError(
-                f"TensorflowConfig.keras must be one of {', '.join(KERAS_VERSIONS)}, got {self.keras!r}"
-            )
+            raise ConfigError(f"TensorflowConfig.keras must be one of {', '.join(KERAS_VERSIONS)}, got {self.keras!r}")
         object.__setattr__(self, "keras", keras)
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_POLICIES:
             raise ConfigError(
@@ -126,8 +118,7 @@ class TensorflowConfig:
         for key in worker_env:
             if key == "TF_CONFIG":
                 raise ConfigError(
-                    "TensorflowConfig.worker_env must not set TF_CONFIG: raytf builds it from each "
-                    "worker's rank"
+                    "TensorflowConfig.worker_env must not set TF_CONFIG: raytf builds it from each worker's rank"
                 )
             if key == "TF_USE_LEGACY_KERAS" and keras != "auto":
                 raise ConfigError(

@@ -27,7 +27,15 @@ from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.lease import RunLease
 from raytf._internal.protocol import (
-    CheckpointUpload, PayloadKind, ResumePoint, RoleSpec, RunSpec, SaveEvery, StorageRef, TensorflowSettings, UserCode,
+    CheckpointUpload,
+    PayloadKind,
+    ResumePoint,
+    RoleSpec,
+    RunSpec,
+    SaveEvery,
+    StorageRef,
+    TensorflowSettings,
+    UserCode,
 )
 from raytf._internal.storage import RunStorage
 from raytf.config import CheckpointConfig, DataConfig, RunConfig, ScalingConfig, TensorflowConfig
@@ -202,6 +210,7 @@ class Trainer:
     def _has_evaluator(self) -> bool:
         """Whether an evaluator reads committed checkpoints while the run trains."""
         return False
+
     _warm_standby_works = True  # FailureConfig.warm_standby: restarts hand ranks to pre-warmed processes
 
     def _payload(self) -> bytes:
@@ -223,16 +232,24 @@ class Trainer:
         bundle = self.scaling._bundle()
         if self.scaling.check_resources:
             problem, waits_for = check_group(
-                bundle, self.scaling.min_workers, cluster.live_node_resources(), cluster.node_types(),
-                [n for n, d in self.datasets.items() if not isinstance(d, MaterializedDataset)
-                 and n not in file_sources(self.datasets)],
+                bundle,
+                self.scaling.min_workers,
+                cluster.live_node_resources(),
+                cluster.node_types(),
+                [
+                    n
+                    for n, d in self.datasets.items()
+                    if not isinstance(d, MaterializedDataset) and n not in file_sources(self.datasets)
+                ],
                 cluster.cluster_cpus(),
             )
             if problem:
                 raise ConfigError(problem)
             if waits_for:
-                display.message(f"no live node can hold a worker of {bundle}; the autoscaler can add "
-                                f"{' or '.join(waits_for)} nodes, so the group waits for them")
+                display.message(
+                    f"no live node can hold a worker of {bundle}; the autoscaler can add "
+                    f"{' or '.join(waits_for)} nodes, so the group waits for them"
+                )
         split = self.data_config._split(list(self.datasets))
         for dataset_name, dataset in self.datasets.items():
             if isinstance(dataset, MaterializedDataset):  # its row count is known without running anything
@@ -255,12 +272,18 @@ class Trainer:
 
     def _run_spec(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes) -> RunSpec:
         return RunSpec(
-            run_name=name, run_path=storage.uri, run_uri=storage.full_uri, payload=payload, tensorflow=self._tensorflow_settings(),
-            storage=StorageRef(storage.filesystem, storage.root), lease_token=lease.token,
+            run_name=name,
+            run_path=storage.uri,
+            run_uri=storage.full_uri,
+            payload=payload,
+            tensorflow=self._tensorflow_settings(),
+            storage=StorageRef(storage.filesystem, storage.root),
+            lease_token=lease.token,
             save_every=_save_every(self.run.checkpoint_config),
             upload=CheckpointUpload(self.run.checkpoint_config.upload),
             restore_from_memory=self.run.checkpoint_config.restore_from_memory,
-            split=tuple(sorted(self.data_config._split(list(self.datasets)))), plugins=("raytf.keras._keras3",),
+            split=tuple(sorted(self.data_config._split(list(self.datasets)))),
+            plugins=("raytf.keras._keras3",),
         )
 
     def _tensorflow_settings(self) -> TensorflowSettings:
@@ -269,11 +292,18 @@ class Trainer:
         tensorflow = self.tensorflow
         return TensorflowSettings(
             communication=tensorflow._resolve_communication(self.scaling),
-            collective_timeout_s=tensorflow.collective_timeout_s, intra_op_threads=intra, inter_op_threads=inter,
-            use_gpu=self.scaling.use_gpu, gpu_memory_growth=tensorflow.gpu_memory_growth,
-            env=dict(tensorflow.worker_env), keras=tensorflow.keras, mixed_precision=tensorflow.mixed_precision,
-            log_level=tensorflow.log_level, bytes_per_pack=tensorflow.bytes_per_pack,
-            gradient_compression=tensorflow.gradient_compression, error_feedback=tensorflow.error_feedback,
+            collective_timeout_s=tensorflow.collective_timeout_s,
+            intra_op_threads=intra,
+            inter_op_threads=inter,
+            use_gpu=self.scaling.use_gpu,
+            gpu_memory_growth=tensorflow.gpu_memory_growth,
+            env=dict(tensorflow.worker_env),
+            keras=tensorflow.keras,
+            mixed_precision=tensorflow.mixed_precision,
+            log_level=tensorflow.log_level,
+            bytes_per_pack=tensorflow.bytes_per_pack,
+            gradient_compression=tensorflow.gradient_compression,
+            error_feedback=tensorflow.error_feedback,
         )
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:
@@ -287,7 +317,9 @@ class Trainer:
         callbacks: list[Any] = [StartupTiming(), DrainWatch()]
         if run.restore_from_memory:
             callbacks.append(MemoryCopies())
-        standbys = failures._standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self._warm_standby_works else None
+        standbys = (
+            failures._standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self._warm_standby_works else None
+        )
         if standbys is not None:
             callbacks.append(WarmStandbys(self.datasets, run.split, at_start=standbys == "at_start"))
         if self.scaling.min_workers < self.scaling.max_workers:
@@ -300,14 +332,28 @@ class Trainer:
             callbacks.append(ExactData(self.datasets, run.split, self.data_config.exactly_once))
         return WorkerGroup(
             run,
-            [RoleSpec("worker", self.scaling.min_workers, self.scaling.max_workers, self.scaling._bundle(),
-                      self._payload_kind)],
+            [
+                RoleSpec(
+                    "worker",
+                    self.scaling.min_workers,
+                    self.scaling.max_workers,
+                    self.scaling._bundle(),
+                    self._payload_kind,
+                )
+            ],
             MirroredShape(hang_timeout_s=failures.hang_timeout_s),
             placement_strategy=self.scaling.placement,
-            elastic=ElasticPolicy(self.scaling.min_workers, self.scaling.max_workers,
-                                  self.scaling.placement_timeout_s, self.scaling.resize_timeout_s),
-            datasets=self.datasets, worker_timeout_s=failures.worker_timeout_s,
-            start_timeout_s=failures.start_timeout_s, notify=display.message, callbacks=callbacks,
+            elastic=ElasticPolicy(
+                self.scaling.min_workers,
+                self.scaling.max_workers,
+                self.scaling.placement_timeout_s,
+                self.scaling.resize_timeout_s,
+            ),
+            datasets=self.datasets,
+            worker_timeout_s=failures.worker_timeout_s,
+            start_timeout_s=failures.start_timeout_s,
+            notify=display.message,
+            callbacks=callbacks,
         )
 
     @staticmethod
@@ -315,20 +361,37 @@ class Trainer:
         display.update(attempt, status.progress)
         if status.startup:
             startups.append({"attempt": attempt, **status.startup})
-            display.message("start-up: " + ", ".join(
-                f"{name.replace('_', ' ')} {value:.1f} s" if isinstance(value, (int, float)) else
-                f"{name.replace('_', ' ')} {value}" for name, value in status.startup.items()))
+            display.message(
+                "start-up: "
+                + ", ".join(
+                    f"{name.replace('_', ' ')} {value:.1f} s"
+                    if isinstance(value, (int, float))
+                    else f"{name.replace('_', ' ')} {value}"
+                    for name, value in status.startup.items()
+                )
+            )
 
     def _group_text(self) -> str:
         return f"{self._workers_text()} workers x {self.scaling._bundle()} ({self.scaling.placement})"
 
-    def _fit_holding(self, name: str, storage: RunStorage, lease: RunLease, payload: bytes,
-                     display: ProgressDisplay, stop_signals: "_StopSignals") -> Result:
+    def _fit_holding(
+        self,
+        name: str,
+        storage: RunStorage,
+        lease: RunLease,
+        payload: bytes,
+        display: ProgressDisplay,
+        stop_signals: "_StopSignals",
+    ) -> Result:
         self._check_storage_is_shared(storage)
         kept = self.run.checkpoint_config
         checkpoints = CheckpointManager(
-            storage.filesystem, storage.root, num_to_keep=kept.num_to_keep,
-            score_attribute=kept.score_attribute, mode=kept.mode, evaluator=self._has_evaluator(),
+            storage.filesystem,
+            storage.root,
+            num_to_keep=kept.num_to_keep,
+            score_attribute=kept.score_attribute,
+            mode=kept.mode,
+            evaluator=self._has_evaluator(),
         )
         if checkpoints.entries and self.run.resume == "never":
             raise ConfigError(
@@ -338,8 +401,14 @@ class Trainer:
             )
         previous = load_history(storage)
         driver_start = record_start(storage, name)
-        history = RunHistory(storage, display, driver_start, previous,
-                             EventWriter(storage.filesystem, storage.root, driver_start), guard=lease.check)
+        history = RunHistory(
+            storage,
+            display,
+            driver_start,
+            previous,
+            EventWriter(storage.filesystem, storage.root, driver_start),
+            guard=lease.check,
+        )
         failures = self.run.failure_config
         group = self._make_group(self._run_spec(name, storage, lease, payload), display)
 
@@ -351,19 +420,24 @@ class Trainer:
 
         policy = FailurePolicy(failures)
         startups: list[dict[str, float]] = []  # each attempt's start-up, phase by phase
-        on_report = report_handler(checkpoints, history, driver_start, guard=lease.check,
-                                   acknowledge=group.acknowledge)
+        on_report = report_handler(checkpoints, history, driver_start, guard=lease.check, acknowledge=group.acknowledge)
+
+        def guard() -> None:  # between polls: a signal to stop, or the run's lease lost
+            stop_signals.raise_pending()
+            lease.ensure_held()
 
         def on_status(attempt: int, status: Any) -> None:
             self._on_status(display, startups, attempt, status)
             on_report.phases(attempt, status.phases)
 
         controller = Controller(
-            group, policy, on_report,
+            group,
+            policy,
+            on_report,
             resume_point=resume_point,
             poll_interval_s=_env.get_float(_env.POLL_INTERVAL_S),
             failure_grace_s=_env.get_float(_env.FAILURE_GRACE_S),
-            guard=lambda: (stop_signals.raise_pending(), lease.ensure_held()),
+            guard=guard,
             on_status=on_status,
         )
         display.message(

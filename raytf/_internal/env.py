@@ -41,12 +41,7 @@ RANK = "RAYTF_RANK"  # the script's world rank
 WORLD_SIZE = "RAYTF_WORLD_SIZE"  # how many ranks run the script
 ATTEMPT = "RAYTF_ATTEMPT"  # 0 for the first attempt, then 1, 2, ... after each restart
 
-_DEFAULTS = {
-    POLL_INTERVAL_S: 0.1,
-    SHUTDOWN_TIMEOUT_S: 30.0,
-    FAILURE_GRACE_S: 3.0,
-    LEASE_TTL_S: 60.0,
-}
+_DEFAULTS = {POLL_INTERVAL_S: 0.1, SHUTDOWN_TIMEOUT_S: 30.0, FAILURE_GRACE_S: 3.0, LEASE_TTL_S: 60.0}
 
 
 def get_float(name: str) -> float:

@@ -175,8 +175,13 @@ class RunLease:
 
     def _write_claim(self) -> None:
         claim = Claim(
-            token=self.token, host=socket.gethostname(), pid=os.getpid(), started=self._started,
-            renewed=self._clock(), ttl_s=self.ttl_s, machine=_machine_id(),
+            token=self.token,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=self._started,
+            renewed=self._clock(),
+            ttl_s=self.ttl_s,
+            machine=_machine_id(),
             process_start=_process_start(os.getpid()),
         )
         before = self._monotonic()

@@ -13,8 +13,26 @@ from raytf.errors import FailureKind, WorkerFailure
 HISTORY_KEYS = ("attempt", "driver_start", "report_seq", "checkpoint", "committed_at", "evaluated_checkpoint")
 
 __all__ = [
-    "Activity", "ActivityKind", "CheckpointPart", "CheckpointUpload", "FailureKind", "GroupStatus", "HISTORY_KEYS", "Phase", "Progress", "Report", "ReportStage",
-    "ResumePoint", "SaveEvery", "StorageRef", "TaskId", "TrainContext", "UploadedCheckpoint", "UserCode", "WorkerFailure", "WorkerStatus",
+    "Activity",
+    "ActivityKind",
+    "CheckpointPart",
+    "CheckpointUpload",
+    "FailureKind",
+    "GroupStatus",
+    "HISTORY_KEYS",
+    "Phase",
+    "Progress",
+    "Report",
+    "ReportStage",
+    "ResumePoint",
+    "SaveEvery",
+    "StorageRef",
+    "TaskId",
+    "TrainContext",
+    "UploadedCheckpoint",
+    "UserCode",
+    "WorkerFailure",
+    "WorkerStatus",
 ]
 
 
@@ -306,12 +324,23 @@ class TrainContext(RankInfo):
     task_index: int = 0
 
     # Ray Train's spellings.
-    def get_world_rank(self) -> int: return self.world_rank  # noqa: E704
-    def get_world_size(self) -> int: return self.world_size  # noqa: E704
-    def get_local_rank(self) -> int: return self.local_rank  # noqa: E704
-    def get_local_world_size(self) -> int: return self.local_world_size  # noqa: E704
-    def get_node_rank(self) -> int: return self.node_rank  # noqa: E704
-    def get_experiment_name(self) -> str: return self.run_name  # noqa: E704
+    def get_world_rank(self) -> int:
+        return self.world_rank  # noqa: E704
+
+    def get_world_size(self) -> int:
+        return self.world_size  # noqa: E704
+
+    def get_local_rank(self) -> int:
+        return self.local_rank  # noqa: E704
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size  # noqa: E704
+
+    def get_node_rank(self) -> int:
+        return self.node_rank  # noqa: E704
+
+    def get_experiment_name(self) -> str:
+        return self.run_name  # noqa: E704
 
     @property
     def is_chief(self) -> bool:

@@ -48,8 +48,7 @@ def redact(uri: str | os.PathLike) -> str:
     if userinfo:
         rest = (f"{HIDDEN}:{HIDDEN}@" if ":" in userinfo else f"{HIDDEN}@") + rest
     pairs = [pair.partition("=") for pair in query.split("&") if pair]
-    shown = "&".join(f"{key}={HIDDEN}" if value and _is_secret(key) else key + sep + value
-                     for key, sep, value in pairs)
+    shown = "&".join(f"{key}={HIDDEN}" if value and _is_secret(key) else key + sep + value for key, sep, value in pairs)
     return f"{scheme}://{rest}" + (f"?{shown}" if shown else "")
 
 

@@ -24,8 +24,9 @@ def describe_runs(storage_path: Optional[str] = None) -> list[dict[str, Any]]:
     """
     filesystem, root, _ = resolve_storage(storage_path or default_storage_path())
     rows = []
-    for info in sorted(filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)),
-                       key=lambda i: i.base_name):
+    for info in sorted(
+        filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)), key=lambda i: i.base_name
+    ):
         if info.type != pafs.FileType.Directory:
             continue
         run = RunStorage(storage_path or default_storage_path(), info.base_name)
@@ -40,19 +41,24 @@ def describe_runs(storage_path: Optional[str] = None) -> list[dict[str, Any]]:
         except CheckpointError as error:
             newest, checkpoint = None, f"unreadable index ({error})"
         else:
-            checkpoint = "" if newest is None else (
-                f"{newest.path.rstrip('/').split('/')[-1]} (epoch {newest.epoch}, step {newest.step})")
+            checkpoint = (
+                ""
+                if newest is None
+                else (f"{newest.path.rstrip('/').split('/')[-1]} (epoch {newest.epoch}, step {newest.step})")
+            )
         last = history[-1] if history else {}
         starts = record.get("starts", [])
-        rows.append({
-            "name": info.base_name,
-            "driver_starts": len(starts) if isinstance(starts, list) else 0,
-            "attempts": len({(e.get("driver_start", 0), e.get("attempt", 0)) for e in history}),
-            "reports": len(history),
-            "latest_checkpoint": checkpoint,
-            "last_metrics": {k: v for k, v in last.items() if k not in HISTORY_KEYS},
-            "damaged": damaged,
-        })
+        rows.append(
+            {
+                "name": info.base_name,
+                "driver_starts": len(starts) if isinstance(starts, list) else 0,
+                "attempts": len({(e.get("driver_start", 0), e.get("attempt", 0)) for e in history}),
+                "reports": len(history),
+                "latest_checkpoint": checkpoint,
+                "last_metrics": {k: v for k, v in last.items() if k not in HISTORY_KEYS},
+                "damaged": damaged,
+            }
+        )
     return rows
 
 
@@ -66,8 +72,9 @@ def _read(run: RunStorage, relpath: str, kind: type, damaged: list[str]) -> Any:
         damaged.append(f"{run.path(relpath)}: {type(error).__name__}: {error}")
         return kind()
     if not isinstance(value, kind):
-        damaged.append(f"{run.path(relpath)}: holds a {type(value).__name__}, not a JSON "
-                       f"{'object' if kind is dict else 'list'}")
+        damaged.append(
+            f"{run.path(relpath)}: holds a {type(value).__name__}, not a JSON {'object' if kind is dict else 'list'}"
+        )
         return kind()
     return value
 
@@ -82,8 +89,10 @@ def print_runs(storage_path: Optional[str] = None) -> None:
         print(f"no raytf runs in {redact(storage_path or default_storage_path())}")
         return
     for row in rows:
-        print(f"{row['name']}: {row['driver_starts']} driver start(s), {row['attempts']} attempt(s) with reports, "
-              f"{row['reports']} report(s)")
+        print(
+            f"{row['name']}: {row['driver_starts']} driver start(s), {row['attempts']} attempt(s) with reports, "
+            f"{row['reports']} report(s)"
+        )
         print(f"  latest checkpoint: {row['latest_checkpoint'] or 'none'}")
         print(f"  last metrics: {format_metrics(row['last_metrics']) or 'none'}")
         for problem in row["damaged"]:

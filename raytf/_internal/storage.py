@@ -98,9 +98,11 @@ def write_json(fs: pafs.FileSystem, path: str, value: Any) -> None:
                 os.remove(tmp)  # nothing left over: a disk that filled up mid-write keeps no half file
             except OSError:
                 pass
-        raise StorageError(f"raytf could not write {path} ({type(error).__name__}: {error}); the run's storage "
-                           "is read-only, full or unreachable: free or fix it, then run again with the same "
-                           "RunConfig to resume from the last committed checkpoint") from error
+        raise StorageError(
+            f"raytf could not write {path} ({type(error).__name__}: {error}); the run's storage "
+            "is read-only, full or unreachable: free or fix it, then run again with the same "
+            "RunConfig to resume from the last committed checkpoint"
+        ) from error
 
 
 def read_json(fs: pafs.FileSystem, path: str) -> Any:
@@ -123,8 +125,11 @@ class RunStorage:
         self.uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")  # as shown: redacted
         given_base, _, given_query = self._given.rstrip("/").partition("?")
         # The run's URI with its credentials, for what opens the filesystem itself (a launched script).
-        self.full_uri = (f"{given_base.rstrip('/')}/{name}" + (f"?{given_query}" if given_query else "")
-                         if "://" in self._given and filesystem is None else self.uri)
+        self.full_uri = (
+            f"{given_base.rstrip('/')}/{name}" + (f"?{given_query}" if given_query else "")
+            if "://" in self._given and filesystem is None
+            else self.uri
+        )
         try:
             self.filesystem.create_dir(self.root, recursive=True)
         except OSError as error:
@@ -172,8 +177,14 @@ class RunStorage:
 COPY_CHUNK = 64 << 20
 
 
-def copy_files(source: str, target: str, source_filesystem: pafs.FileSystem,
-               destination_filesystem: pafs.FileSystem) -> None:
+def copy_files(
+    source: str, target: str, source_filesystem: pafs.FileSystem, destination_filesystem: pafs.FileSystem
+) -> None:
     """``pyarrow.fs.copy_files`` in :data:`COPY_CHUNK` reads (a file, or a directory's files)."""
-    pafs.copy_files(source, target, source_filesystem=source_filesystem,
-                    destination_filesystem=destination_filesystem, chunk_size=COPY_CHUNK)
+    pafs.copy_files(
+        source,
+        target,
+        source_filesystem=source_filesystem,
+        destination_filesystem=destination_filesystem,
+        chunk_size=COPY_CHUNK,
+    )

@@ -15,8 +15,7 @@ def check_number(setting: str, value: object, *, minimum: float = 0.0, forever: 
         raise ConfigError(f"{setting} must be a number, got {value!r}")
     if math.isinf(value):
         raise ConfigError(
-            f"{setting} must be a finite number, got {value!r}"
-            + ("; pass None to wait forever" if forever else "")
+            f"{setting} must be a finite number, got {value!r}" + ("; pass None to wait forever" if forever else "")
         )
     if value < minimum:
         raise ConfigError(f"{setting} must be >= {minimum:g}, got {value!r}")
@@ -50,7 +49,7 @@ def check_int(setting: str, value: object, *, minimum: int, maximum: Optional[in
 def check_choice(setting: str, value: object, choices: Sequence[str], *, upper: bool) -> str:
     """``value`` normalised to the case of ``choices``, or an error listing them."""
     normalised = (value.upper() if upper else value.lower()) if isinstance(value, str) else value
-    if normalised not in choices:
+    if not isinstance(normalised, str) or normalised not in choices:
         raise ConfigError(f"{setting} must be one of {', '.join(choices)}, got {value!r}")
     return normalised
 
@@ -70,8 +69,7 @@ def check_environment(setting: str, value: object) -> dict[str, str]:
             raise ConfigError(f"{setting} must map str to str, got {key!r}: {item!r}")
         if not key or "=" in key or "\0" in key:
             raise ConfigError(
-                f"{setting}: {key!r} is not an environment variable name (it must be non-empty, "
-                "without '=' or NUL)"
+                f"{setting}: {key!r} is not an environment variable name (it must be non-empty, without '=' or NUL)"
             )
         if "\0" in item:
             raise ConfigError(f"{setting}[{key!r}] contains a NUL character")
@@ -118,5 +116,7 @@ def check_storage(storage_path: object, storage_filesystem: Any) -> None:
                 f"RunConfig.storage_filesystem must be a pyarrow.fs.FileSystem, got {type(storage_filesystem).__name__}"
             )
         if "://" in str(storage_path):
-            raise ConfigError("RunConfig.storage_path must be a plain path on storage_filesystem, not a URI, "
-                              f"got {redact(storage_path)!r}")
+            raise ConfigError(
+                "RunConfig.storage_path must be a plain path on storage_filesystem, not a URI, "
+                f"got {redact(storage_path)!r}"
+            )

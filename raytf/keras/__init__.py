@@ -23,5 +23,14 @@ from raytf.keras._fit import evaluate, fit
 from raytf.keras._local_sgd import average_weights, local_sgd
 from raytf.keras._model import distribute, keras_of, restore
 
-__all__ = ["ReportCallback", "accumulate_gradients", "average_weights", "distribute", "evaluate", "fit", "keras_of",
-           "local_sgd", "restore"]
+__all__ = [
+    "ReportCallback",
+    "accumulate_gradients",
+    "average_weights",
+    "distribute",
+    "evaluate",
+    "fit",
+    "keras_of",
+    "local_sgd",
+    "restore",
+]

@@ -19,13 +19,7 @@ from typing import Any, Optional
 
 from raytf._internal.worker.compression import replica_local
 from raytf.errors import RaytfError
-from raytf.keras._model import (
-    ACCUMULATE_STEPS,
-    add_fit_callback,
-    check_accumulation_window,
-    claim_train_step,
-    keras_of,
-)
+from raytf.keras._model import ACCUMULATE_STEPS, add_fit_callback, check_accumulation_window, claim_train_step, keras_of
 
 
 def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, steps: Optional[int] = None) -> Any:
@@ -55,8 +49,10 @@ def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, ste
     ``model.fit``. Returns ``model``.
     """
     if (micro_batches is None) == (steps is None):
-        raise RaytfError("raytf.keras.accumulate_gradients: pass micro_batches=K (split each batch, to save memory) "
-                         "or steps=K (all-reduce every K steps, to save bandwidth), one of the two")
+        raise RaytfError(
+            "raytf.keras.accumulate_gradients: pass micro_batches=K (split each batch, to save memory) "
+            "or steps=K (all-reduce every K steps, to save bandwidth), one of the two"
+        )
     k = micro_batches if steps is None else steps
     name = "micro_batches" if steps is None else "steps"
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -75,7 +71,9 @@ def accumulate_gradients(model: Any, micro_batches: Optional[int] = None, *, ste
 def _window_check(model: Any) -> Any:
     """A callback that refuses, as tf-keras's fit begins, an accumulation window past an epoch."""
 
-    class CheckAccumulationWindow(keras_of(model).callbacks.Callback):
+    base: Any = keras_of(model).callbacks.Callback  # Keras 3's or tf-keras's, as the model's
+
+    class CheckAccumulationWindow(base):
         def on_train_begin(self, logs: Any = None) -> None:
             check_accumulation_window(model, self.params.get("steps"))
 
@@ -103,14 +101,16 @@ class _Loss:
             y_pred = model(x, training=True)
             if self.legacy:
                 loss = model.compute_loss(x, y, y_pred, sample_weight)
-                scaled = optimizer.get_scaled_loss(loss / share) if hasattr(optimizer, "get_scaled_loss") \
-                    else loss / share
+                scaled = (
+                    optimizer.get_scaled_loss(loss / share) if hasattr(optimizer, "get_scaled_loss") else loss / share
+                )
             else:
                 loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
                 if self.loss_metric is not None:
                     replicas = tf.distribute.get_strategy().num_replicas_in_sync
-                    self.loss_metric.update_state(loss * tf.cast(replicas, loss.dtype),
-                                                  sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+                    self.loss_metric.update_state(
+                        loss * tf.cast(replicas, loss.dtype), sample_weight=tf.shape(tf.nest.flatten(x)[0])[0]
+                    )
                 scaled = optimizer.scale_loss(loss / share)
         grads = tape.gradient(scaled, model.trainable_variables)
         if self.legacy and hasattr(optimizer, "get_unscaled_gradients"):
@@ -129,7 +129,7 @@ def _accumulating_train_step(model: Any, k: int) -> Any:
 
         def cut(t: Any) -> Any:
             size = tf.shape(t)[0] // k
-            return t[index * size:(index + 1) * size]
+            return t[index * size : (index + 1) * size]
 
         return tf.nest.map_structure(cut, value)
 
@@ -137,9 +137,10 @@ def _accumulating_train_step(model: Any, k: int) -> Any:
         x, y, sample_weight = losses.unpack(data)
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
         tf.debugging.assert_equal(
-            rows % k, 0,
+            rows % k,
+            0,
             message=f"raytf.keras.accumulate_gradients: the batch does not split into {k} equal parts; "
-                    f"use a batch size divisible by {k} and drop_remainder=True",
+            f"use a batch size divisible by {k} and drop_remainder=True",
         )
         variables = model.trainable_variables
         total = [tf.zeros_like(v) for v in variables]
@@ -162,8 +163,9 @@ def _deferred_train_step(model: Any, k: int) -> Any:
 
     def accumulators(variables: list) -> tuple[list, Any]:
         if "sums" not in state:  # made once, on the first trace; each worker's own
-            state["sums"] = [replica_local(lambda v=v: tf.zeros(v.shape, v.dtype), "raytf_accumulated_gradient")
-                             for v in variables]
+            state["sums"] = [
+                replica_local(lambda v=v: tf.zeros(v.shape, v.dtype), "raytf_accumulated_gradient") for v in variables
+            ]
             state["count"] = replica_local(lambda: tf.constant(0, tf.int64), "raytf_accumulated_steps")
         return state["sums"], state["count"]
 

@@ -55,6 +55,10 @@ class ReportCallback:
     are written and preemption agreed by every rank.
     """
 
+    # Set by Keras: the class is made a subclass of Keras's Callback when made (__new__).
+    model: Any
+    params: dict
+
     def __new__(cls, *args: Any, keras: Any = None, **kwargs: Any) -> "ReportCallback":
         if keras is None:
             import tensorflow as tf
@@ -67,10 +71,17 @@ class ReportCallback:
             _concrete[cls, base] = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
         return object.__new__(_concrete[cls, base])
 
-    def __init__(self, *, checkpoint: bool = True, metrics: Optional[Sequence[str]] = None,
-                 preemption_check_every: Optional[int] = 20, keras: Any = None):
+    def __init__(
+        self,
+        *,
+        checkpoint: bool = True,
+        metrics: Optional[Sequence[str]] = None,
+        preemption_check_every: Optional[int] = 20,
+        keras: Any = None,
+    ):
         if preemption_check_every is not None and (
-            isinstance(preemption_check_every, bool) or not isinstance(preemption_check_every, int)
+            isinstance(preemption_check_every, bool)
+            or not isinstance(preemption_check_every, int)
             or preemption_check_every < 1
         ):
             raise RaytfError(
@@ -95,8 +106,12 @@ class ReportCallback:
         self._training_data = last_iterated(state.cursors)  # the fit loop made its iterator just now
         in_progress = epoch if epoch > state.keras_epoch else state.keras_epoch + 1
         total = self.params.get("epochs")
-        state.note_progress(epoch=in_progress, step=0, steps=self.params.get("steps"),
-                            epochs=total if total and total > in_progress else None)
+        state.note_progress(
+            epoch=in_progress,
+            step=0,
+            steps=self.params.get("steps"),
+            epochs=total if total and total > in_progress else None,
+        )
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         self._batch_ends += 1
@@ -109,12 +124,14 @@ class ReportCallback:
         if session.preemption_requested():  # the same answer on every rank
             self._preempted = True
             if not state.exact_resume and self._training_data is not None:  # tf-keras's own fit: its data
-                state.exact_resume.add(self._training_data)                  # resumes at this step too
+                state.exact_resume.add(self._training_data)  # resumes at this step too
             step = int(self.model.optimizer.iterations.numpy())
             average_weights(self.model)  # local SGD: the checkpoint holds the averaged model
             # "epoch" is the last completed one: resuming continues this one at "step".
-            session.report({"epoch": state.keras_epoch, "step": step, "preempted_at_step": step},
-                           checkpoint=Checkpoint.from_state(**state_of(self.model)))
+            session.report(
+                {"epoch": state.keras_epoch, "step": step, "preempted_at_step": step},
+                checkpoint=Checkpoint.from_state(**state_of(self.model)),
+            )
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
@@ -134,23 +151,28 @@ class ReportCallback:
         run_epoch = current("keras.ReportCallback").end_keras_epoch(epoch)
         session.report({**logs, "epoch": run_epoch, "step": step}, checkpoint=saved)  # report() makes them plain
 
-
     def _after_a_resumed_epoch(self, epoch: int) -> None:
         """tf-keras's own fit, resumed in mid-epoch, has trained the rest of that epoch, shorter than
         a whole one: it must count the next epoch's steps again, not take this one's length."""
         state = current("keras.ReportCallback")
         cursor = state.cursors.get(self._training_data) if self._training_data is not None else None
-        if (cursor is None or self._training_data in state.exact_resume or cursor.start.epoch != epoch
-                or cursor.start.is_fresh(cursor.rows)):
+        if (
+            cursor is None
+            or self._training_data in state.exact_resume
+            or cursor.start.epoch != epoch
+            or cursor.start.is_fresh(cursor.rows)
+        ):
             return
         from raytf._internal import hooks
         from raytf._internal.hooks import tf_keras as tf_keras_hooks
 
         hooks.require("tf_keras.fit_data_handler")
         if not tf_keras_hooks.forget_epoch_length():
-            logger.warning("raytf.keras.ReportCallback: the model.fit running now did not resume dataset %r's "
-                           "interrupted epoch through tf-keras's data handler; later epochs may be cut short",
-                           self.training_data)
+            logger.warning(
+                "raytf.keras.ReportCallback: the model.fit running now did not resume dataset %r's "
+                "interrupted epoch through tf-keras's data handler; later epochs may be cut short",
+                self._training_data,
+            )
 
 
 def _parameter_server() -> bool:

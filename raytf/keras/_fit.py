@@ -155,9 +155,13 @@ def fit(
     if steps_per_epoch is None:
         steps_per_epoch = _known_length(dataset) if cursor is None else cursor.full_steps()
     elif cursor is not None and steps_per_epoch != cursor.full_steps():
-        logger.warning("raytf.keras.fit: steps_per_epoch=%d is not the %d steps of an epoch of dataset %r; "
-                       "an epoch is then not one pass over it, and a resume cannot be exact", steps_per_epoch,
-                       cursor.full_steps(), cursor.name)
+        logger.warning(
+            "raytf.keras.fit: steps_per_epoch=%d is not the %d steps of an epoch of dataset %r; "
+            "an epoch is then not one pass over it, and a resume cannot be exact",
+            steps_per_epoch,
+            cursor.full_steps(),
+            cursor.name,
+        )
     check_accumulation_window(model, steps_per_epoch)
     if cursor is not None:
         # A planned shard (DataConfig(exactly_once=True)) starts where the checkpoint's position says:
@@ -173,8 +177,13 @@ def fit(
     val_data = _Feed(validation_data, validation_steps, distribute_fn) if validation_data is not None else None
     steps = _Steps(model, steps_per_execution)
     callback_list = keras.callbacks.CallbackList(
-        list(callbacks or []), add_history=True, add_progbar=verbose != 0, model=model,
-        verbose=verbose, epochs=epochs, steps=steps_per_epoch,
+        list(callbacks or []),
+        add_history=True,
+        add_progbar=verbose != 0,
+        model=model,
+        verbose=verbose,
+        epochs=epochs,
+        steps=steps_per_epoch,
     )
     model.stop_training = False
     logs: dict[str, Any] = {}
@@ -194,12 +203,16 @@ def fit(
         def batch_end(step: int, epoch: int = epoch, offset: int = offset) -> None:
             callback_list.on_train_batch_end(step + offset, {})
             done = step + offset + 1
-            state.note_progress(step=done, global_step=None if steps_per_epoch is None
-                                  else epoch * steps_per_epoch + done)
+            state.note_progress(
+                step=done, global_step=None if steps_per_epoch is None else epoch * steps_per_epoch + done
+            )
 
         steps.epoch(
-            steps.train, iterator, epoch_steps,
-            lambda step: callback_list.on_train_batch_begin(step + offset), batch_end,  # noqa: B023 - called in this epoch
+            steps.train,
+            iterator,
+            epoch_steps,
+            lambda step: callback_list.on_train_batch_begin(step + offset),  # noqa: B023 - called in this epoch
+            batch_end,
         )
         average_weights(model)  # local SGD: validation, callbacks and checkpoints see one model
         skip = offset = 0
@@ -231,8 +244,9 @@ def _evaluate(model: Any, steps: _Steps, data: "_Feed", validation_steps: Option
     return _metrics(model)
 
 
-def evaluate(model: Any, dataset: Any, *, steps: Optional[int] = None,
-             distribute_fn: Callable[[Any], Any] = distribute) -> dict[str, float]:
+def evaluate(
+    model: Any, dataset: Any, *, steps: Optional[int] = None, distribute_fn: Callable[[Any], Any] = distribute
+) -> dict[str, float]:
     """The compiled loss and metrics of ``model`` over every worker's shard of ``dataset``."""
     steps = _known_length(dataset) if steps is None else steps
     average_weights(model)

@@ -15,8 +15,15 @@ from typing import Any
 
 from raytf.errors import RaytfError
 
-_UNSUPPORTED_FIT = {"y": None, "batch_size": None, "validation_split": 0.0, "class_weight": None,
-                    "sample_weight": None, "validation_batch_size": None, "validation_freq": 1}
+_UNSUPPORTED_FIT = {
+    "y": None,
+    "batch_size": None,
+    "validation_split": 0.0,
+    "class_weight": None,
+    "sample_weight": None,
+    "validation_batch_size": None,
+    "validation_freq": 1,
+}
 
 
 def on_strategy(strategy: Any, keras3: bool) -> None:
@@ -34,34 +41,94 @@ def install(strategy: Any) -> None:
         return
     original_fit, original_evaluate = keras.Model.fit, keras.Model.evaluate
 
-    def fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1, verbose: Any = "auto",
-            callbacks: Any = None, validation_split: float = 0.0, validation_data: Any = None, shuffle: bool = True,
-            class_weight: Any = None, sample_weight: Any = None, initial_epoch: int = 0,
-            steps_per_epoch: Any = None, validation_steps: Any = None, validation_batch_size: Any = None,
-            validation_freq: int = 1) -> Any:
-        given = dict(y=y, batch_size=batch_size, validation_split=validation_split, class_weight=class_weight,
-                     sample_weight=sample_weight, validation_batch_size=validation_batch_size,
-                     validation_freq=validation_freq)
+    def fit(
+        self: Any,
+        x: Any = None,
+        y: Any = None,
+        batch_size: Any = None,
+        epochs: int = 1,
+        verbose: Any = "auto",
+        callbacks: Any = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool = True,
+        class_weight: Any = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: Any = None,
+        validation_steps: Any = None,
+        validation_batch_size: Any = None,
+        validation_freq: int = 1,
+    ) -> Any:
+        given = dict(
+            y=y,
+            batch_size=batch_size,
+            validation_split=validation_split,
+            class_weight=class_weight,
+            sample_weight=sample_weight,
+            validation_batch_size=validation_batch_size,
+            validation_freq=validation_freq,
+        )
         if self.distribute_strategy is not strategy:
-            return original_fit(self, x, epochs=epochs, verbose=verbose, callbacks=callbacks,
-                                validation_data=validation_data, shuffle=shuffle, initial_epoch=initial_epoch,
-                                steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, **given)
+            return original_fit(
+                self,
+                x,
+                epochs=epochs,
+                verbose=verbose,
+                callbacks=callbacks,
+                validation_data=validation_data,
+                shuffle=shuffle,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch,
+                validation_steps=validation_steps,
+                **given,
+            )
         _check(x, {k: v for k, v in given.items() if _given(v, _UNSUPPORTED_FIT[k])}, "fit")
         from raytf.keras._fit import fit as raytf_fit
 
-        return raytf_fit(self, x, epochs=epochs, initial_epoch=initial_epoch, validation_data=validation_data,
-                         callbacks=callbacks, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-                         verbose=0 if verbose in (0, "auto") else 1,
-                         distribute_fn=strategy.experimental_distribute_dataset)
+        return raytf_fit(
+            self,
+            x,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            validation_data=validation_data,
+            callbacks=callbacks,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+            verbose=0 if verbose in (0, "auto") else 1,
+            distribute_fn=strategy.experimental_distribute_dataset,
+        )
 
-    def evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, verbose: Any = "auto",
-                 sample_weight: Any = None, steps: Any = None, callbacks: Any = None, return_dict: bool = False,
-                 **kwargs: Any) -> Any:
+    def evaluate(
+        self: Any,
+        x: Any = None,
+        y: Any = None,
+        batch_size: Any = None,
+        verbose: Any = "auto",
+        sample_weight: Any = None,
+        steps: Any = None,
+        callbacks: Any = None,
+        return_dict: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         if self.distribute_strategy is not strategy:
-            return original_evaluate(self, x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
-                                     steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs)
-        _check(x, {k: v for k, v in dict(y=y, batch_size=batch_size, sample_weight=sample_weight).items()
-                   if v is not None}, "evaluate")
+            return original_evaluate(
+                self,
+                x,
+                y,
+                batch_size=batch_size,
+                verbose=verbose,
+                sample_weight=sample_weight,
+                steps=steps,
+                callbacks=callbacks,
+                return_dict=return_dict,
+                **kwargs,
+            )
+        _check(
+            x,
+            {k: v for k, v in dict(y=y, batch_size=batch_size, sample_weight=sample_weight).items() if v is not None},
+            "evaluate",
+        )
         from raytf.keras._fit import evaluate as raytf_evaluate
 
         logs = raytf_evaluate(self, x, steps=steps, distribute_fn=strategy.experimental_distribute_dataset)

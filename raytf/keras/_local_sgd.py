@@ -56,8 +56,7 @@ def local_sgd(model: Any, steps: int) -> Any:
     ``model``.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise RaytfError(f"raytf.keras.local_sgd: steps must be an int >= 1 (1 is synchronous training), "
-                         f"got {steps!r}")
+        raise RaytfError(f"raytf.keras.local_sgd: steps must be an int >= 1 (1 is synchronous training), got {steps!r}")
     if getattr(model, "optimizer", None) is None:
         raise RaytfError("raytf.keras.local_sgd: the model has no optimizer; call model.compile(...) first")
     if "LossScale" in type(model.optimizer).__name__:
@@ -152,12 +151,15 @@ class _Averager:
         # This replica's copies live on its device; run in the cross-replica step (tf.cond in a
         # merge_call), the reads would carry no device, and the all-reduce needs one to send from.
         with tf.device(variables[0].device):
-            means = compression.all_reduce_mean_of_weights(context, variables, self._anchor_variables(variables),
-                                                           self)
+            means = compression.all_reduce_mean_of_weights(context, variables, self._anchor_variables(variables), self)
 
         def assign(strategy: Any, means: Any) -> Any:
-            return tf.group([strategy.extended.update(v, lambda var, value: var.assign(value), args=(m,), group=True)
-                             for v, m in zip(variables, means)])
+            return tf.group(
+                [
+                    strategy.extended.update(v, lambda var, value: var.assign(value), args=(m,), group=True)
+                    for v, m in zip(variables, means)
+                ]
+            )
 
         done = context.merge_call(assign, args=(means,))
         with tf.control_dependencies([done]):
@@ -170,8 +172,9 @@ class _Averager:
         if compression.active() is None:
             return []
         if not self._anchors:
-            self._anchors = [replica_local(lambda v=v: tf.convert_to_tensor(v), "raytf_last_average")
-                             for v in variables]
+            self._anchors = [
+                replica_local(lambda v=v: tf.convert_to_tensor(v), "raytf_last_average") for v in variables
+            ]
         return self._anchors
 
     # -- outside the step (eager, every worker at the same point) --
@@ -193,7 +196,9 @@ class _Averager:
     def callback(self) -> Any:
         averager = self
 
-        class AverageWeights(self.keras.callbacks.Callback):
+        base: Any = self.keras.callbacks.Callback
+
+        class AverageWeights(base):
             """Average before validation, at each epoch's end and at the end of training."""
 
             def on_test_begin(self, logs: Any = None) -> None:

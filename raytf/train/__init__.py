@@ -30,9 +30,20 @@ from raytf.result import Result
 from raytf.session import get_checkpoint, get_context
 
 __all__ = [
-    "Checkpoint", "CheckpointConfig", "DataConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig",
-    "TensorflowConfig", "TensorflowTrainer", "get_checkpoint", "get_context", "get_dataset_shard",
-    "prepare_dataset_shard", "report",
+    "Checkpoint",
+    "CheckpointConfig",
+    "DataConfig",
+    "FailureConfig",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TensorflowConfig",
+    "TensorflowTrainer",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "prepare_dataset_shard",
+    "report",
 ]
 
 
@@ -54,8 +65,10 @@ class ScalingConfig:
 
     def _to_raytf(self) -> raytf.ScalingConfig:
         if self.trainer_resources:
-            raise _refuse("ScalingConfig.trainer_resources",
-                          "raytf's driver runs in the process that calls fit() and reserves nothing: remove it")
+            raise _refuse(
+                "ScalingConfig.trainer_resources",
+                "raytf's driver runs in the process that calls fit() and reserves nothing: remove it",
+            )
         resources = dict(self.resources_per_worker or {})
         cpus = resources.pop("CPU", 1)
         gpus = resources.pop("GPU", 1 if self.use_gpu else 0)
@@ -65,8 +78,13 @@ class ScalingConfig:
             )
         if self.accelerator_type:
             resources[f"accelerator_type:{self.accelerator_type}"] = 0.001  # as Ray Train asks for it
-        return raytf.ScalingConfig(num_workers=self.num_workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
-                                   resources_per_worker=resources, placement=self.placement_strategy)
+        return raytf.ScalingConfig(
+            num_workers=self.num_workers,
+            cpus_per_worker=cpus,
+            gpus_per_worker=gpus,
+            resources_per_worker=resources,
+            placement=self.placement_strategy,
+        )
 
 
 @dataclass
@@ -90,8 +108,11 @@ class CheckpointConfig:
     checkpoint_score_order: str = "max"
 
     def _to_raytf(self) -> raytf.CheckpointConfig:
-        return raytf.CheckpointConfig(num_to_keep=self.num_to_keep, score_attribute=self.checkpoint_score_attribute,
-                                      mode=self.checkpoint_score_order)
+        return raytf.CheckpointConfig(
+            num_to_keep=self.num_to_keep,
+            score_attribute=self.checkpoint_score_attribute,
+            mode=self.checkpoint_score_order,
+        )
 
 
 @dataclass
@@ -109,10 +130,14 @@ class RunConfig:
 
     def _to_raytf(self) -> raytf.RunConfig:
         if self.callbacks:
-            raise _refuse("RunConfig.callbacks", "read result.history (every report) after fit(), or report "
-                          "from train_fn what a callback would log")
+            raise _refuse(
+                "RunConfig.callbacks",
+                "read result.history (every report) after fit(), or report from train_fn what a callback would log",
+            )
         return raytf.RunConfig(
-            name=self.name, storage_path=self.storage_path, storage_filesystem=self.storage_filesystem,
+            name=self.name,
+            storage_path=self.storage_path,
+            storage_filesystem=self.storage_filesystem,
             failure_config=(self.failure_config or FailureConfig())._to_raytf(),
             checkpoint_config=(self.checkpoint_config or CheckpointConfig())._to_raytf(),
         )
@@ -121,9 +146,11 @@ class RunConfig:
         runtime_env = dict(self.worker_runtime_env or {})
         env = runtime_env.pop("env_vars", {}) or {}
         if runtime_env:
-            raise _refuse(f"RunConfig.worker_runtime_env keys {sorted(runtime_env)}",
-                          "give the job a runtime_env (`ray job submit --runtime-env-json`, or ray.init(runtime_env=...)); "
-                          "raytf's workers inherit it, and env_vars go to TensorflowConfig.worker_env")
+            raise _refuse(
+                f"RunConfig.worker_runtime_env keys {sorted(runtime_env)}",
+                "give the job a runtime_env (`ray job submit --runtime-env-json`, or ray.init(runtime_env=...)); "
+                "raytf's workers inherit it, and env_vars go to TensorflowConfig.worker_env",
+            )
         return dict(env)
 
 
@@ -144,8 +171,9 @@ def _from_ray_train(value: Any, ours: type, setting: str) -> Any:
     if value is None or isinstance(value, ours):
         return value
     if type(value).__name__ != ours.__name__ or not type(value).__module__.startswith("ray."):
-        raise ConfigError(f"raytf.train: {setting} must be a raytf.train.{ours.__name__} (or Ray Train's), got "
-                          f"{type(value).__name__}")
+        raise ConfigError(
+            f"raytf.train: {setting} must be a raytf.train.{ours.__name__} (or Ray Train's), got {type(value).__name__}"
+        )
     if ours is DataConfig:  # not a dataclass in Ray Train
         from raytf._internal import hooks
         from raytf._internal.hooks import ray as ray_hooks
@@ -157,14 +185,17 @@ def _from_ray_train(value: Any, ours: type, setting: str) -> Any:
     for field in dataclasses.fields(type(value)):
         default = getattr(reference, field.name)
         if field.name not in known and getattr(value, field.name) != default:
-            raise _refuse(f"ray.train.{ours.__name__}({field.name}=...)",
-                          f"leave it at its default ({default!r}), or remove it")
+            raise _refuse(
+                f"ray.train.{ours.__name__}({field.name}=...)", f"leave it at its default ({default!r}), or remove it"
+            )
     fields = {name: getattr(value, name) for name in known if hasattr(value, name)}
     if ours is RunConfig:
-        fields["failure_config"] = _from_ray_train(fields.get("failure_config"), FailureConfig,
-                                                   "RunConfig.failure_config")
-        fields["checkpoint_config"] = _from_ray_train(fields.get("checkpoint_config"), CheckpointConfig,
-                                                      "RunConfig.checkpoint_config")
+        fields["failure_config"] = _from_ray_train(
+            fields.get("failure_config"), FailureConfig, "RunConfig.failure_config"
+        )
+        fields["checkpoint_config"] = _from_ray_train(
+            fields.get("checkpoint_config"), CheckpointConfig, "RunConfig.checkpoint_config"
+        )
     return ours(**fields)
 
 
@@ -177,42 +208,64 @@ def TensorflowConfig(**kwargs: Any) -> raytf.TensorflowConfig:  # noqa: N802 - R
 class TensorflowTrainer:
     """Ray Train's TensorflowTrainer, running on raytf: ``fit()`` returns a raytf.Result."""
 
-    def __init__(self, train_loop_per_worker: Callable[..., Any], *, train_loop_config: Optional[dict] = None,
-                 tensorflow_config: Optional[raytf.TensorflowConfig] = None,
-                 scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
-                 datasets: Optional[dict[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
-                 metadata: Optional[dict] = None, resume_from_checkpoint: Optional[Checkpoint] = None):
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: Optional[dict] = None,
+        tensorflow_config: Optional[raytf.TensorflowConfig] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+        run_config: Optional[RunConfig] = None,
+        datasets: Optional[dict[str, Any]] = None,
+        dataset_config: Optional[DataConfig] = None,
+        metadata: Optional[dict] = None,
+        resume_from_checkpoint: Optional[Checkpoint] = None,
+    ):
         if resume_from_checkpoint is not None:
-            raise _refuse("TensorflowTrainer(resume_from_checkpoint=...)",
-                          "run again with the same RunConfig(name=..., storage_path=...): raytf resumes a run "
-                          "from its latest committed checkpoint")
+            raise _refuse(
+                "TensorflowTrainer(resume_from_checkpoint=...)",
+                "run again with the same RunConfig(name=..., storage_path=...): raytf resumes a run "
+                "from its latest committed checkpoint",
+            )
         if metadata:
             raise _refuse("TensorflowTrainer(metadata=...)", "pass what train_fn needs in train_loop_config")
         run_config = _from_ray_train(run_config, RunConfig, "TensorflowTrainer(run_config=...)") or RunConfig()
         run_config = dataclasses.replace(
             run_config,
             failure_config=_from_ray_train(run_config.failure_config, FailureConfig, "RunConfig.failure_config"),
-            checkpoint_config=_from_ray_train(run_config.checkpoint_config, CheckpointConfig,
-                                              "RunConfig.checkpoint_config"),
+            checkpoint_config=_from_ray_train(
+                run_config.checkpoint_config, CheckpointConfig, "RunConfig.checkpoint_config"
+            ),
         )
         scaling_config = _from_ray_train(scaling_config, ScalingConfig, "TensorflowTrainer(scaling_config=...)")
         dataset_config = _from_ray_train(dataset_config, DataConfig, "TensorflowTrainer(dataset_config=...)")
         tensorflow = tensorflow_config or TensorflowConfig()
         env = run_config._worker_env()
         if env:
-            tensorflow = raytf.TensorflowConfig(**{**tensorflow.__dict__, "worker_env": {**tensorflow.worker_env, **env}})
+            tensorflow = raytf.TensorflowConfig(
+                **{**tensorflow.__dict__, "worker_env": {**tensorflow.worker_env, **env}}
+            )
         self._trainer = raytf.Trainer(
-            train_loop_per_worker, config=train_loop_config,
-            scaling=(scaling_config or ScalingConfig())._to_raytf(), run=run_config._to_raytf(),
-            tensorflow=tensorflow, datasets=datasets, data_config=(dataset_config or DataConfig())._to_raytf(),
+            train_loop_per_worker,
+            config=train_loop_config,
+            scaling=(scaling_config or ScalingConfig())._to_raytf(),
+            run=run_config._to_raytf(),
+            tensorflow=tensorflow,
+            datasets=datasets,
+            data_config=(dataset_config or DataConfig())._to_raytf(),
         )
 
     def fit(self) -> Result:
         return self._trainer.fit()
 
 
-def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, checkpoint_dir_name: Optional[str] = None,
-           checkpoint_upload_mode: Any = "SYNC", delete_local_checkpoint_after_upload: Optional[bool] = None) -> None:
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Optional[Checkpoint] = None,
+    checkpoint_dir_name: Optional[str] = None,
+    checkpoint_upload_mode: Any = "SYNC",
+    delete_local_checkpoint_after_upload: Optional[bool] = None,
+) -> None:
     """``ray.train.report``: a collective report, as in Ray Train. Every rank calls it; a
     checkpoint any rank passes is committed, with every rank's files merged into one directory
     (``raytf.report(..., ranks="all")``). ``checkpoint_dir_name`` aside: raytf names checkpoints.
@@ -228,8 +281,10 @@ def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, che
 
     mode = str(getattr(checkpoint_upload_mode, "name", checkpoint_upload_mode)).upper()
     if mode not in ("SYNC", "ASYNC"):
-        raise _refuse(f"report(checkpoint_upload_mode={mode})", "pass SYNC or ASYNC; raytf commits every "
-                      "reported checkpoint to the run's storage")
+        raise _refuse(
+            f"report(checkpoint_upload_mode={mode})",
+            "pass SYNC or ASYNC; raytf commits every reported checkpoint to the run's storage",
+        )
     _session.current("train.report").report(metrics, checkpoint, "all", upload=CheckpointUpload[mode])
     delete = mode == "ASYNC" if delete_local_checkpoint_after_upload is None else delete_local_checkpoint_after_upload
     if delete and checkpoint is not None and isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
@@ -244,38 +299,71 @@ class DatasetShard:
     def __init__(self, name: str):
         self._name = name
 
-    def to_tf(self, feature_columns: Union[str, list[str]], label_columns: Union[str, list[str], None] = None, *,
-              batch_size: int = 1, drop_last: bool = False, local_shuffle_buffer_size: Optional[int] = None,
-              local_shuffle_seed: Optional[int] = None, prefetch_batches: int = 1,
-              feature_type_spec: Any = None, label_type_spec: Any = None, additional_columns: Any = None) -> Any:
+    def to_tf(
+        self,
+        feature_columns: Union[str, list[str]],
+        label_columns: Union[str, list[str], None] = None,
+        *,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: Optional[int] = None,
+        local_shuffle_seed: Optional[int] = None,
+        prefetch_batches: int = 1,
+        feature_type_spec: Any = None,
+        label_type_spec: Any = None,
+        additional_columns: Any = None,
+    ) -> Any:
         """This worker's shard as a ``tf.data.Dataset`` of (features, label) batches of ``batch_size`` rows.
 
         The shard is read once and every epoch runs in tf.data; a shuffle
         buffer means a full reshuffle every epoch, seeded by ``local_shuffle_seed``.
         """
         if feature_type_spec is not None or label_type_spec is not None or additional_columns is not None:
-            raise _refuse("to_tf(feature_type_spec / label_type_spec / additional_columns)",
-                          "raytf takes dtypes and shapes from the data: cast or add columns in Ray Data first")
+            raise _refuse(
+                "to_tf(feature_type_spec / label_type_spec / additional_columns)",
+                "raytf takes dtypes and shapes from the data: cast or add columns in Ray Data first",
+            )
         if isinstance(label_columns, (list, tuple)):
             if len(label_columns) != 1:
-                raise _refuse(f"to_tf(label_columns={label_columns!r})",
-                              "give one label column (stack several into one in Ray Data)")
+                raise _refuse(
+                    f"to_tf(label_columns={label_columns!r})",
+                    "give one label column (stack several into one in Ray Data)",
+                )
             label_columns = label_columns[0]
-        return raytf.get_dataset_shard(self._name, batch_size=batch_size, features=feature_columns,
-                                       label=label_columns, drop_remainder=drop_last,
-                                       shuffle=local_shuffle_buffer_size is not None, seed=local_shuffle_seed)
+        return raytf.get_dataset_shard(
+            self._name,
+            batch_size=batch_size,
+            features=feature_columns,
+            label=label_columns,
+            drop_remainder=drop_last,
+            shuffle=local_shuffle_buffer_size is not None,
+            seed=local_shuffle_seed,
+        )
 
-    def iter_tf_batches(self, *, batch_size: int = 256, dtypes: Any = None, drop_last: bool = False,
-                        local_shuffle_buffer_size: Optional[int] = None, local_shuffle_seed: Optional[int] = None,
-                        prefetch_batches: int = 1, device: Any = None) -> Iterator[dict[str, Any]]:
+    def iter_tf_batches(
+        self,
+        *,
+        batch_size: int = 256,
+        dtypes: Any = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: Optional[int] = None,
+        local_shuffle_seed: Optional[int] = None,
+        prefetch_batches: int = 1,
+        device: Any = None,
+    ) -> Iterator[dict[str, Any]]:
         """This worker's shard as dicts of column name to a batch tensor. Each batch handed out counts
         as trained for the data position a checkpoint records (every row once per epoch)."""
         import tensorflow as tf
 
         from raytf._internal.data.cursor import cursor_of
 
-        dataset = raytf.get_dataset_shard(self._name, batch_size=batch_size, drop_remainder=drop_last,
-                                          shuffle=local_shuffle_buffer_size is not None, seed=local_shuffle_seed)
+        dataset = raytf.get_dataset_shard(
+            self._name,
+            batch_size=batch_size,
+            drop_remainder=drop_last,
+            shuffle=local_shuffle_buffer_size is not None,
+            seed=local_shuffle_seed,
+        )
         cursor = cursor_of(dataset)
         for batch in dataset:
             if cursor is not None:
@@ -284,7 +372,9 @@ class DatasetShard:
                 batch = {k: tf.cast(v, dtypes[k] if isinstance(dtypes, Mapping) else dtypes) for k, v in batch.items()}
             yield batch
 
-    def iter_batches(self, *, batch_size: int = 256, drop_last: bool = False, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    def iter_batches(
+        self, *, batch_size: int = 256, drop_last: bool = False, **kwargs: Any
+    ) -> Iterator[dict[str, Any]]:
         """This worker's shard as dicts of column name to a NumPy batch."""
         for batch in self.iter_tf_batches(batch_size=batch_size, drop_last=drop_last, **kwargs):
             yield {k: v.numpy() for k, v in batch.items()}

@@ -18,8 +18,13 @@ class ReportCheckpointCallback(ReportCallback):
     be an all-reduce per batch under the strategy); raytf reports at epoch ends.
     """
 
-    def __init__(self, checkpoint_on: Union[str, list] = "epoch_end", report_metrics_on: Union[str, list] = "epoch_end",
-                 metrics: Union[str, list, dict, None] = None, keras: Any = None):
+    def __init__(
+        self,
+        checkpoint_on: Union[str, list] = "epoch_end",
+        report_metrics_on: Union[str, list] = "epoch_end",
+        metrics: Union[str, list, dict, None] = None,
+        keras: Any = None,
+    ):
         for setting, value in (("checkpoint_on", checkpoint_on), ("report_metrics_on", report_metrics_on)):
             if value not in ("epoch_end", ["epoch_end"]):
                 raise ConfigError(
@@ -29,7 +34,7 @@ class ReportCheckpointCallback(ReportCallback):
         if isinstance(metrics, str):
             metrics = [metrics]
         self._renamed: Optional[dict[str, str]] = dict(metrics) if isinstance(metrics, dict) else None
-        super().__init__(checkpoint=True, metrics=None if self._renamed else metrics)
+        super().__init__(checkpoint=True, metrics=None if isinstance(metrics, dict) else metrics)
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if self._renamed:  # {reported name: Keras log name}

@@ -169,8 +169,9 @@ def test_internals_import_of_the_public_layer_only_the_plain_types_both_sides_sh
 
 
 @pytest.mark.parametrize("name", modules())
-def test_no_module_is_over_400_lines(name):
-    assert len((PACKAGE / name).read_text().splitlines()) <= 400
+def test_no_module_is_over_500_lines(name):
+    # 400 lines when the code was packed by hand; ruff format's layout takes about a fifth more.
+    assert len((PACKAGE / name).read_text().splitlines()) <= 500
 
 
 # Private code of the libraries raytf stands on: reached only from raytf/_internal/hooks/.
@@ -311,4 +312,24 @@ def test_ruff_finds_nothing_in_the_repository():
 
     checked = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
                              cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]
+
+
+def test_raytf_is_formatted_by_ruff_format():
+    import subprocess
+    import sys
+
+    checked = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "raytf"],
+                             cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:] + "\n(run: ruff format raytf)"
+
+
+def test_mypy_finds_nothing_in_raytf():
+    """The type check pyproject.toml configures ([tool.mypy]) over raytf/: calls, attributes and
+    returns against their annotations (it found a renamed attribute a warning still used)."""
+    import subprocess
+    import sys
+
+    checked = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=PACKAGE.parent,
+                             capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]

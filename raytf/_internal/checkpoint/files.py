@@ -41,7 +41,6 @@ def _crc32(stream: Any) -> tuple[int, int]:
         size += len(chunk)
 
 
-
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
@@ -88,7 +87,7 @@ def _manifest(fs: pafs.FileSystem, root: str, *, checksums: bool = True) -> dict
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
         if info.type != pafs.FileType.File:
             continue
-        relative = info.path[len(root):].lstrip("/").lstrip(os.sep)
+        relative = info.path[len(root) :].lstrip("/").lstrip(os.sep)
         if relative == MANIFEST:
             continue
         entry = {"size": info.size}
@@ -112,8 +111,9 @@ def _copy(checkpoint: Any, fs: pafs.FileSystem, target: str) -> None:
     _storage.copy_files(checkpoint.path, target, checkpoint.filesystem, fs)
 
 
-def _publish(fs: pafs.FileSystem, checkpoints_dir: str, name: str, files: dict[str, dict[str, int]],
-             fill: Callable[[str], None]) -> str:
+def _publish(
+    fs: pafs.FileSystem, checkpoints_dir: str, name: str, files: dict[str, dict[str, int]], fill: Callable[[str], None]
+) -> str:
     """Put a checkpoint in storage under ``name``: ``fill(target)`` puts its files in, and the
     manifest of ``files`` is written last, so a torn upload can never look complete. A local disk
     renames directories atomically, so there it is filled under a staging name and renamed into
@@ -144,8 +144,9 @@ def parts_name(attempt: int, round_: int) -> str:
     return f"{STAGING_PREFIX}parts-a{attempt}-r{round_}"
 
 
-def upload_part(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, parts: str,
-                rank: int) -> tuple[str, dict[str, dict[str, int]]]:
+def upload_part(
+    checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, parts: str, rank: int
+) -> tuple[str, dict[str, dict[str, int]]]:
     """Copy one rank's local checkpoint into ``<parts>/rank-<rank>/``; (that path, its manifest),
     which the driver merges with the other ranks' when it assembles the checkpoint (:func:`merge_parts`)."""
     target = _join(fs, checkpoints_dir, parts, f"rank-{rank}")
@@ -157,8 +158,9 @@ def upload_part(checkpoint: Any, fs: pafs.FileSystem, checkpoints_dir: str, part
     return target, files
 
 
-def merge_parts(fs: pafs.FileSystem, checkpoints_dir: str, name: str,
-                parts: list[tuple[int, str, dict[str, dict[str, int]]]]) -> str:
+def merge_parts(
+    fs: pafs.FileSystem, checkpoints_dir: str, name: str, parts: list[tuple[int, str, dict[str, dict[str, int]]]]
+) -> str:
     """Assemble one checkpoint ``name`` from the ranks' uploaded parts ((rank, path, manifest) each):
     every rank's files in one directory, as Ray Train merges them (see :func:`_publish`). A file
     that two ranks wrote with different contents is an error that names it (which rank's to keep
@@ -183,7 +185,9 @@ def merge_parts(fs: pafs.FileSystem, checkpoints_dir: str, name: str,
     def move_in(target: str) -> None:
         for relative, path in source.items():
             destination = _join(fs, target, *relative.split("/"))
-            parent = os.path.dirname(destination) if isinstance(fs, pafs.LocalFileSystem) else posixpath.dirname(destination)
+            parent = (
+                os.path.dirname(destination) if isinstance(fs, pafs.LocalFileSystem) else posixpath.dirname(destination)
+            )
             fs.create_dir(parent, recursive=True)
             fs.move(path, destination)
 
@@ -203,8 +207,11 @@ def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True, copy: Opti
             expected = json.loads(stream.read())["files"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"its manifest is missing or unreadable ({error})"
-    found = _manifest(fs, path, checksums=checksums) if copy is None else _manifest(
-        pafs.LocalFileSystem(), copy, checksums=checksums)
+    found = (
+        _manifest(fs, path, checksums=checksums)
+        if copy is None
+        else _manifest(pafs.LocalFileSystem(), copy, checksums=checksums)
+    )
     for relative, want in expected.items():
         got = found.get(relative)
         if got is None:
@@ -221,9 +228,9 @@ def verify(fs: pafs.FileSystem, path: str, *, checksums: bool = True, copy: Opti
 def checkpoints_dir(fs: pafs.FileSystem, run_root: str) -> str:
     return _join(fs, run_root, "checkpoints")
 
+
 def checkpoint_name(seq: int) -> str:
     return f"checkpoint_{seq:06d}"
-
 
 
 def seq_of_name(name: Any) -> Optional[int]:

@@ -90,6 +90,7 @@ def parse_entry(raw: Any) -> CheckpointEntry:
     fields["driver_start"] = fields.get("driver_start") or 0
     return CheckpointEntry(**fields)
 
+
 class CheckpointManager:
     """The driver's record of a run's checkpoints: commit, retention, what to resume from.
 
@@ -99,8 +100,16 @@ class CheckpointManager:
     nothing is lost while a person looks at it.
     """
 
-    def __init__(self, fs: pafs.FileSystem, run_root: str, *, num_to_keep: Optional[int] = None,
-                 score_attribute: Optional[str] = None, mode: str = "max", evaluator: bool = False):
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        run_root: str,
+        *,
+        num_to_keep: Optional[int] = None,
+        score_attribute: Optional[str] = None,
+        mode: str = "max",
+        evaluator: bool = False,
+    ):
         self.fs = fs
         self.dir = checkpoints_dir(fs, run_root)
         self.num_to_keep = num_to_keep
@@ -163,8 +172,11 @@ class CheckpointManager:
             instead = f"{entries[-1].name} (epoch={entries[-1].epoch}, step={entries[-1].step})" if entries else "none"
             logger.warning(
                 "the checkpoint index %s is damaged; skipping %s. Newest intact checkpoint, used "
-                "instead: %s. The damaged entries stay in the index under \"damaged\" and their "
-                "directories are kept.", path, "; ".join(problems), instead,
+                'instead: %s. The damaged entries stay in the index under "damaged" and their '
+                "directories are kept.",
+                path,
+                "; ".join(problems),
+                instead,
             )
         return entries
 
@@ -207,7 +219,7 @@ class CheckpointManager:
             return
         latest = self.entries[-1]
         if self.score_attribute is None:
-            keep = self.entries[-self.num_to_keep:]
+            keep = self.entries[-self.num_to_keep :]
         else:
             best = self._ranked(self.entries[:-1])[: self.num_to_keep - 1]
             keep = [e for e in self.entries if e in best or e is latest]
@@ -248,8 +260,10 @@ class CheckpointManager:
         }
         for info in self.fs.get_file_info(pafs.FileSelector(self.dir)):
             base = posixpath.basename(info.path.rstrip("/"))
-            if info.type == pafs.FileType.Directory and base not in named and (
-                base.startswith(STAGING_PREFIX) or base.startswith("checkpoint_")
+            if (
+                info.type == pafs.FileType.Directory
+                and base not in named
+                and (base.startswith(STAGING_PREFIX) or base.startswith("checkpoint_"))
             ):
                 logger.info("removing uncommitted checkpoint directory %s", info.path)
                 self.fs.delete_dir(info.path)
@@ -263,8 +277,9 @@ class CheckpointManager:
         entry, _ = latest
         return ResumePoint(next_seq=self.next_seq, path=self.path_of(entry), entry=entry)
 
-    def handle_report(self, report: Report, driver_start: int = 0,
-                      guard: Callable[[], None] = lambda: None) -> tuple[Optional[str], Optional[str]]:
+    def handle_report(
+        self, report: Report, driver_start: int = 0, guard: Callable[[], None] = lambda: None
+    ) -> tuple[Optional[str], Optional[str]]:
         """Commit the checkpoint a report carries: (the committed name, or None; why it failed, or None).
 
         ``guard`` runs first and may raise (this driver lost the run's lease).
@@ -276,8 +291,9 @@ class CheckpointManager:
         entry = new_entry(report.checkpoint.seq, report.attempt, report.metrics, driver_start, report.data)
         return self._commit_reported(entry, guard)
 
-    def _commit_reported(self, entry: CheckpointEntry, guard: Callable[[], None],
-                         assemble: Callable[[], Any] = lambda: None) -> tuple[Optional[str], Optional[str]]:
+    def _commit_reported(
+        self, entry: CheckpointEntry, guard: Callable[[], None], assemble: Callable[[], Any] = lambda: None
+    ) -> tuple[Optional[str], Optional[str]]:
         """``guard()`` (which may raise), then ``assemble()`` and commit ``entry``: (its name, None), or
         (None, why not) for the reporting workers' ``report`` to raise while the run goes on."""
         guard()
@@ -290,8 +306,9 @@ class CheckpointManager:
             return None, error
         return entry.name, None
 
-    def handle_parts(self, reports: list[Report], driver_start: int = 0,
-                     guard: Callable[[], None] = lambda: None) -> tuple[Optional[str], Optional[str]]:
+    def handle_parts(
+        self, reports: list[Report], driver_start: int = 0, guard: Callable[[], None] = lambda: None
+    ) -> tuple[Optional[str], Optional[str]]:
         """Merge and commit the checkpoint of one collective report (every rank's share of it in
         ``reports``): (the committed name, or None when no rank passed files; why it failed, or None).
         The ranks' uploads are assembled into one directory, then committed as any checkpoint is."""
@@ -326,14 +343,15 @@ class CheckpointManager:
         where they are read (a copy in memory against the manifest's CRC32s,
         ``Checkpoint.from_state`` files by TensorFlow's own per-tensor checksums).
         """
-        problems = []
+        problems: list[str] = []
         for entry in reversed(self.entries):
             path = self.path_of(entry)
             problem = verify(self.fs, path, checksums=entry.name not in self._committed_here)
             if problem is None:
                 if problems:
-                    logger.warning("resuming from %s; newer checkpoints are unusable: %s",
-                                   entry.name, "; ".join(problems))
+                    logger.warning(
+                        "resuming from %s; newer checkpoints are unusable: %s", entry.name, "; ".join(problems)
+                    )
                 return entry, Checkpoint(path, self.fs, asdict(entry))
             problems.append(f"{entry.name}: {problem}")
         if problems:
@@ -345,8 +363,9 @@ class CheckpointManager:
         return None
 
 
-def new_entry(seq: int, attempt: int, metrics: dict[str, Any], driver_start: int = 0,
-              data: Optional[dict[str, Any]] = None) -> CheckpointEntry:
+def new_entry(
+    seq: int, attempt: int, metrics: dict[str, Any], driver_start: int = 0, data: Optional[dict[str, Any]] = None
+) -> CheckpointEntry:
     epoch, step = metrics.get("epoch"), metrics.get("step")
     return CheckpointEntry(
         name=checkpoint_name(seq),

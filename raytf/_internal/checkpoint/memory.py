@@ -86,7 +86,6 @@ def configure(cluster: str, placement_group: str, live_groups: Callable[[], set[
     _live_groups = live_groups
 
 
-
 def sweep_once() -> None:
     """:func:`sweep` shared memory and the temporary directory, once per process."""
     global _swept
@@ -118,8 +117,11 @@ def sweep(root: str) -> None:
         if other and other != cluster and _cluster_gone(other):
             logger.info("raytf: removing %s, the checkpoint copy of a Ray cluster that is gone", entry)
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
-    owners = {entry: owner.rpartition(" ")[2] for entry, owner in owners.items()
-              if cluster and owner.rpartition(" ")[0] == cluster}
+    owners = {
+        entry: owner.rpartition(" ")[2]
+        for entry, owner in owners.items()
+        if cluster and owner.rpartition(" ")[0] == cluster
+    }
     if not owners or _live_groups is None:
         return
     try:
@@ -135,7 +137,9 @@ def sweep(root: str) -> None:
 def _sweep_orphan(run_dir: str) -> None:
     """Remove a copy that names no owner once nothing in it changed for ``ORPHAN_AGE_S``."""
     try:
-        newest = max([os.stat(run_dir).st_mtime] + [os.stat(os.path.join(run_dir, n)).st_mtime for n in _names(run_dir)])
+        newest = max(
+            [os.stat(run_dir).st_mtime] + [os.stat(os.path.join(run_dir, n)).st_mtime for n in _names(run_dir)]
+        )
     except OSError:
         return
     if time.time() - newest > ORPHAN_AGE_S:
@@ -162,8 +166,11 @@ def usable(storage: StorageRef, name: str, stored: str) -> Optional[str]:
     problem = verify(storage.filesystem, stored, copy=copy)
     if problem is None:
         return copy
-    logger.warning("raytf: the copy in host memory of checkpoint %s does not match the committed one (%s); "
-                   "restoring from storage", name, problem)
+    logger.warning(
+        "raytf: the copy in host memory of checkpoint %s does not match the committed one (%s); restoring from storage",
+        name,
+        problem,
+    )
     shutil.rmtree(copy, ignore_errors=True)
     return None
 

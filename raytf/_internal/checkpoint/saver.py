@@ -36,16 +36,29 @@ def retried(name: str, upload: Callable[[], Any]) -> Any:
         except OSError as error:  # a lost lease (RaytfError) is not retried
             if attempt == UPLOAD_TRIES:
                 raise
-            logger.warning("raytf: uploading checkpoint %s failed (%s: %s); trying again in %.0f s (%d of %d)",
-                           name, type(error).__name__, error, delay, attempt + 1, UPLOAD_TRIES)
+            logger.warning(
+                "raytf: uploading checkpoint %s failed (%s: %s); trying again in %.0f s (%d of %d)",
+                name,
+                type(error).__name__,
+                error,
+                delay,
+                attempt + 1,
+                UPLOAD_TRIES,
+            )
             time.sleep(delay)
             delay *= 2
 
 
 class CheckpointSaver:
-    def __init__(self, storage: Optional[StorageRef], resume: ResumePoint, is_chief: bool,
-                 save_every: Optional[SaveEvery] = None, lease_token: Optional[str] = None,
-                 in_memory: bool = False):
+    def __init__(
+        self,
+        storage: Optional[StorageRef],
+        resume: ResumePoint,
+        is_chief: bool,
+        save_every: Optional[SaveEvery] = None,
+        lease_token: Optional[str] = None,
+        in_memory: bool = False,
+    ):
         self._storage = storage
         self._in_memory = in_memory  # CheckpointConfig.restore_from_memory
         self._unsettled: dict[str, str] = {}  # the chief's snapshots of uploaded checkpoints, by name, until committed
@@ -90,8 +103,16 @@ class CheckpointSaver:
                 self.last_saved[unit] = metrics[unit]
         return True
 
-    def save_part(self, metrics: dict[str, Any], checkpoint: Any, round_: int, attempt: int, rank: int,
-                  parties: int, preempted: bool = False) -> CheckpointPart:
+    def save_part(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Any,
+        round_: int,
+        attempt: int,
+        rank: int,
+        parties: int,
+        preempted: bool = False,
+    ) -> CheckpointPart:
         """This rank's share of a collective report (``ranks="all"``): its files uploaded beside the
         other ranks', for the driver to merge. Every rank counts the round, so the chief's counter
         (which names the merged checkpoint) never reuses a number its own uploads took."""
@@ -104,11 +125,14 @@ class CheckpointSaver:
                 return CheckpointPart(round_, parties, seq)
             self._check_lease()
             filesystem = self._storage.filesystem
-            staging, files = upload_part(local, filesystem, checkpoints_dir(filesystem, self._storage.root),
-                                         parts_name(attempt, round_), rank)
+            staging, files = upload_part(
+                local, filesystem, checkpoints_dir(filesystem, self._storage.root), parts_name(attempt, round_), rank
+            )
         return CheckpointPart(round_, parties, seq, staging, files)
 
-    def snapshot_part(self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False) -> tuple[int, Optional[str]]:
+    def snapshot_part(
+        self, metrics: dict[str, Any], checkpoint: Any, preempted: bool = False
+    ) -> tuple[int, Optional[str]]:
         """An asynchronous collective report: the round's number (every rank counts it, as in
         :meth:`save_part`) and this rank's due checkpoint in host memory, or None; every rank's
         share is kept (it is this rank's part of the merged checkpoint)."""
@@ -118,14 +142,20 @@ class CheckpointSaver:
             return seq, None
         return seq, _snapshot.take(checkpoint, keep=True, background=True)
 
-    def upload_part_snapshot(self, directory: str, round_: int, attempt: int, rank: int,
-                             ) -> tuple[str, dict[str, dict[str, int]]]:
+    def upload_part_snapshot(
+        self, directory: str, round_: int, attempt: int, rank: int
+    ) -> tuple[str, dict[str, dict[str, int]]]:
         """Upload a rank's snapshot of its share beside the other ranks' (from a background thread)."""
         _snapshot.ready(directory)
         self._check_lease()
         filesystem = self._storage.filesystem
-        return upload_part(Checkpoint.from_directory(directory), filesystem,
-                           checkpoints_dir(filesystem, self._storage.root), parts_name(attempt, round_), rank)
+        return upload_part(
+            Checkpoint.from_directory(directory),
+            filesystem,
+            checkpoints_dir(filesystem, self._storage.root),
+            parts_name(attempt, round_),
+            rank,
+        )
 
     @contextmanager
     def _local(self, checkpoint: Any) -> Iterator[Optional[Checkpoint]]:

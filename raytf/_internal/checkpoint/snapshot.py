@@ -73,9 +73,14 @@ def take(checkpoint: Any, *, keep: bool, background: bool = False) -> Optional[s
             if root != SHARED_MEMORY or position == len(roots) - 1:
                 raise
             _disk_only = True
-            logger.warning("raytf: a checkpoint snapshot did not fit in %s (%s: %s); snapshots go to %s from now "
-                           "on (give the workers a larger /dev/shm to keep them in memory)", SHARED_MEMORY,
-                           type(error).__name__, str(error)[:200], roots[-1])
+            logger.warning(
+                "raytf: a checkpoint snapshot did not fit in %s (%s: %s); snapshots go to %s from now "
+                "on (give the workers a larger /dev/shm to keep them in memory)",
+                SHARED_MEMORY,
+                type(error).__name__,
+                str(error)[:200],
+                roots[-1],
+            )
             continue
         if keep:
             return directory
@@ -102,9 +107,14 @@ def _directory_for(copy: _state.HostCopy) -> str:
         if copy.nbytes + (copy.nbytes >> 4) + (1 << 20) > free:  # the index and headroom besides the tensors
             _disk_only = True
             roots = roots[1:]
-            logger.warning("raytf: a checkpoint snapshot of %.1f MiB does not fit in %s (%.1f MiB free); snapshots "
-                           "go to %s from now on (give the workers a larger /dev/shm to keep them in memory)",
-                           copy.nbytes / 2**20, SHARED_MEMORY, free / 2**20, roots[0])
+            logger.warning(
+                "raytf: a checkpoint snapshot of %.1f MiB does not fit in %s (%.1f MiB free); snapshots "
+                "go to %s from now on (give the workers a larger /dev/shm to keep them in memory)",
+                copy.nbytes / 2**20,
+                SHARED_MEMORY,
+                free / 2**20,
+                roots[0],
+            )
     directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=roots[0])
     from raytf.checkpoint import STATE_PREFIX
 
@@ -136,8 +146,10 @@ def ready(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     if directory.startswith(SHARED_MEMORY + os.sep):
         _disk_only = True
-    raise CheckpointError(f"writing the checkpoint's state into {os.path.dirname(directory)} failed "
-                          f"({type(error).__name__}: {str(error)[:300]})")
+    raise CheckpointError(
+        f"writing the checkpoint's state into {os.path.dirname(directory)} failed "
+        f"({type(error).__name__}: {str(error)[:300]})"
+    )
 
 
 def sweep(root: str) -> None:
@@ -148,7 +160,7 @@ def sweep(root: str) -> None:
     except OSError:
         return
     for name in names:
-        pid = name[len(PREFIX):].partition("-")[0]
+        pid = name[len(PREFIX) :].partition("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 

@@ -131,8 +131,11 @@ def _fault_in(sizes: tuple[int, ...], device: str) -> None:
             for nbytes in sizes:
                 held.append(tf.fill([nbytes], tf.constant(0, tf.uint8)))  # every page written by TensorFlow
     except Exception as error:  # noqa: BLE001 - a checkpoint that pays for its pages is still a checkpoint
-        logger.warning("raytf: could not set aside host memory for the first checkpoint's copy (%s); "
-                       "it will pause training while its pages are mapped", error)
+        logger.warning(
+            "raytf: could not set aside host memory for the first checkpoint's copy (%s); "
+            "it will pause training while its pages are mapped",
+            error,
+        )
     del held  # together: an allocator that keeps freed memory keeps each block for a copy of its size
 
 

@@ -6,6 +6,7 @@ names it), a whole shard read in blocks (:func:`read_shard`), and host arrays Te
 without a copy (:func:`aligned_empty`, :func:`host_tensor`). The readers (read_blocks.py,
 read_stream.py) build on these.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,7 +28,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     size = int(np.prod(shape)) * dtype.itemsize
     raw = np.empty(size + _ALIGN, dtype=np.uint8)
     start = (-raw.ctypes.data) % _ALIGN
-    return raw[start:start + size].view(dtype).reshape(shape)
+    return raw[start : start + size].view(dtype).reshape(shape)
 
 
 def host_tensor(array: np.ndarray) -> Any:
@@ -37,8 +38,7 @@ def host_tensor(array: np.ndarray) -> Any:
     (strings, booleans, another layout) is converted."""
     import tensorflow as tf
 
-    if (array.size and array.dtype.kind in "fiu" and array.flags.c_contiguous
-            and array.ctypes.data % _ALIGN == 0):
+    if array.size and array.dtype.kind in "fiu" and array.flags.c_contiguous and array.ctypes.data % _ALIGN == 0:
         try:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except (TypeError, ValueError, BufferError, tf.errors.InvalidArgumentError):

@@ -30,8 +30,18 @@ _iterations = itertools.count()  # orders Cursor.iterated calls in this process
 class Cursor:
     """One rank's passes over a planned shard, and where the group stands in them."""
 
-    def __init__(self, name: str, rows: int, start: _position.Position, seed: int, shuffle: bool,
-                 world_rank: int, world_size: int, batch: int, drop_remainder: bool):
+    def __init__(
+        self,
+        name: str,
+        rows: int,
+        start: _position.Position,
+        seed: int,
+        shuffle: bool,
+        world_rank: int,
+        world_size: int,
+        batch: int,
+        drop_remainder: bool,
+    ):
         self.name, self.rows, self.start, self.seed, self.shuffle = name, rows, start, seed, shuffle
         self.world_rank, self.world_size, self.batch, self.drop = world_rank, world_size, batch, drop_remainder
         self._passes = 0
@@ -57,8 +67,16 @@ class Cursor:
         with self._lock:
             epoch = self.start.epoch + self._passes
             self._passes += 1
-        return _position.plan_pass(self.epoch_start(epoch), self.rows, self.shuffle, self.seed, self.world_rank,
-                                   self.world_size, self.batch, self.drop)
+        return _position.plan_pass(
+            self.epoch_start(epoch),
+            self.rows,
+            self.shuffle,
+            self.seed,
+            self.world_rank,
+            self.world_size,
+            self.batch,
+            self.drop,
+        )
 
     def position_after(self, epoch: int, done: int) -> _position.Position:
         """The group's position once it trained ``done`` steps of ``epoch``."""
@@ -107,8 +125,9 @@ def last_iterated(cursors: dict[str, Cursor]) -> Optional[str]:
     return latest.name
 
 
-def positions_at(cursors: dict[str, Cursor], done: Any, epoch: Optional[int], step: int, exact: Collection[str],
-                 ) -> Optional[dict[str, Any]]:
+def positions_at(
+    cursors: dict[str, Cursor], done: Any, epoch: Optional[int], step: int, exact: Collection[str]
+) -> Optional[dict[str, Any]]:
     """Each planned dataset's record for a checkpoint: ``done`` is the report's ``epoch`` metric
     (the last epoch completed); ``epoch`` and ``step`` the epoch in progress and the steps of its
     pass done, as the training loop noted them. A checkpoint at an epoch's end records the next
@@ -152,8 +171,9 @@ def completed_epoch(done: Any, records: Optional[dict[str, Any]]) -> dict[str, i
     return {}
 
 
-def resume_point(name: str, recorded: Any, rows: int, first_epoch: int, seed: int, shuffle: bool,
-                 world_size: int) -> tuple[_position.Position, int]:
+def resume_point(
+    name: str, recorded: Any, rows: int, first_epoch: int, seed: int, shuffle: bool, world_size: int
+) -> tuple[_position.Position, int]:
     """(where this attempt starts, the seed of the orders) from the checkpoint's record of
     ``name``, or a fresh ``first_epoch`` when there is none or it does not fit this dataset."""
     if recorded is None:
@@ -166,8 +186,12 @@ def resume_point(name: str, recorded: Any, rows: int, first_epoch: int, seed: in
         position = _position.Position.from_json(recorded, rows)
         recorded_seed = int(recorded["seed"])
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        logger.warning("dataset %r: the checkpoint's data position is not usable (%s); epoch %d starts over",
-                       name, error, first_epoch)
+        logger.warning(
+            "dataset %r: the checkpoint's data position is not usable (%s); epoch %d starts over",
+            name,
+            error,
+            first_epoch,
+        )
         return _position.Position.fresh(first_epoch, rows, world_size), seed
     if position.is_fresh(rows):  # a whole epoch: cut for this group
         position = _position.Position.fresh(position.epoch, rows, world_size)
@@ -192,8 +216,9 @@ class FileCursor(Cursor):
             if self._layout is None or self._layout.epoch != epoch:
                 self._layout = Layout(self.plan, self.shuffle, self.seed, epoch)
             layout = self._layout
-        run, bounds = _position.plan_run(self.epoch_start(epoch), self.world_rank, self.world_size, self.batch,
-                                         self.drop)
+        run, bounds = _position.plan_run(
+            self.epoch_start(epoch), self.world_rank, self.world_size, self.batch, self.drop
+        )
         return layout, run, bounds
 
     def record(self, position: _position.Position) -> dict[str, Any]:

@@ -19,13 +19,19 @@ from typing import Any, Optional
 logger = logging.getLogger(__name__)
 
 BUDGET_S = 2.0  # how long a failed worker spends looking for the bad record (about 10^5 records here)
-_SIGNS = ("corrupted record", "is required but could not be found", "Feature: ", "truncated record",
-          "Could not parse example")
+_SIGNS = (
+    "corrupted record",
+    "is required but could not be found",
+    "Feature: ",
+    "truncated record",
+    "Could not parse example",
+)
 
 
 def looks_like_a_bad_record(error: BaseException) -> bool:
     return type(error).__name__ in ("DataLossError", "InvalidArgumentError") and any(
-        sign in str(error) for sign in _SIGNS)
+        sign in str(error) for sign in _SIGNS
+    )
 
 
 def explain(error: BaseException, cursors: dict[str, Any], budget_s: float = BUDGET_S) -> Optional[str]:

@@ -105,8 +105,12 @@ def list_files(source: FileSource) -> list[str]:
             raise ConfigError(f"raytf.data.{source.format}_files: {given!r} does not exist")
         if info.type == pafs.FileType.Directory:
             inside = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
-            names = sorted(i.path for i in inside if i.type == pafs.FileType.File
-                           and not any(part.startswith((".", "_")) for part in i.path[len(path):].split("/")))
+            names = sorted(
+                i.path
+                for i in inside
+                if i.type == pafs.FileType.File
+                and not any(part.startswith((".", "_")) for part in i.path[len(path) :].split("/"))
+            )
             prefix = given.split("://", 1)[0] + "://" if "://" in given else ""
             found.extend(prefix + n if prefix and not n.startswith(prefix) else n for n in names)
         else:
@@ -140,8 +144,11 @@ def changed_files(plan: FilePlan, indices: Sequence[int]) -> list[str]:
     for i, stat in zip(indices, now):
         was = plan.file_stats[i]
         if stat != was:
-            problems.append(f"{plan.files[i]} (counted: {was[0]} bytes, modified at {was[1] / 1e9:.3f}; now: "
-                            + ("gone" if stat is None else f"{stat[0]} bytes, modified at {stat[1] / 1e9:.3f}") + ")")
+            problems.append(
+                f"{plan.files[i]} (counted: {was[0]} bytes, modified at {was[1] / 1e9:.3f}; now: "
+                + ("gone" if stat is None else f"{stat[0]} bytes, modified at {stat[1] / 1e9:.3f}")
+                + ")"
+            )
     return problems
 
 
@@ -193,7 +200,7 @@ class Layout:
                 if permuted is not None:
                     local = permuted[local]
                 first, last = self.window_chunks[window], self.window_chunks[window + 1]
-                chunk_starts = self.chunk_start[first:last + 1] - w_start
+                chunk_starts = self.chunk_start[first : last + 1] - w_start
                 which = np.searchsorted(chunk_starts, local, side="right") - 1
                 needed = np.unique(which)
                 lengths = np.diff(chunk_starts)[needed]

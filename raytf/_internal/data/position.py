@@ -62,7 +62,7 @@ class Position:
         ValueError says what does not fit (another dataset under the same name)."""
         if not isinstance(raw, dict) or not all(_is_int(raw.get(k)) for k in ("epoch", "cut")) or raw["cut"] < 1:
             raise ValueError(f"not a data position: {raw!r}")
-        ranges = []
+        ranges: list[tuple[int, int]] = []
         for item in raw.get("remaining", []):
             start, end = (int(v) for v in item)
             if not 0 <= start < end <= rows or (ranges and start < ranges[-1][1]):
@@ -147,8 +147,7 @@ def positions(run: Ranges) -> np.ndarray:
     return np.concatenate([np.arange(start, end, dtype=np.int64) for start, end in run])
 
 
-def advance(position: Position, rows: int, world_size: int, batch: int, drop_remainder: bool,
-            done: int) -> Position:
+def advance(position: Position, rows: int, world_size: int, batch: int, drop_remainder: bool, done: int) -> Position:
     """The position after a group of ``world_size`` ranks trained ``done`` steps from ``position``.
     A finished epoch is the next one, fresh; with ``drop_remainder`` the rows no step took are
     not trained this epoch."""
@@ -191,16 +190,26 @@ class Pass:
         return len(self.bounds) - 1
 
 
-def plan_run(start: Position, world_rank: int, world_size: int, batch: int,
-             drop_remainder: bool) -> tuple[Ranges, np.ndarray]:
+def plan_run(
+    start: Position, world_rank: int, world_size: int, batch: int, drop_remainder: bool
+) -> tuple[Ranges, np.ndarray]:
     """Rank ``world_rank``'s run of positions from ``start``, and its batches' bounds in it."""
     runs = runs_of(start.remaining, world_size)
     count = steps([_length(r) for r in runs], batch, drop_remainder)
     return runs[world_rank], batch_bounds(_length(runs[world_rank]), batch, count, drop_remainder)
 
 
-def plan_pass(start: Position, rows: int, shuffle: bool, seed: int, world_rank: int, world_size: int,
-              batch: int, drop_remainder: bool, epoch_order: Optional[np.ndarray] = None) -> Pass:
+def plan_pass(
+    start: Position,
+    rows: int,
+    shuffle: bool,
+    seed: int,
+    world_rank: int,
+    world_size: int,
+    batch: int,
+    drop_remainder: bool,
+    epoch_order: Optional[np.ndarray] = None,
+) -> Pass:
     """Rank ``world_rank``'s pass from ``start``."""
     mine, bounds = plan_run(start, world_rank, world_size, batch, drop_remainder)
     where = positions(mine)

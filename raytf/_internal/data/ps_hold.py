@@ -19,8 +19,9 @@ from typing import Any, Sequence
 POSITIONS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
 
 
-def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = (),
-                       move: bool = True) -> tuple[list, list]:
+def hold_until_arrived(
+    made: Sequence[Any], updates: Sequence[Any], also: Sequence[Any] = (), move: bool = True
+) -> tuple[list, list]:
     """Make every update op of the step wait until everything the step's writes need from the worker
     has arrived where they run: one op on the first parameter server waits for each such input and
     for ``also``, and comes before every update. A worker that dies while its step's gradients are on
@@ -51,8 +52,11 @@ def hold_until_arrived(made: Sequence[Any], updates: Sequence[Any], also: Sequen
     written: set[Any] = set()
     after: set[Any] = set()  # ops that run after one of the step's updates
     for op in made:
-        if (any(i.op in after for i in op.inputs) or any(c in after for c in op.control_inputs)
-                or any(i.dtype == tf.resource and i.ref() in written for i in op.inputs)):
+        if (
+            any(i.op in after for i in op.inputs)
+            or any(c in after for c in op.control_inputs)
+            or any(i.dtype == tf.resource and i.ref() in written for i in op.inputs)
+        ):
             after.add(op)
         if op in updating:
             after.add(op)
@@ -105,8 +109,11 @@ def _movable(op: Any) -> bool:
     it touches no resource (a resource's ops run where the resource is)."""
     import tensorflow as tf
 
-    return (_job(op) is None and "_class" not in op.node_def.attr
-            and not any(t.dtype == tf.resource for t in [*op.inputs, *op.outputs]))
+    return (
+        _job(op) is None
+        and "_class" not in op.node_def.attr
+        and not any(t.dtype == tf.resource for t in [*op.inputs, *op.outputs])
+    )
 
 
 def _job(op: Any) -> Any:
@@ -116,8 +123,20 @@ def _job(op: Any) -> Any:
     return tf.DeviceSpec.from_string(op.device or "").job
 
 
-_MODEL_WORK = ("MatMul", "BatchMatMul", "Conv", "DepthwiseConv", "Einsum", "PartitionedCall",
-               "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf", "Case")
+_MODEL_WORK = (
+    "MatMul",
+    "BatchMatMul",
+    "Conv",
+    "DepthwiseConv",
+    "Einsum",
+    "PartitionedCall",
+    "StatefulPartitionedCall",
+    "While",
+    "StatelessWhile",
+    "If",
+    "StatelessIf",
+    "Case",
+)
 
 
 def _model_work(op: Any) -> bool:
@@ -130,6 +149,8 @@ def writes(op: Any) -> list:
     from raytf._internal.hooks import tensorflow as tf_hooks
 
     if op.type.startswith(("Iterator", "AnonymousIterator", "OptionalGet", "OptionalHas")) or op.type in (
-            "VarIsInitializedOp", "DestroyResourceOp"):
+        "VarIsInitializedOp",
+        "DestroyResourceOp",
+    ):
         return []
     return tf_hooks.resource_writes(op)

@@ -42,7 +42,9 @@ from raytf._internal.data.ps_hold import POSITIONS_DEVICE
 
 logger = logging.getLogger(__name__)
 
-_counted: dict[int, tuple[Any, Any]] = {}  # id(fn) -> (fn, its counting wrapper), so a step traces once
+_counted: dict[
+    tuple, tuple[Any, Any]
+] = {}  # (id(fn), its counted arguments) -> (fn, its counting wrapper): traced once
 _counted_lock = threading.Lock()
 
 
@@ -56,10 +58,10 @@ class StreamPositions:
         self.name = name
         self.workers = workers
         with tf.init_scope(), tf.device(POSITIONS_DEVICE):
-            self.committed = tf.Variable(tf.zeros([workers], tf.int64), trainable=False,
-                                         name=f"raytf_committed_{_safe(name)}")
-            self.taken = tf.Variable(tf.zeros([workers], tf.int64), trainable=False,
-                                     name=f"raytf_taken_{_safe(name)}")
+            self.committed = tf.Variable(
+                tf.zeros([workers], tf.int64), trainable=False, name=f"raytf_committed_{_safe(name)}"
+            )
+            self.taken = tf.Variable(tf.zeros([workers], tf.int64), trainable=False, name=f"raytf_taken_{_safe(name)}")
 
     def start(self, worker: Any) -> Any:
         """The first batch of ``worker``'s stream its pipeline yields (a tensor, read where the
@@ -135,8 +137,12 @@ class PsStreams:
             return
         start, why = shard.initial_positions(self._recorded.get(name) if earlier is None else None)
         if why:
-            logger.warning("raytf: dataset %r starts its passes afresh at epoch %d, not where the checkpoint "
-                           "recorded it: %s", name, self._first_epoch, why)
+            logger.warning(
+                "raytf: dataset %r starts its passes afresh at epoch %d, not where the checkpoint recorded it: %s",
+                name,
+                self._first_epoch,
+                why,
+            )
         shard.positions.set(start)
         self._started[name] = shard
 
@@ -222,8 +228,12 @@ def counting(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[C
         return wrapped
 
 
-def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPositions],
-          keyword: dict[str, StreamPositions], autograph: bool) -> Any:
+def _wrap(
+    python_function: Callable[..., Any],
+    positional: dict[int, StreamPositions],
+    keyword: dict[str, StreamPositions],
+    autograph: bool,
+) -> Any:
     import tensorflow as tf
 
     streams = list({id(p): p for p in [*positional.values(), *keyword.values()]}.values())
@@ -238,10 +248,10 @@ def _wrap(python_function: Callable[..., Any], positional: dict[int, StreamPosit
     @tf.function
     def counted_step(*args: Any, **kwargs: Any) -> Any:
         worker = _current_worker()
-        args = [CountingIterator(a, positional[i], worker) if i in positional else a for i, a in enumerate(args)]
-        kwargs = {k: CountingIterator(a, keyword[k], worker) if k in keyword else a for k, a in kwargs.items()}
-        counted = [a for a in [*args, *kwargs.values()] if isinstance(a, CountingIterator)]
-        return _held(lambda: python_function(*args, **kwargs), streams, worker, counted, name)
+        given = [CountingIterator(a, positional[i], worker) if i in positional else a for i, a in enumerate(args)]
+        named = {k: CountingIterator(a, keyword[k], worker) if k in keyword else a for k, a in kwargs.items()}
+        counted = [a for a in [*given, *named.values()] if isinstance(a, CountingIterator)]
+        return _held(lambda: python_function(*given, **named), streams, worker, counted, name)
 
     return counted_step
 
@@ -279,8 +289,13 @@ def _current_worker() -> Any:
     return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
 
 
-def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: Any,
-          iterators: Sequence[CountingIterator], name: str) -> Any:
+def _held(
+    step: Callable[[], Any],
+    streams: Sequence[StreamPositions],
+    worker: Any,
+    iterators: Sequence[CountingIterator],
+    name: str,
+) -> Any:
     """Run ``step`` (made into the graph being built) counted: ``taken = committed`` before it,
     every update it makes held until all of their inputs arrived, and the count committed once they
     are made, on nothing else."""
@@ -313,7 +328,7 @@ def _held(step: Callable[[], Any], streams: Sequence[StreamPositions], worker: A
     return outputs
 
 
-def _multi_step(python_function: Callable[..., Any]) -> Any:
+def _multi_step(python_function: Callable[..., Any]) -> Optional[tuple[Any, Any]]:
     from raytf._internal.hooks import tf_keras as tf_keras_hooks
 
     return tf_keras_hooks.multi_step_train_function(python_function) if tf_keras_hooks.installed() else None
@@ -327,25 +342,33 @@ def _autograph(fn: Any) -> bool:
 
 
 _warned: set[tuple[str, str]] = set()
-_PLAIN = ("coordinator.schedule(%s, ...) takes a raytf shard's iterator but is not a tf.function; raytf counts the "
-          "batches of tf.function steps only, so a worker lost during this step may train rows of its pass again. "
-          "Decorate the step with @tf.function")
-_SEVERAL = ("the step %s takes several batches from a raytf shard's iterator (or takes them in a loop of its own); "
-            "raytf commits a step's batches once, when all of its updates are made, so a worker lost in the middle "
-            "of this step trains the batches it had finished again. Take one batch a step (for tf-keras's "
-            "model.fit, steps_per_execution is fine: raytf commits each of its steps)")
+_PLAIN = (
+    "coordinator.schedule(%s, ...) takes a raytf shard's iterator but is not a tf.function; raytf counts the "
+    "batches of tf.function steps only, so a worker lost during this step may train rows of its pass again. "
+    "Decorate the step with @tf.function"
+)
+_SEVERAL = (
+    "the step %s takes several batches from a raytf shard's iterator (or takes them in a loop of its own); "
+    "raytf commits a step's batches once, when all of its updates are made, so a worker lost in the middle "
+    "of this step trains the batches it had finished again. Take one batch a step (for tf-keras's "
+    "model.fit, steps_per_execution is fine: raytf commits each of its steps)"
+)
 
-_ON_WORKER = ("the step %s computes on the worker, from a value one of its updates made, the input of a later update "
-              "(a forward or backward pass, or ops it placed on the worker); a worker lost meanwhile leaves the "
-              "step's first updates made and its batch uncommitted, so that batch is trained again. Make every update "
-              "from what the step computed before its first update (raytf runs small work after an update, an EMA or "
-              "a counter, on the parameter server itself)")
+_ON_WORKER = (
+    "the step %s computes on the worker, from a value one of its updates made, the input of a later update "
+    "(a forward or backward pass, or ops it placed on the worker); a worker lost meanwhile leaves the "
+    "step's first updates made and its batch uncommitted, so that batch is trained again. Make every update "
+    "from what the step computed before its first update (raytf runs small work after an update, an EMA or "
+    "a counter, on the parameter server itself)"
+)
 
 
-_MOVED = ("the step %%s computes, after one of its updates, the input of another: raytf runs that work on the "
-          "parameter server beside the update it feeds, so that the step's updates need nothing more from the "
-          "worker once the hold opens: %s. To keep it on the worker, place it with tf.device yourself, or turn the hold off "
-          "(ParameterServerTrainer(hold_updates=False))")
+_MOVED = (
+    "the step %%s computes, after one of its updates, the input of another: raytf runs that work on the "
+    "parameter server beside the update it feeds, so that the step's updates need nothing more from the "
+    "worker once the hold opens: %s. To keep it on the worker, place it with tf.device yourself, or turn the hold off "
+    "(ParameterServerTrainer(hold_updates=False))"
+)
 
 # ParameterServerTrainer(hold_updates=...): a chief sets it before its train_fn runs.
 hold_updates = True

@@ -83,22 +83,28 @@ def planned_dataset(blocks: Blocks, cursor: Cursor, request: ShardRequest, cache
             take, bounds = tf.ensure_shape(out[-2], (None,)), tf.ensure_shape(out[-1], (None,))
             count = tf.size(bounds, out_type=tf.int64) - 1
             batch_dim = request.batch_size if request.drop_remainder else None
-            return tf.data.Dataset.range(count).map(lambda i: split({
-                c: tf.ensure_shape(tf.gather(v, take[bounds[i]:bounds[i + 1]]), (batch_dim, *specs[c][1]))
-                for c, v in columns.items()}))
+            return tf.data.Dataset.range(count).map(
+                lambda i: split(
+                    {
+                        c: tf.ensure_shape(tf.gather(v, take[bounds[i] : bounds[i + 1]]), (batch_dim, *specs[c][1]))
+                        for c, v in columns.items()
+                    }
+                )
+            )
 
         dataset = tf.data.Dataset.range(1).flat_map(one_pass)
     else:
+
         def stacks() -> Iterator[dict[str, np.ndarray]]:
             planned = cursor.next_pass()
             b, bounds = request.batch_size, planned.bounds
             full_batches = planned.steps if planned.steps == 0 or bounds[-1] - bounds[-2] == b else planned.steps - 1
             for first_batch in range(0, full_batches, STACK_BATCHES):
                 last = min(full_batches, first_batch + STACK_BATCHES)
-                columns = blocks.gather(planned.rows[bounds[first_batch]:bounds[last]], needed)
+                columns = blocks.gather(planned.rows[bounds[first_batch] : bounds[last]], needed)
                 yield {c: v.reshape(last - first_batch, b, *v.shape[1:]) for c, v in columns.items()}
             if full_batches < planned.steps:
-                columns = blocks.gather(planned.rows[bounds[-2]:bounds[-1]], needed)
+                columns = blocks.gather(planned.rows[bounds[-2] : bounds[-1]], needed)
                 yield {c: v[None] for c, v in columns.items()}
 
         batch_dim = request.batch_size if request.drop_remainder else None

@@ -45,7 +45,8 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         raise DatasetShardError(
             f"raytf.get_dataset_shard({request.name!r}): batch_size={request.batch_size} is larger than the "
             f"worker's shard ({share} rows, the smallest across {cursor.world_size} workers); lower batch_size or "
-            "pass more data")
+            "pass more data"
+        )
     tf_dtype = {c: tf.string if specs[c][0] == object else tf.as_dtype(specs[c][0]) for c in needed}  # noqa: E721 - numpy "O"
 
     def tables() -> list[np.ndarray]:
@@ -54,8 +55,13 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
         count = len(bounds) - 1
         cut = int(bounds[-1] if request.drop_remainder or count == 0 else bounds[-2])
         out = []
-        parts = [layout.pieces(run_slice(run, 0, cut)), layout.pieces(run_slice(run, cut, int(bounds[-1]) if count else 0))]
-        reading = plan.chunk_file[np.concatenate([p.chunks for pieces in parts for p in pieces] or [np.zeros(0, np.int64)])]
+        parts = [
+            layout.pieces(run_slice(run, 0, cut)),
+            layout.pieces(run_slice(run, cut, int(bounds[-1]) if count else 0)),
+        ]
+        reading = plan.chunk_file[
+            np.concatenate([p.chunks for pieces in parts for p in pieces] or [np.zeros(0, np.int64)])
+        ]
         cursor.files_read = sorted(set(reading.tolist()))  # where a failed read is looked for (data/diagnose.py)
         changed = changed_files(plan, cursor.files_read)
         if changed:
@@ -63,7 +69,8 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
                 f"raytf.get_dataset_shard({request.name!r}): {len(changed)} file(s) changed since the run counted "
                 f"them: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. Every epoch reads the files as "
                 "they were when the run planned them (a file rewritten with as many rows would train other rows): "
-                "put the files back, or start a new run (another RunConfig.name) over the new files")
+                "put the files back, or start a new run (another RunConfig.name) over the new files"
+            )
         for pieces in parts:
             for arrays in ([p.chunks for p in pieces], [_take(p, plan) for p in pieces]):
                 out.append(np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64))
@@ -80,7 +87,8 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
             chunks = tf.RaggedTensor.from_row_splits(out[first], out[first + 1], validate=False)
             take = tf.RaggedTensor.from_row_splits(out[first + 2], out[first + 3], validate=False)
             pieces = tf.data.Dataset.from_tensor_slices((chunks, take)).map(
-                read_piece, num_parallel_calls=_PIECES_IN_FLIGHT, deterministic=True)
+                read_piece, num_parallel_calls=_PIECES_IN_FLIGHT, deterministic=True
+            )
             # Whole batches, then the last: what the run has left (request.batch_size + 1 rows at most).
             parts.append(pieces.rebatch(batch, drop_remainder=True) if first == 0 else pieces.rebatch(2 * batch + 2))
         return parts[0].concatenate(parts[1])
@@ -102,7 +110,10 @@ def file_dataset(plan: FilePlan, cursor: FileCursor, request: ShardRequest) -> A
 def _take(piece: Any, plan: FilePlan) -> np.ndarray:
     """A piece's rows to take from its chunks; none where it takes every row in order and its
     format reads them so without a copy."""
-    if format_of(plan.source).reads_in_order_without_copy and len(piece.take) == plan.chunk_rows[piece.chunks].sum() \
-            and (piece.take == np.arange(len(piece.take))).all():
+    if (
+        format_of(plan.source).reads_in_order_without_copy
+        and len(piece.take) == plan.chunk_rows[piece.chunks].sum()
+        and (piece.take == np.arange(len(piece.take))).all()
+    ):
         return piece.take[:0]
     return piece.take

@@ -23,6 +23,7 @@ rows so every split has the same row count), and on the cached path the
 workers also agree on the smallest row count through one collective before the
 first epoch.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -53,12 +54,9 @@ class EpochOrders:
         epoch, self.epoch = self.epoch, self.epoch + 1
         return self.order(epoch)
 
+
 def dataset_from_arrays(
-    arrays: dict[str, np.ndarray],
-    request: ShardRequest,
-    rows: int,
-    seed: Optional[int],
-    first_epoch: int = 0,
+    arrays: dict[str, np.ndarray], request: ShardRequest, rows: int, seed: Optional[int], first_epoch: int = 0
 ) -> Any:
     """tf.data over in-memory columns: batches of shuffled row indices, one gather per column."""
     import tensorflow as tf
@@ -71,9 +69,7 @@ def dataset_from_arrays(
         orders = EpochOrders(rows, seed, first_epoch)
         # One Python call per pass over the data (when its iterator is made), none per batch.
         indices = tf.data.Dataset.range(1).flat_map(
-            lambda _: tf.data.Dataset.from_tensor_slices(
-                tf.reshape(tf.py_function(orders.next, [], tf.int64), [rows])
-            )
+            lambda _: tf.data.Dataset.from_tensor_slices(tf.reshape(tf.py_function(orders.next, [], tf.int64), [rows]))
         )
     else:
         indices = tf.data.Dataset.range(rows)
@@ -84,11 +80,7 @@ def dataset_from_arrays(
     single = isinstance(request.features, str)
 
     def take(index: Any) -> Any:
-        x = (
-            tf.gather(tensors[features[0]], index)
-            if single
-            else {c: tf.gather(tensors[c], index) for c in features}
-        )
+        x = tf.gather(tensors[features[0]], index) if single else {c: tf.gather(tensors[c], index) for c in features}
         return x if label is None else (x, tf.gather(tensors[label], index))
 
     dataset = indices.map(take, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -171,9 +163,7 @@ def streaming_dataset(iterator: Any, request: ShardRequest, schema: Any, seed: O
             )
 
     batch_dim = request.batch_size if request.drop_remainder else None
-    signature = {
-        c: tf.TensorSpec((None, batch_dim, *shape), dtype) for c, (dtype, shape) in specs.items()
-    }
+    signature = {c: tf.TensorSpec((None, batch_dim, *shape), dtype) for c, (dtype, shape) in specs.items()}
     single = isinstance(request.features, str)
 
     def split(stack: dict[str, Any]) -> Any:

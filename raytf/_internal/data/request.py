@@ -37,18 +37,14 @@ class ShardRequest:
                     f"dataset; its columns are {', '.join(available)}"
                 )
         if not features:
-            raise DatasetShardError(
-                f"raytf.get_dataset_shard({self.name!r}): no feature columns left; pass features="
-            )
+            raise DatasetShardError(f"raytf.get_dataset_shard({self.name!r}): no feature columns left; pass features=")
         return features, self.label
 
 
 def check_request(request: ShardRequest) -> None:
     b = request.batch_size
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-        raise DatasetShardError(
-            f"raytf.get_dataset_shard({request.name!r}): batch_size must be an int >= 1, got {b!r}"
-        )
+        raise DatasetShardError(f"raytf.get_dataset_shard({request.name!r}): batch_size must be an int >= 1, got {b!r}")
     if request.features is not None and not isinstance(request.features, str):
         if not request.features or not all(isinstance(c, str) for c in request.features):
             raise DatasetShardError(

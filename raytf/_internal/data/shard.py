@@ -24,7 +24,11 @@ from typing import Any, Callable, Mapping, Optional
 from raytf._internal.data.files import FileShard
 from raytf._internal.data.planned import PlannedShard
 from raytf._internal.data.request import (  # noqa: F401 - named here too
-    Features, KeptShardLost, ShardRequest, check_request, check_rows,
+    Features,
+    KeptShardLost,
+    ShardRequest,
+    check_request,
+    check_rows,
 )
 from raytf.errors import DatasetShardError
 
@@ -55,6 +59,7 @@ def shuffle_seed(seed: Optional[int], name: str, world_rank: int, call: int) -> 
     digest = hashlib.sha256(f"{seed}/{name}/{world_rank}/{call}".encode()).digest()
     return int.from_bytes(digest[:7], "little")
 
+
 def agree_on_rows(strategy: Any, rows: int, world_rank: int, world_size: int) -> list[int]:
     """Every worker's row count, through one all-reduce, so all can take the smallest."""
     import tensorflow as tf
@@ -62,9 +67,7 @@ def agree_on_rows(strategy: Any, rows: int, world_rank: int, world_size: int) ->
     if world_size == 1:
         return [rows]
     mine = tf.one_hot(world_rank, world_size, dtype=tf.float64) * float(rows)
-    total = strategy.reduce(
-        tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None
-    )
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None)
     return [int(v) for v in total.numpy()]
 
 
@@ -76,9 +79,15 @@ class ShardReader:
     same in every run). Cached shards are read once and kept.
     """
 
-    def __init__(self, datasets: Mapping[str, Any], world_rank: int, world_size: int,
-                 strategy: Callable[[], Any], first_epoch: int = 0,
-                 positions: Optional[Mapping[str, Any]] = None):
+    def __init__(
+        self,
+        datasets: Mapping[str, Any],
+        world_rank: int,
+        world_size: int,
+        strategy: Callable[[], Any],
+        first_epoch: int = 0,
+        positions: Optional[Mapping[str, Any]] = None,
+    ):
         self._datasets = dict(datasets)
         self._positions = dict(positions or {})  # the resumed checkpoint's record of each planned dataset
         self._blocks: dict[str, Any] = {}  # planned datasets' blocks, read once (data/planned.py)
@@ -111,7 +120,7 @@ class ShardReader:
                 "share), not both and not neither"
             )
         if global_batch_size is None:
-            return batch_size  # type: ignore[return-value]  (check_request checks it)
+            return batch_size  # type: ignore[return-value]  # check_request checked it
         world = self._world_size
         if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < world:
             raise DatasetShardError(
@@ -121,7 +130,11 @@ class ShardReader:
         if global_batch_size % world:
             logger.warning(
                 "dataset %r: global_batch_size=%d does not divide among %d workers; each takes %d "
-                "(a global batch of %d)", name, global_batch_size, world, global_batch_size // world,
+                "(a global batch of %d)",
+                name,
+                global_batch_size,
+                world,
+                global_batch_size // world,
                 global_batch_size // world * world,
             )
         return global_batch_size // world
@@ -168,7 +181,11 @@ class ShardReader:
             if min(counts) < own:
                 logger.warning(
                     "dataset %r: this worker has %d rows, the smallest shard %d; using %d so every "
-                    "worker runs the same number of steps", name, own, min(counts), min(counts),
+                    "worker runs the same number of steps",
+                    name,
+                    own,
+                    min(counts),
+                    min(counts),
                 )
             self._cached[name] = (arrays, min(counts))
         arrays, rows = self._cached[name]
@@ -194,13 +211,27 @@ class ShardReader:
             self._blocks[name] = planned.Blocks(shard)
         blocks = self._blocks[name]
         seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
-        start, seed = _cursor.resume_point(name, self._positions.get(name), blocks.rows, self._first_epoch, seed,
-                                           request.shuffle, self._world_size)
+        start, seed = _cursor.resume_point(
+            name, self._positions.get(name), blocks.rows, self._first_epoch, seed, request.shuffle, self._world_size
+        )
         cursor = self.cursors.get(name)
         if cursor is None or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
-                request.shuffle, request.batch_size, request.drop_remainder, start):
-            cursor = _cursor.Cursor(name, blocks.rows, start, seed, request.shuffle, self._world_rank,
-                                    self._world_size, request.batch_size, request.drop_remainder)
+            request.shuffle,
+            request.batch_size,
+            request.drop_remainder,
+            start,
+        ):
+            cursor = _cursor.Cursor(
+                name,
+                blocks.rows,
+                start,
+                seed,
+                request.shuffle,
+                self._world_rank,
+                self._world_size,
+                request.batch_size,
+                request.drop_remainder,
+            )
             self.cursors[name] = cursor
         return read_blocks.planned_dataset(blocks, cursor, request, cache), cursor
 
@@ -216,14 +247,31 @@ class ShardReader:
         seed = _position.dataset_seed(request.seed if request.seed is not None else shard.seed, name)
         recorded = self._positions.get(name)
         if recorded is not None and recorded.get("files") != _cursor.files_digest(plan):
-            logger.warning("dataset %r: the checkpoint's data position is for other files; epoch %d starts over",
-                           name, self._first_epoch)
+            logger.warning(
+                "dataset %r: the checkpoint's data position is for other files; epoch %d starts over",
+                name,
+                self._first_epoch,
+            )
             recorded = None
         start, seed = _cursor.resume_point(name, recorded, plan.rows, self._first_epoch, seed, request.shuffle, size)
         cursor = self.cursors.get(name)
         if not isinstance(cursor, _cursor.FileCursor) or (cursor.shuffle, cursor.batch, cursor.drop, cursor.start) != (
-                request.shuffle, request.batch_size, request.drop_remainder, start):
-            cursor = _cursor.FileCursor(plan, name, plan.rows, start, seed, request.shuffle, rank, size,
-                                        request.batch_size, request.drop_remainder)
+            request.shuffle,
+            request.batch_size,
+            request.drop_remainder,
+            start,
+        ):
+            cursor = _cursor.FileCursor(
+                plan,
+                name,
+                plan.rows,
+                start,
+                seed,
+                request.shuffle,
+                rank,
+                size,
+                request.batch_size,
+                request.drop_remainder,
+            )
             self.cursors[name] = cursor
         return read_files.file_dataset(plan, cursor, request), cursor

@@ -13,8 +13,12 @@ from __future__ import annotations
 from typing import Any, Collection, Mapping, Optional, Sequence
 
 
-def split_for_ranks(datasets: Mapping[str, Any], split: Collection[str], node_ids: Sequence[str],
-                    kept: Optional[Mapping[str, Sequence[Any]]] = None) -> list[dict[str, Any]]:
+def split_for_ranks(
+    datasets: Mapping[str, Any],
+    split: Collection[str],
+    node_ids: Sequence[str],
+    kept: Optional[Mapping[str, Sequence[Any]]] = None,
+) -> list[dict[str, Any]]:
     """Per world rank (``node_ids[r]`` is rank r's node), an iterator for each dataset.
 
     ``kept``: for some datasets, what the ranks of an earlier attempt read (data/shard.py,

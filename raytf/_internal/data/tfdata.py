@@ -5,6 +5,7 @@ here, in one place: never sharded again by TensorFlow (Ray Data or raytf's plan 
 marked per worker for raytf's strategy, and, for an exactly-once shard, marked with its cursor.
 shard.py calls it on every pipeline it hands out.
 """
+
 from __future__ import annotations
 
 from typing import Any

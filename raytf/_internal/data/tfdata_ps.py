@@ -65,8 +65,12 @@ class PsShard:
         return {"ps_positions": self.positions.values(), **self._meaning()}
 
     def _meaning(self) -> dict[str, Any]:
-        return {"rows": self.rows(), "batch_size": self.request.batch_size,
-                "drop_remainder": self.request.drop_remainder, "shuffle": self.request.shuffle}
+        return {
+            "rows": self.rows(),
+            "batch_size": self.request.batch_size,
+            "drop_remainder": self.request.drop_remainder,
+            "shuffle": self.request.shuffle,
+        }
 
     def initial_positions(self, recorded: Any) -> tuple[list[int], Optional[str]]:
         """(each worker's start, why a checkpoint's record was not used): the record when it is
@@ -130,7 +134,8 @@ class PsShard:
             order = tf.range(n)
             if shuffle:
                 order = tf.random.experimental.stateless_shuffle(
-                    order, seed=tf.stack([tf.constant(seed, tf.int64), index * 1_000_003 + epoch]))
+                    order, seed=tf.stack([tf.constant(seed, tf.int64), index * 1_000_003 + epoch])
+                )
             indices = tf.data.Dataset.from_tensor_slices(order).batch(batch, drop_remainder=drop)
             indices = indices.skip(tf.where(tf.equal(epoch, first_pass), skipped, tf.constant(0, tf.int64)))
 
@@ -179,14 +184,20 @@ def _seed(seed: Optional[int], name: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
 
 
-def make_shard(request: ShardRequest, manifests: Sequence[Mapping[str, ColumnFiles]], seed: Optional[int],
-               first_epoch: int, positions: Any = None) -> PsShard:
+def make_shard(
+    request: ShardRequest,
+    manifests: Sequence[Mapping[str, ColumnFiles]],
+    seed: Optional[int],
+    first_epoch: int,
+    positions: Any = None,
+) -> PsShard:
     """The checked :class:`PsShard` of one ``get_dataset_shard`` call on the chief."""
     check_request(request)
     pieces = [m[next(iter(m))].rows if m else 0 for m in manifests]  # each worker's rows
     if not any(pieces):
-        raise DatasetShardError(f"raytf.get_dataset_shard({request.name!r}): the dataset is empty (0 rows); "
-                                "pass a dataset with rows")
+        raise DatasetShardError(
+            f"raytf.get_dataset_shard({request.name!r}): the dataset is empty (0 rows); pass a dataset with rows"
+        )
     if not all(pieces):
         raise DatasetShardError(
             f"raytf.get_dataset_shard({request.name!r}): the dataset has {sum(pieces)} row(s), fewer than the "

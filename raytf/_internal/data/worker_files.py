@@ -133,7 +133,7 @@ class ShardFileWriter:
         for index, start in enumerate(range(0, max(rows, 1), per_chunk)):
             path = os.path.join(self._directory, f"{_safe(dataset)}.{_safe(column)}.{index}")
             with tf.device("/cpu:0"):
-                tf.io.write_file(path, tf.io.serialize_tensor(tf.convert_to_tensor(values[start:start + per_chunk])))
+                tf.io.write_file(path, tf.io.serialize_tensor(tf.convert_to_tensor(values[start : start + per_chunk])))
             files.append(path)
         dtype = "string" if values.dtype == object or values.dtype.kind in "SU" else values.dtype.name
         return ColumnFiles(dtype=dtype, shape=tuple(int(d) for d in values.shape[1:]), rows=rows, files=tuple(files))

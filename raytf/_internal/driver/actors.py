@@ -46,9 +46,11 @@ IN_DRIVER_MAX = 8
 def new_relay(interval_s: float) -> Any:
     """A poll relay actor (relay.py) on the driver's node, holding no resources."""
     node = ray.get_runtime_context().get_node_id()
-    return ray.remote(PollRelay).options(
-        num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
-    ).remote(interval_s)
+    return (
+        ray.remote(PollRelay)
+        .options(num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True))
+        .remote(interval_s)
+    )
 
 
 def relay_for(members: int, interval_s: float) -> "ThreadRelay | ActorRelay":
@@ -102,8 +104,11 @@ def end_silent_processes(addresses: Sequence[Any], timeout_s: float) -> None:
     kill them. Ray's kill asks an actor's process to exit, and one that answers nothing (stopped,
     thrashing, stuck in native code) may never: on Ray 2.50 it then keeps its bundle's resources,
     and the next attempt's actors never start. Newer Rays end it themselves; this is then a no-op."""
-    refs = [_end_process.options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node_id, soft=False))
-            .remote(a.pid) for a in addresses if a.pid]
+    refs = [
+        _end_process.options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node_id, soft=False)).remote(a.pid)
+        for a in addresses
+        if a.pid
+    ]
     try:
         ended = sum(ray.get(refs, timeout=timeout_s))
     except (GetTimeoutError, RayTaskError, RayActorError) as error:  # a node gone with its process
@@ -123,14 +128,22 @@ def _drop_copies(storage: Any) -> None:
 def drop_copies_on(nodes: Sequence[str], storage: Any, *, timeout_s: float) -> None:
     """Remove the run's checkpoint copies in memory on each of ``nodes`` (ids), where no worker of
     the run is left to do it; a best effort, like :func:`ask_each`."""
-    refs = [_drop_copies.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(storage)
-            for node in nodes]
+    refs = [
+        _drop_copies.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(storage)
+        for node in nodes
+    ]
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
 
-def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple], what: str,
-              timeout_s: float, setting: str = "FailureConfig.start_timeout_s") -> list:
+def call_each(
+    actors: Sequence[Any],
+    method: str,
+    args_of: Callable[[int], tuple],
+    what: str,
+    timeout_s: float,
+    setting: str = "FailureConfig.start_timeout_s",
+) -> list:
     """``actors[i].method(*args_of(i))`` on every actor, retried where Ray says an actor is only
     briefly unavailable (a fresh process whose RPC server is not up yet): the methods called this
     way (start, retarget) may safely run twice. Anything else that stops one is a WorkerStartError;
@@ -149,8 +162,9 @@ def call_each(actors: Sequence[Any], method: str, args_of: Callable[[int], tuple
                     raise WorkerStartError(f"a worker actor stayed unavailable: cannot {what}") from None
                 pending.append(i)
             except GetTimeoutError:
-                raise WorkerStartError(f"worker actors did not {what} within {timeout_s:g} s "
-                                       f"({setting}); check the actors' logs") from None
+                raise WorkerStartError(
+                    f"worker actors did not {what} within {timeout_s:g} s ({setting}); check the actors' logs"
+                ) from None
             except RayActorError as error:
                 raise WorkerStartError(f"a worker actor died: cannot {what}: {error}") from None
         if pending:
@@ -190,8 +204,12 @@ def reserve(members: Sequence[Any], timeout_s: float, new_actor: Callable[[Any],
                 why = error if isinstance(error, RayActorError) else error.cause
                 raise WorkerStartError(f"a worker actor could not start: {why}") from None
             why = f"cannot take it ({error.cause})" if isinstance(error, RayTaskError) else "is dead"
-            logger.warning("attempt %d: the warm standby for bundle %d %s; starting a new worker there instead",
-                           attempt, member.bundle, why)
+            logger.warning(
+                "attempt %d: the warm standby for bundle %d %s; starting a new worker there instead",
+                attempt,
+                member.bundle,
+                why,
+            )
             ray.kill(member.actor, no_restart=True)
             member.warm, member.reserve_args = False, {}
             member.actor = new_actor(member)

@@ -92,8 +92,11 @@ class StartupTiming(GroupCallback):
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
         watch = group.watch
-        if self._sent or Milestone.CONNECTED not in watch.reached or (
-                watch.trained_since() is None and not status.finished):
+        if (
+            self._sent
+            or Milestone.CONNECTED not in watch.reached
+            or (watch.trained_since() is None and not status.finished)
+        ):
             return status
         self._sent = True
         times = group.times
@@ -121,8 +124,9 @@ class DrainWatch(GroupCallback):
                 continue
             deadline_ms = draining[member.address.node_id]
             left = f"; it goes in {max(0.0, deadline_ms / 1000 - time.time()):.0f} s" if deadline_ms else ""
-            group.preempt(index, f"node {member.address.node_ip} of {group.shape.describe(member, index)} "
-                                 f"is draining{left}")
+            group.preempt(
+                index, f"node {member.address.node_ip} of {group.shape.describe(member, index)} is draining{left}"
+            )
 
 
 class FinishEvaluator(GroupCallback):
@@ -171,5 +175,6 @@ class MemoryCopies(GroupCallback):
         members = [m for m in group.members if m.actor is not None]
         ask_each([m.actor for m in members], "drop_checkpoint_copies", group.run.storage, timeout_s=_DROP_TIMEOUT_S)
         covered = {m.address.node_id for m in members if m.address is not None}
-        drop_copies_on(sorted((self._nodes & cluster.live_node_ids()) - covered), group.run.storage,
-                       timeout_s=_DROP_TIMEOUT_S)
+        drop_copies_on(
+            sorted((self._nodes & cluster.live_node_ids()) - covered), group.run.storage, timeout_s=_DROP_TIMEOUT_S
+        )

@@ -26,7 +26,6 @@ from raytf._internal.hooks._hook import warn_once
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class NodeType:
     """A node type the autoscaler can add: its resources and how many of it at most."""
@@ -59,8 +58,10 @@ def _read_config_on_head(gcs_address: str) -> Optional[dict]:
                 if os.path.isfile(path):
                     with open(path) as f:
                         config = yaml.safe_load(f)
-                    return {"head_node_type": config.get("head_node_type"),
-                            "available_node_types": config.get("available_node_types", {})}
+                    return {
+                        "head_node_type": config.get("head_node_type"),
+                        "available_node_types": config.get("available_node_types", {}),
+                    }
     return None
 
 

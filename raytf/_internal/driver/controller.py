@@ -155,8 +155,11 @@ class Controller:
         if status.progress is None or not status.progress.uploading:
             return
         self._group.halt()  # first: a group left training would commit its next checkpoints meanwhile
-        logger.warning("raytf: stopping; training stopped, waiting up to %.0f s for the checkpoint being uploaded "
-                       "to be committed (Ctrl-C again to stop now)", timeout_s)
+        logger.warning(
+            "raytf: stopping; training stopped, waiting up to %.0f s for the checkpoint being uploaded "
+            "to be committed (Ctrl-C again to stop now)",
+            timeout_s,
+        )
         deadline = self._clock() + timeout_s
         while True:
             self._sleep(self._poll_interval_s)
@@ -165,8 +168,11 @@ class Controller:
             if status.progress is None or not status.progress.uploading:
                 return
             if self._clock() > deadline:
-                logger.warning("raytf: the checkpoint being uploaded was not committed within %.0f s; the "
-                               "last committed checkpoint is the one a resume starts from", timeout_s)
+                logger.warning(
+                    "raytf: the checkpoint being uploaded was not committed within %.0f s; the "
+                    "last committed checkpoint is the one a resume starts from",
+                    timeout_s,
+                )
                 return
 
     def _handle_reports(self, status: GroupStatus) -> None:
@@ -182,10 +188,17 @@ class Controller:
             try:
                 self._group.start(state.attempt, self._resume_point())
             except WorkerStartError as error:  # an actor that never came up: retried like a loss
-                return self._end_attempt(state.attempt, WorkerFailure(
-                    rank=-1, kind=FailureKind.NOT_STARTED, error_type=type(error).__name__, message=str(error),
-                    traceback="", time=time.time(),
-                ))
+                return self._end_attempt(
+                    state.attempt,
+                    WorkerFailure(
+                        rank=-1,
+                        kind=FailureKind.NOT_STARTED,
+                        error_type=type(error).__name__,
+                        message=str(error),
+                        traceback="",
+                        time=time.time(),
+                    ),
+                )
             except Exception as error:  # the group could not be placed: no retry would help
                 return Errored(state.attempt, error)
             return Running(state.attempt)
@@ -223,10 +236,13 @@ class Controller:
                 cause = root_cause(failures) if failures else None
                 resized = status.preempt_kind == FailureKind.RESIZED
                 failure = WorkerFailure(
-                    rank=cause.rank if cause else -1, kind=status.preempt_kind,
+                    rank=cause.rank if cause else -1,
+                    kind=status.preempt_kind,
                     error_type="Resized" if resized else "Preempted",
                     message=preempting + (f"; then {cause.describe()}" if cause else ""),
-                    traceback="", time=time.time(), node_ip=cause.node_ip if cause else "",
+                    traceback="",
+                    time=time.time(),
+                    node_ip=cause.node_ip if cause else "",
                 )
             else:
                 failure = root_cause(failures)
@@ -236,7 +252,9 @@ class Controller:
         self._sleep(self._poll_interval_s)
         return Running(state.attempt, failures, state.failing_since, preempting)
 
-    def _replace_in_place(self, attempt: int, failures: tuple[WorkerFailure, ...]) -> "tuple[WorkerFailure, ...] | State":
+    def _replace_in_place(
+        self, attempt: int, failures: tuple[WorkerFailure, ...]
+    ) -> "tuple[WorkerFailure, ...] | State":
         """Failures a group can ride out (a parameter-server worker's) are replaced in place, as the
         policy allows; the rest are returned. Errored when the policy allows no more."""
         kept = []
@@ -251,8 +269,9 @@ class Controller:
             try:
                 self._group.replace(failure)
             except WorkerStartError as error:  # its replacement did not come up: the attempt ends
-                ended = dataclasses.replace(failure, kind=FailureKind.NOT_STARTED,
-                                            message=f"{failure.message}; its replacement: {error}")
+                ended = dataclasses.replace(
+                    failure, kind=FailureKind.NOT_STARTED, message=f"{failure.message}; its replacement: {error}"
+                )
                 self._policy.continues(ended)  # one loss, counted once: the restart is its recovery
                 kept.append(ended)
         return tuple(kept)

@@ -63,8 +63,9 @@ class WorkerGroup:
         callbacks: Sequence[GroupCallback] = (),
     ):
         if [r.name for r in roles].count(shape.train_role) != 1:
-            raise ValueError(f"a worker group needs exactly one {shape.train_role!r} role, "
-                             f"got {[r.name for r in roles]}")
+            raise ValueError(
+                f"a worker group needs exactly one {shape.train_role!r} role, got {[r.name for r in roles]}"
+            )
         self.run = run
         self.roles = list(roles)
         self.shape = shape
@@ -124,8 +125,13 @@ class WorkerGroup:
                     raise
                 placement.remove(self._pg)
                 self._pg = None
-                logger.warning("attempt %d: node(s) %s died under the placement before its workers started (%s); "
-                               "placing the group again on live nodes", attempt, ", ".join(sorted(dead)), error)
+                logger.warning(
+                    "attempt %d: node(s) %s died under the placement before its workers started (%s); "
+                    "placing the group again on live nodes",
+                    attempt,
+                    ", ".join(sorted(dead)),
+                    error,
+                )
 
     def _bundles(self, workers: int) -> list[dict[str, float]]:
         return [dict(role.bundle) for role in self.roles for _ in range(self.shape.count(role, workers))]
@@ -158,8 +164,13 @@ class WorkerGroup:
         tries to grow back with a new one)."""
         table = ray.util.placement_group_table(self._pg)
         nodes = set((table.get("bundles_to_node_id") or {}).values())
-        return (table.get("state") == "CREATED" and self.num_workers == self.elastic.max_workers
-                and bool(nodes) and nodes <= cluster.live_node_ids() and not nodes & set(cluster.draining_nodes()))
+        return (
+            table.get("state") == "CREATED"
+            and self.num_workers == self.elastic.max_workers
+            and bool(nodes)
+            and nodes <= cluster.live_node_ids()
+            and not nodes & set(cluster.draining_nodes())
+        )
 
     def bundle_nodes(self) -> dict[int, str]:
         """Bundle index -> the id of the node it was placed on."""
@@ -174,11 +185,15 @@ class WorkerGroup:
         else:
             name = str(member.bundle)
         return new_worker(
-            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}",
-            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
-            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}, max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._pg,
-                                                                 placement_group_bundle_index=member.bundle),
+            self.run.run_name,
+            f"raytf:{self.run.run_name}:{self._attempt}:{name}",
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self._pg, placement_group_bundle_index=member.bundle
+            ),
         )
 
     def _start_members(self) -> None:
@@ -204,15 +219,24 @@ class WorkerGroup:
         self.attempt_shards = self.shape.split_attempt(self, members, kept)
         if self.run_ref is None:
             self.run_ref = ray.put(self.run)  # train_fn and its config travel once, not once per actor
-        call_each([m.actor for m in members], "start",
-                  lambda i: (self.run_ref, self._spec(members[i]), members[i].role.payload), "start",
-                  self._start_timeout_s)
-        logger.info("attempt %d: %s", self._attempt, ", ".join(
-            f"{self.shape.describe(m, i)} {m.address.host_port}" for i, m in enumerate(members)))
+        call_each(
+            [m.actor for m in members],
+            "start",
+            lambda i: (self.run_ref, self._spec(members[i]), members[i].role.payload),
+            "start",
+            self._start_timeout_s,
+        )
+        logger.info(
+            "attempt %d: %s",
+            self._attempt,
+            ", ".join(f"{self.shape.describe(m, i)} {m.address.host_port}" for i, m in enumerate(members)),
+        )
         finishers = self.shape.finishers
         self.watch = GroupWatch(
-            {i: m.address.node_ip for i, m in enumerate(members)}, start_timeout_s=self._start_timeout_s,
-            worker_timeout_s=self._worker_timeout_s, hang_timeout_s=self.shape.hang_timeout_s,
+            {i: m.address.node_ip for i, m in enumerate(members)},
+            start_timeout_s=self._start_timeout_s,
+            worker_timeout_s=self._worker_timeout_s,
+            hang_timeout_s=self.shape.hang_timeout_s,
             finishers=None if finishers is None else [i for i, m in enumerate(members) if m.role.name in finishers],
             labels={i: m.label for i, m in enumerate(members)} if self.shape.named_tasks else None,
         )
@@ -221,10 +245,15 @@ class WorkerGroup:
             callback.after_start(self)
 
     def _spec(self, member: Member) -> WorkerSpec:
-        return WorkerSpec(role=member.role.name, rank=member.rank,
-                          tf_config=build_tf_config(self._cluster, member.task, member.role.name),
-                          attempt=self._attempt, resume=self._resume, datasets=self.shape.datasets(self, member),
-                          task=task_id(member, self.shape))
+        return WorkerSpec(
+            role=member.role.name,
+            rank=member.rank,
+            tf_config=build_tf_config(self._cluster, member.task, member.role.name),
+            attempt=self._attempt,
+            resume=self._resume,
+            datasets=self.shape.datasets(self, member),
+            task=task_id(member, self.shape),
+        )
 
     def _reserve(self, members: Sequence[Member]) -> None:
         reserve(members, self._start_timeout_s, self._new_actor, self._attempt)
@@ -264,9 +293,15 @@ class WorkerGroup:
         if self._preempted and status.failures:
             # A preempted member's end is the preemption, whatever it looked like from here.
             preempted = self._preempted
-            status = dataclasses.replace(status, failures=tuple(
-                dataclasses.replace(f, kind=FailureKind.PREEMPTED, message=f"{preempted[f.rank]}; then {f.message}")
-                if f.rank in preempted else f for f in status.failures))
+            status = dataclasses.replace(
+                status,
+                failures=tuple(
+                    dataclasses.replace(f, kind=FailureKind.PREEMPTED, message=f"{preempted[f.rank]}; then {f.message}")
+                    if f.rank in preempted
+                    else f
+                    for f in status.failures
+                ),
+            )
         for callback in self._callbacks:
             status = callback.after_poll(self, status)
         return status
@@ -321,15 +356,18 @@ class WorkerGroup:
         evaluator's, while the chief trains); a mirrored group restarts for any loss."""
         if self.watch is None or not 0 <= failure.rank < len(self.members):
             return False
-        return (self.members[failure.rank].role.name in self.shape.replaceable
-                and self.watch.phases.get(self.trainer_index) not in (Phase.FAILED, Phase.LOST))
+        return self.members[failure.rank].role.name in self.shape.replaceable and self.watch.phases.get(
+            self.trainer_index
+        ) not in (Phase.FAILED, Phase.LOST)
 
     def replace(self, failure: WorkerFailure) -> None:
         """A new actor for the lost member: same bundle, same task index, its old port if free."""
         index = failure.rank
         member = self.members[index]
         silent = [member.address] if self.watch and index in self.watch.silent_ranks and member.address else []
-        kill_and_wait([member.actor], "replaced", silent)  # its port free again: the coordinator redials it (worker/ps.py)
+        kill_and_wait(
+            [member.actor], "replaced", silent
+        )  # its port free again: the coordinator redials it (worker/ps.py)
         self._preempted.pop(index, None)
         old = member.address
         member.generation += 1
@@ -339,15 +377,27 @@ class WorkerGroup:
         address = member.address
         if old is None or address.host_port != old.host_port:
             # The coordinator dials the new address before the new server answers there (a silent chief is lost).
-            [honoured] = call_each([self.members[self.trainer_index].actor], "retarget", lambda i: (
-                member.role.name, member.task, address.host_port), "retarget the chief",
-                self._worker_timeout_s, "FailureConfig.worker_timeout_s")
+            [honoured] = call_each(
+                [self.members[self.trainer_index].actor],
+                "retarget",
+                lambda i: (member.role.name, member.task, address.host_port),
+                "retarget the chief",
+                self._worker_timeout_s,
+                "FailureConfig.worker_timeout_s",
+            )
             if not honoured:  # TensorFlow already redials the old address, and would wait there for ever
-                raise WorkerStartError(f"it came back at {address.host_port} while the coordinator redialed its old "
-                                       "address; the group restarts from the last checkpoint")
+                raise WorkerStartError(
+                    f"it came back at {address.host_port} while the coordinator redialed its old "
+                    "address; the group restarts from the last checkpoint"
+                )
         self._cluster[member.role.name][member.task] = address.host_port
-        call_each([member.actor], "start", lambda i: (self.run_ref, self._spec(member), member.role.payload),
-                  "start a replacement", self._start_timeout_s)
+        call_each(
+            [member.actor],
+            "start",
+            lambda i: (self.run_ref, self._spec(member), member.role.payload),
+            "start a replacement",
+            self._start_timeout_s,
+        )
         self.watch.replaced(index, address.node_ip)
         self._relay.replace(index, member.actor)
         member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
@@ -374,8 +424,11 @@ class WorkerGroup:
         for callback in self._callbacks:
             callback.before_shutdown(self)
         members, self.members = self.members, []
-        silent = [members[i].address for i in sorted(self.watch.silent_ranks if self.watch else ())
-                  if i < len(members) and members[i].address is not None]
+        silent = [
+            members[i].address
+            for i in sorted(self.watch.silent_ranks if self.watch else ())
+            if i < len(members) and members[i].address is not None
+        ]
         self.watch = None
         if self._relay is not None:
             self._relay.watch({})  # the killed actors' deaths are no news

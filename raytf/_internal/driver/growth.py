@@ -63,21 +63,32 @@ class GrowBack(GroupCallback):
             grew = group.num_workers > self._grew_from
             self._backoff = 1 if grew else min(self._backoff * 2, _MAX_BACKOFF)
             if not grew:
-                logger.warning("elastic group: placed %d workers again (of %d); the next try to grow in %.0f s",
-                               group.num_workers, group.elastic.max_workers, self._check_s * self._backoff)
+                logger.warning(
+                    "elastic group: placed %d workers again (of %d); the next try to grow in %.0f s",
+                    group.num_workers,
+                    group.elastic.max_workers,
+                    self._check_s * self._backoff,
+                )
             self._grew_from = None
 
     def on_answers(self, group: GroupView, now: float) -> None:
         missing = group.elastic.max_workers - group.num_workers
-        if (missing <= 0 or group.preempt_reason or group.watch is None or group.watch.trained_since() is None
-                or now - self._checked_at < self._check_s * self._backoff):
+        if (
+            missing <= 0
+            or group.preempt_reason
+            or group.watch is None
+            or group.watch.trained_since() is None
+            or now - self._checked_at < self._check_s * self._backoff
+        ):
             return
         hold = flap_hold_s(self._grown_at, now)
         if hold and now < self._grown_at[-1] + hold:
             if self._holding_until != self._grown_at[-1] + hold:  # said once per wait
                 self._holding_until = self._grown_at[-1] + hold
-                group.notify(f"elastic group: lost workers again within {_FLAP_WINDOW_S / 60:.0f} min of growing; "
-                             f"the next growth waits until {hold:.0f} s after the last")
+                group.notify(
+                    f"elastic group: lost workers again within {_FLAP_WINDOW_S / 60:.0f} min of growing; "
+                    f"the next growth waits until {hold:.0f} s after the last"
+                )
             return
         self._checked_at = now
         bundle = next(role.bundle for role in group.roles if role.name == group.shape.train_role)
@@ -91,10 +102,13 @@ class GrowBack(GroupCallback):
         self._grew_from = group.num_workers
         self._grown_at.append(now)
         group.notify(f"room for {missing} more worker(s) of {bundle}: growing to {group.elastic.max_workers}")
-        group.preempt(group.trainer_index,
-                      f"the cluster has room for {missing} more worker(s) of {bundle} (ScalingConfig.num_workers="
-                      f"({group.elastic.min_workers}, {group.elastic.max_workers})); growing from "
-                      f"{group.num_workers} to {group.elastic.max_workers} workers", FailureKind.RESIZED)
+        group.preempt(
+            group.trainer_index,
+            f"the cluster has room for {missing} more worker(s) of {bundle} (ScalingConfig.num_workers="
+            f"({group.elastic.min_workers}, {group.elastic.max_workers})); growing from "
+            f"{group.num_workers} to {group.elastic.max_workers} workers",
+            FailureKind.RESIZED,
+        )
 
     def before_shutdown(self, group: GroupView) -> None:
         self._remove_probe()

@@ -25,7 +25,7 @@ IDLE_BLAME_S = 2.0
 
 
 def _ranks_wait(ranks: list[int], still: str = "") -> str:
-    """"rank 0 waits" or "ranks 0, 2 wait"."""
+    """ "rank 0 waits" or "ranks 0, 2 wait"."""
     one = len(ranks) == 1
     return f"{'rank' if one else 'ranks'} {', '.join(map(str, ranks))} {still}{'waits' if one else 'wait'}"
 
@@ -33,29 +33,38 @@ def _ranks_wait(ranks: list[int], still: str = "") -> str:
 def _failure(rank: int, activity: Activity, waiting: list[int], node_ip: str, why: str) -> WorkerFailure:
     if activity.kind == ActivityKind.FINISHED:
         return WorkerFailure(
-            rank=rank, kind=FailureKind.RETURNED_EARLY, error_type="ReturnedEarly",
+            rank=rank,
+            kind=FailureKind.RETURNED_EARLY,
+            error_type="ReturnedEarly",
             message=(
                 f"train_fn returned {activity.seconds:.0f} s ago while {_ranks_wait(waiting, 'still ')} "
                 f"in a TensorFlow collective, which needs every rank ({why}). Every rank must run "
                 "the same steps and collectives: an early return, or a rank with fewer batches, "
                 "leaves the others waiting"
             ),
-            traceback="", time=time.time(), node_ip=node_ip,
+            traceback="",
+            time=time.time(),
+            node_ip=node_ip,
         )
     return WorkerFailure(
-        rank=rank, kind=FailureKind.STALLED, error_type="Stalled",
+        rank=rank,
+        kind=FailureKind.STALLED,
+        error_type="Stalled",
         message=(
             f"stopped taking part: it has been in its own code, outside TensorFlow, for "
             f"{activity.seconds:.0f} s (at {activity.where or 'an unknown line'}) while "
             f"{_ranks_wait(waiting)} in a TensorFlow collective for it ({why})"
         ),
-        traceback="", time=time.time(), node_ip=node_ip,
+        traceback="",
+        time=time.time(),
+        node_ip=node_ip,
     )
 
 
 def _out(activity: Activity, at_least_s: float) -> bool:
     return activity.kind == ActivityKind.FINISHED or (
-        activity.kind == ActivityKind.PYTHON and activity.seconds >= at_least_s)
+        activity.kind == ActivityKind.PYTHON and activity.seconds >= at_least_s
+    )
 
 
 def find_hangs(
@@ -64,8 +73,7 @@ def find_hangs(
     """The ranks that stopped taking part while others wait, once both have lasted ``timeout_s``."""
     if timeout_s is None:
         return []
-    waiting = sorted(r for r, a in activities.items()
-                     if a.kind == ActivityKind.TENSORFLOW and a.seconds >= timeout_s)
+    waiting = sorted(r for r, a in activities.items() if a.kind == ActivityKind.TENSORFLOW and a.seconds >= timeout_s)
     if not waiting:
         return []
     why = f"FailureConfig.hang_timeout_s={timeout_s:g}"

@@ -42,8 +42,13 @@ def load_history(storage: RunStorage) -> list[dict[str, Any]]:
         problem = str(error)
     aside = f"{HISTORY_FILE}.unreadable-{int(time.time())}"
     storage.filesystem.move(storage.path(HISTORY_FILE), storage.path(aside))
-    logger.warning("%s of run %s is unreadable (%s); moved it to %s and starting a new history",
-                   HISTORY_FILE, storage.uri, problem, aside)
+    logger.warning(
+        "%s of run %s is unreadable (%s); moved it to %s and starting a new history",
+        HISTORY_FILE,
+        storage.uri,
+        problem,
+        aside,
+    )
     return []
 
 
@@ -66,10 +71,14 @@ def record_start(storage: RunStorage, name: str) -> int:
             "run's checkpoints and history.json are not affected)"
         )
     starts = list(record.get("starts", []))
-    starts.append({
-        "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": socket.gethostname(), "pid": os.getpid(), "raytf_version": __version__,
-    })
+    starts.append(
+        {
+            "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "raytf_version": __version__,
+        }
+    )
     storage.write_json(RUN_FILE, {"name": name, "starts": starts})
     return len(starts) - 1
 
@@ -78,9 +87,15 @@ class RunHistory:
     """Rank 0's reports over the whole run, as entries with ``attempt``, ``driver_start``,
     ``report_seq`` and, when one was committed, ``checkpoint``."""
 
-    def __init__(self, storage: RunStorage, display: ProgressDisplay, driver_start: int,
-                 previous: list[dict[str, Any]], events: Optional[EventWriter] = None,
-                 guard: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        storage: RunStorage,
+        display: ProgressDisplay,
+        driver_start: int,
+        previous: list[dict[str, Any]],
+        events: Optional[EventWriter] = None,
+        guard: Callable[[], None] = lambda: None,
+    ):
         self.entries: list[dict[str, Any]] = list(previous)
         self._storage = storage
         self._display = display
@@ -94,20 +109,28 @@ class RunHistory:
         """Record a report of rank 0 (with the name of the checkpoint committed from it)."""
         logger.debug("report from rank 0, attempt %d: %s", report.attempt, report.metrics)
         self._display.report(report)
-        entry = {**report.metrics, "attempt": report.attempt, "driver_start": self._driver_start,
-                 "report_seq": report.seq}
+        entry = {
+            **report.metrics,
+            "attempt": report.attempt,
+            "driver_start": self._driver_start,
+            "report_seq": report.seq,
+        }
         if checkpoint is not None:
             entry["checkpoint"], entry["committed_at"] = checkpoint, time.time()
         self.entries.append(entry)
         self._dirty = True
         if self._events is not None:
             step = report.metrics.get("step")
-            self._events.add(step if isinstance(step, int) and not isinstance(step, bool) else len(self.entries) - 1,
-                             report.metrics)
+            self._events.add(
+                step if isinstance(step, int) and not isinstance(step, bool) else len(self.entries) - 1, report.metrics
+            )
         # With every checkpoint, and every few seconds: a driver that dies without a
         # word loses no report whose checkpoint it committed.
-        if checkpoint is not None or report.checkpoint is not None or \
-                time.monotonic() - self._last_write >= _WRITE_INTERVAL_S:
+        if (
+            checkpoint is not None
+            or report.checkpoint is not None
+            or time.monotonic() - self._last_write >= _WRITE_INTERVAL_S
+        ):
             self.flush()
 
     def attach(self, report: Report, checkpoint: Optional[str]) -> None:
@@ -116,8 +139,11 @@ class RunHistory:
         if checkpoint is None:
             return
         for entry in reversed(self.entries):
-            if (entry.get("report_seq"), entry.get("attempt"), entry.get("driver_start")) == \
-                    (report.seq, report.attempt, self._driver_start):
+            if (entry.get("report_seq"), entry.get("attempt"), entry.get("driver_start")) == (
+                report.seq,
+                report.attempt,
+                self._driver_start,
+            ):
                 entry["checkpoint"], entry["committed_at"] = checkpoint, time.time()
                 break
         else:  # its entry was never recorded (cannot happen: a rank's reports arrive in order)
@@ -144,10 +170,13 @@ class RunHistory:
         return {k: v for k, v in training[-1].items() if k not in HISTORY_KEYS}
 
 
-def report_handler(checkpoints: Any, history: RunHistory, driver_start: int,
-                   guard: Callable[[], None] = lambda: None,
-                   acknowledge: Callable[[int, int, Optional[str]], None] = lambda rank, seq, error: None,
-                   ) -> "ReportHandler":
+def report_handler(
+    checkpoints: Any,
+    history: RunHistory,
+    driver_start: int,
+    guard: Callable[[], None] = lambda: None,
+    acknowledge: Callable[[int, int, Optional[str]], None] = lambda rank, seq, error: None,
+) -> "ReportHandler":
     """What the controller does with each report (see :class:`ReportHandler`)."""
     return ReportHandler(checkpoints, history, driver_start, guard, acknowledge)
 
@@ -166,8 +195,14 @@ class ReportHandler:
     so they raise instead of waiting forever.
     """
 
-    def __init__(self, checkpoints: Any, history: RunHistory, driver_start: int, guard: Callable[[], None],
-                 acknowledge: Callable[[int, int, Optional[str]], None]):
+    def __init__(
+        self,
+        checkpoints: Any,
+        history: RunHistory,
+        driver_start: int,
+        guard: Callable[[], None],
+        acknowledge: Callable[[int, int, Optional[str]], None],
+    ):
         self._checkpoints, self._history, self._driver_start = checkpoints, history, driver_start
         self._guard, self._acknowledge = guard, acknowledge
         self._rounds: dict[tuple[int, int], dict[int, Report]] = {}  # (attempt, round) -> rank -> its share
@@ -201,8 +236,7 @@ class ReportHandler:
         if len(shares) < report.part.parties:
             return
         del self._rounds[key]
-        committed, error = self._checkpoints.handle_parts(list(shares.values()), self._driver_start,
-                                                          guard=self._guard)
+        committed, error = self._checkpoints.handle_parts(list(shares.values()), self._driver_start, guard=self._guard)
         if 0 in shares and shares[0].stage is ReportStage.UPLOADED:  # recorded when rank 0 made it (PENDING)
             self._history.attach(shares[0], committed)
         elif 0 in shares:
@@ -219,7 +253,9 @@ class ReportHandler:
             if key[0] != attempt or not missing:
                 continue
             del self._rounds[key]
-            error = (f"rank {min(missing)} returned from train_fn without making this report: a report with "
-                     "ranks='all' (and raytf.train.report) is collective, so every rank makes it at the same points")
+            error = (
+                f"rank {min(missing)} returned from train_fn without making this report: a report with "
+                "ranks='all' (and raytf.train.report) is collective, so every rank makes it at the same points"
+            )
             for share in shares.values():
                 self._acknowledge(share.rank, share.seq, error)

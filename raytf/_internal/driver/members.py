@@ -59,5 +59,6 @@ class GroupView(Protocol):
 
     def bundle_nodes(self) -> Mapping[int, str]: ...  # bundle index -> node id
 
-    def preempt(self, index: int, reason: str, kind: FailureKind = FailureKind.PREEMPTED) -> None:
-        ...  # member ``index`` is going away (RESIZED: the group stops to grow)
+    def preempt(
+        self, index: int, reason: str, kind: FailureKind = FailureKind.PREEMPTED
+    ) -> None: ...  # member ``index`` is going away (RESIZED: the group stops to grow)

@@ -20,9 +20,13 @@ def _describe(bundles: Sequence[dict[str, float]]) -> str:
     return " + ".join(f"{n} x {b}" for b, n in counts.items())
 
 
-def place(bundles: Sequence[dict[str, float]], strategy: str, timeout_s: Optional[float],
-          notify: Callable[[str], None] = lambda message: None,
-          set_by: str = "ScalingConfig.placement_timeout_s") -> Optional[PlacementGroup]:
+def place(
+    bundles: Sequence[dict[str, float]],
+    strategy: str,
+    timeout_s: Optional[float],
+    notify: Callable[[str], None] = lambda message: None,
+    set_by: str = "ScalingConfig.placement_timeout_s",
+) -> Optional[PlacementGroup]:
     """A placement group of ``bundles``, ready; or None after ``timeout_s`` (None: wait forever),
     which ``set_by`` names in what is said while waiting.
 

@@ -16,6 +16,7 @@ pipeline, and the checkpoint's positions mean the same rows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from typing import Any, Collection, Mapping
@@ -47,7 +48,9 @@ def materialize(dataset: Any) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
             ref, metadata = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry  # Ray < 2.60: a pair
             start, end = (0, metadata.num_rows) if part is None else (part.start_offset, part.end_offset)
             if end is None:
-                raise RaytfError(f"Ray Data did not record the row count of a block of {dataset}: this Ray version is not one raytf supports (see the support table), or DataConfig(exactly_once=False) reads without counting")
+                raise RaytfError(
+                    f"Ray Data did not record the row count of a block of {dataset}: this Ray version is not one raytf supports (see the support table), or DataConfig(exactly_once=False) reads without counting"
+                )
             refs.append(ref)
             rows.append(end - start)
             offsets.append(start)
@@ -64,13 +67,13 @@ class ExactData(GroupCallback):
 
         self._seed = secrets.randbits(62)  # orders unseeded shuffles; a checkpoint's positions keep theirs
         self._split = frozenset(split)
-        self._making = {}
+        self._making: dict[str, Background] = {}
         for name in sorted(datasets):
             dataset = datasets[name]
             if isinstance(dataset, FileSource):
-                self._making[name] = Background(lambda d=dataset: plan_files(d), "raytf-plan-files")
+                self._making[name] = Background(functools.partial(plan_files, dataset), "raytf-plan-files")
             elif exactly_once and name in self._split:
-                self._making[name] = Background(lambda d=dataset: materialize(d), "raytf-materialize")
+                self._making[name] = Background(functools.partial(materialize, dataset), "raytf-materialize")
         self._made: dict[str, Any] = {}  # name -> (blocks, their rows used, where those start), or a FilePlan
 
     def kept_shards(self, group: GroupView) -> Mapping[str, Any]:
@@ -82,13 +85,16 @@ class ExactData(GroupCallback):
             except ValueError as error:  # a file source that cannot be read as it says
                 raise ConfigError(f"Trainer(datasets={{{name!r}: ...}}): {error}") from None
             del self._making[name]
-        shards = {}
+        shards: dict[str, list[Any]] = {}
         for name, made in self._made.items():
             if isinstance(made, FilePlan):
                 whole = name not in self._split
                 shards[name] = [FileShard(name, made, self._seed, whole)] * (1 if whole else group.num_workers)
             else:
-                shards[name] = [PlannedShard(name, *made, seed=self._seed)] * group.num_workers
+                blocks, block_rows, block_offsets = made
+                shards[name] = [
+                    PlannedShard(name, blocks, block_rows, block_offsets, seed=self._seed)
+                ] * group.num_workers
         return shards
 
     def on_close(self, group: GroupView) -> None:

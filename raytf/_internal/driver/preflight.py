@@ -32,8 +32,9 @@ def holds(bundle: Mapping[str, float], node: NodeResources) -> int:
     return min(counts) if counts else 0
 
 
-def launchable(bundle: Mapping[str, float], workers: int, live: Sequence[NodeResources],
-               node_types: Sequence[Any]) -> tuple[Optional[str], list[str]]:
+def launchable(
+    bundle: Mapping[str, float], workers: int, live: Sequence[NodeResources], node_types: Sequence[Any]
+) -> tuple[Optional[str], list[str]]:
     """On an autoscaling cluster: (why the group can never be placed, or None; the node types to wait for).
 
     ``node_types`` are what the autoscaler can add (``name``, ``resources``,
@@ -49,14 +50,16 @@ def launchable(bundle: Mapping[str, float], workers: int, live: Sequence[NodeRes
             f"no node can hold one worker, which asks for {_fmt(bundle)}: not a live node "
             f"({', '.join(_fmt(n) for n in live) or 'none'}), nor a node type the autoscaler can add "
             f"({names}). Lower the per-worker ask (ScalingConfig.cpus_per_worker, gpus_per_worker, "
-            "resources_per_worker) or add a node type that fits it to the cluster's config.", [],
+            "resources_per_worker) or add a node type that fits it to the cluster's config.",
+            [],
         )
     room = sum(holds(bundle, n) for n in live) + sum(holds(bundle, t.resources) * t.max_workers for t in fitting)
     if room < workers:
         return (
             f"the cluster can hold at most {room} workers of {_fmt(bundle)} (live nodes and every node "
             f"the autoscaler can add: {names}), fewer than ScalingConfig.num_workers={workers}. Lower "
-            "num_workers or raise the node types' max_workers.", [],
+            "num_workers or raise the node types' max_workers.",
+            [],
         )
     if any(fits(bundle, n) for n in live):
         return None, []
@@ -79,9 +82,7 @@ def unfit_worker(bundle: Mapping[str, float], nodes: Sequence[NodeResources]) ->
             setting = {"CPU": "cpus_per_worker", "GPU": "gpus_per_worker"}.get(
                 resource, f"resources_per_worker[{resource!r}]"
             )
-            lines.append(
-                f"ScalingConfig.{setting}={amount:g}, but the largest node has {most:g} {resource}."
-            )
+            lines.append(f"ScalingConfig.{setting}={amount:g}, but the largest node has {most:g} {resource}.")
     lines.append(
         f"Nodes: {', '.join(_fmt(n) for n in nodes) or 'none'}. Lower the per-worker ask or add a "
         "node that fits it; on an autoscaling cluster whose node types raytf cannot read (its "
@@ -111,9 +112,7 @@ def placement_timeout_message(
     )
 
 
-def data_starvation(
-    lazy_datasets: Sequence[str], cluster_cpus: float, worker_cpus: float
-) -> Optional[str]:
+def data_starvation(lazy_datasets: Sequence[str], cluster_cpus: float, worker_cpus: float) -> Optional[str]:
     """Why Ray Data could never run a lazy dataset's tasks while the workers hold the CPUs."""
     if not lazy_datasets or cluster_cpus - worker_cpus >= 1:
         return None
@@ -146,8 +145,9 @@ def unseen_storage(root: str, seen: Mapping[str, Optional[bool]]) -> Optional[st
     )
 
 
-def too_few_rows(name: str, rows: int, workers: int, split: bool, trainer: str = "Trainer",
-                 scaling: str = "ScalingConfig") -> Optional[str]:
+def too_few_rows(
+    name: str, rows: int, workers: int, split: bool, trainer: str = "Trainer", scaling: str = "ScalingConfig"
+) -> Optional[str]:
     """Why a materialized dataset cannot feed the group (empty, or fewer rows than workers), or None."""
     if split and rows < workers:
         return (
@@ -161,9 +161,14 @@ def too_few_rows(name: str, rows: int, workers: int, split: bool, trainer: str =
     return None
 
 
-def check_group(bundle: Mapping[str, float], min_workers: int, live: Sequence[NodeResources],
-                node_types: Optional[Sequence[Any]], lazy_datasets: Sequence[str],
-                cluster_cpus: float) -> tuple[Optional[str], list[str]]:
+def check_group(
+    bundle: Mapping[str, float],
+    min_workers: int,
+    live: Sequence[NodeResources],
+    node_types: Optional[Sequence[Any]],
+    lazy_datasets: Sequence[str],
+    cluster_cpus: float,
+) -> tuple[Optional[str], list[str]]:
     """(why the group can never run here, or None; node types it waits for the autoscaler to add).
 
     ``node_types`` is None where no autoscaler can add nodes (or raytf cannot
@@ -172,7 +177,8 @@ def check_group(bundle: Mapping[str, float], min_workers: int, live: Sequence[No
     """
     if node_types is None:
         problem = unfit_worker(bundle, live) or data_starvation(
-            lazy_datasets, cluster_cpus, min_workers * bundle.get("CPU", 0.0))
+            lazy_datasets, cluster_cpus, min_workers * bundle.get("CPU", 0.0)
+        )
         return problem, []
     return launchable(bundle, min_workers, live, node_types)
 

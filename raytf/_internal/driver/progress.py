@@ -60,8 +60,9 @@ class Rate:
         return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
 
 
-def status_line(attempt: int, progress: Optional[Progress], metrics: dict[str, Any],
-                steps_per_s: Optional[float], width: int) -> str:
+def status_line(
+    attempt: int, progress: Optional[Progress], metrics: dict[str, Any], steps_per_s: Optional[float], width: int
+) -> str:
     """The live line: what is known of attempt, epoch, step, speed, metrics and time left."""
     parts = [f"attempt {attempt}" + (f" ({attempt} restart{'s' if attempt > 1 else ''})" if attempt else "")]
     p = progress or Progress()
@@ -89,8 +90,14 @@ def status_line(attempt: int, progress: Optional[Progress], metrics: dict[str, A
 
 
 class ProgressDisplay:
-    def __init__(self, run_name: str, verbose: int, stream: Optional[TextIO] = None,
-                 clock: Callable[[], float] = time.monotonic, live: Optional[bool] = None):
+    def __init__(
+        self,
+        run_name: str,
+        verbose: int,
+        stream: Optional[TextIO] = None,
+        clock: Callable[[], float] = time.monotonic,
+        live: Optional[bool] = None,
+    ):
         self._run_name = run_name
         self._verbose = verbose
         self._stream = stream
@@ -162,4 +169,3 @@ class ProgressDisplay:
         self._live = False
         if self._verbose:
             self._out().flush()
-

@@ -161,8 +161,13 @@ class ActorRelay:
         ray.kill(self._actor, no_restart=True)
 
 
-def feed(watch: GroupWatch, events: Sequence[tuple[int, str, Any]], unanswered: Mapping[int, float], now: float,
-         answer: Callable[[int, WorkerStatus], WorkerStatus] = lambda index, status: status) -> None:
+def feed(
+    watch: GroupWatch,
+    events: Sequence[tuple[int, str, Any]],
+    unanswered: Mapping[int, float],
+    now: float,
+    answer: Callable[[int, WorkerStatus], WorkerStatus] = lambda index, status: status,
+) -> None:
     """One take's news into the watch: answers (``answer`` sees each status first), deaths, and
     the silence of polls unanswered (by age, as of ``now``)."""
     for index, kind, payload in events:

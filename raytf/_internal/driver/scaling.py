@@ -50,5 +50,7 @@ class ElasticPolicy:
         """What to tell the user when the group starts with fewer than ``max`` workers."""
         if workers == self.max_workers:
             return None
-        return (f"{self.max_workers} workers could not be placed within {self.resize_timeout_s:g} s "
-                f"({self.config}.resize_timeout_s); training with {workers}")
+        return (
+            f"{self.max_workers} workers could not be placed within {self.resize_timeout_s:g} s "
+            f"({self.config}.resize_timeout_s); training with {workers}"
+        )

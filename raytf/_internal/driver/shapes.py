@@ -56,8 +56,9 @@ class GroupShape:
         """The dataset iterators ``member`` reads this attempt."""
         raise NotImplementedError
 
-    def split_attempt(self, group: GroupView, members: Sequence[Member],
-                      kept: Mapping[str, Any]) -> Optional[list[dict[str, Any]]]:
+    def split_attempt(
+        self, group: GroupView, members: Sequence[Member], kept: Mapping[str, Any]
+    ) -> Optional[list[dict[str, Any]]]:
         """Per world rank, the datasets of this attempt (``kept``: what a callback kept of the last
         attempt's), where the shape splits per attempt; None where it split once (``prepare``)."""
         return None
@@ -99,8 +100,9 @@ class MirroredShape(GroupShape):
         trained.sort(key=lambda m: m.task)
         others = [m for m in members if m.role.name != self.train_role]
         for index, member in enumerate(others, start=len(trained)):
-            member.rank = RankInfo(world_rank=index, world_size=len(members), local_rank=0, local_world_size=1,
-                                   node_rank=0, num_nodes=1)
+            member.rank = RankInfo(
+                world_rank=index, world_size=len(members), local_rank=0, local_world_size=1, node_rank=0, num_nodes=1
+            )
         return trained + others
 
     def datasets(self, group: GroupView, member: Member) -> dict[str, Any]:
@@ -108,8 +110,9 @@ class MirroredShape(GroupShape):
             return {}
         return group.attempt_shards[member.task]
 
-    def split_attempt(self, group: GroupView, members: Sequence[Member],
-                      kept: Mapping[str, Any]) -> Optional[list[dict[str, Any]]]:
+    def split_attempt(
+        self, group: GroupView, members: Sequence[Member], kept: Mapping[str, Any]
+    ) -> Optional[list[dict[str, Any]]]:
         trained = _by_role(members, self.train_role)
         return split_for_ranks(group.datasets, group.run.split, [m.address.node_id for m in trained], kept)
 
@@ -119,10 +122,17 @@ class MirroredShape(GroupShape):
         from raytf._internal.driver import cluster
 
         elastic = group.elastic
-        return PlacementTimeoutError(placement_timeout_message(
-            group.roles[0].bundle, elastic.min_workers, group.placement_strategy, elastic.placement_timeout_s or 0.0,
-            ray.cluster_resources(), ray.available_resources(), cluster.live_node_resources(),
-        ))
+        return PlacementTimeoutError(
+            placement_timeout_message(
+                group.roles[0].bundle,
+                elastic.min_workers,
+                group.placement_strategy,
+                elastic.placement_timeout_s or 0.0,
+                ray.cluster_resources(),
+                ray.available_resources(),
+                cluster.live_node_resources(),
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -151,8 +161,14 @@ class ParameterServerShape(GroupShape):
     def order(self, members: list[Member]) -> list[Member]:
         for index, member in enumerate(members):  # in TF_CONFIG's role order; the chief first
             chief = member.role.name == self.train_role  # the one train_fn, so a group of one in its context
-            member.rank = RankInfo(world_rank=0 if chief else index, world_size=1 if chief else len(members),
-                                   local_rank=0, local_world_size=1, node_rank=0, num_nodes=1)
+            member.rank = RankInfo(
+                world_rank=0 if chief else index,
+                world_size=1 if chief else len(members),
+                local_rank=0,
+                local_world_size=1,
+                node_rank=0,
+                num_nodes=1,
+            )
         return members
 
     def datasets(self, group: GroupView, member: Member) -> dict[str, Any]:

@@ -57,8 +57,7 @@ def _masked(crc: int) -> int:
 def record(data: bytes) -> bytes:
     """One TFRecord: what TensorFlow's record writer frames ``data`` in."""
     length = struct.pack("<Q", len(data))
-    return (length + struct.pack("<I", _masked(crc32c(length))) + data
-            + struct.pack("<I", _masked(crc32c(data))))
+    return length + struct.pack("<I", _masked(crc32c(length))) + data + struct.pack("<I", _masked(crc32c(data)))
 
 
 def _varint(value: int) -> bytes:
@@ -82,8 +81,9 @@ def _bytes_field(number: int, payload: bytes) -> bytes:
     return _field(number, 2) + _varint(len(payload)) + payload
 
 
-def event(wall_time: float, step: int, *, scalars: Optional[Mapping[str, float]] = None,
-          file_version: Optional[str] = None) -> bytes:
+def event(
+    wall_time: float, step: int, *, scalars: Optional[Mapping[str, float]] = None, file_version: Optional[str] = None
+) -> bytes:
     """A ``tensorflow.Event``: wall_time (1, double), step (2, int64), file_version (3) or summary (5)."""
     out = _field(1, 1) + struct.pack("<d", wall_time) + _field(2, 0) + _varint(step)
     if file_version is not None:
@@ -120,8 +120,12 @@ def scalars_of(metrics: Mapping[str, Any]) -> dict[str, float]:
             if abs(number) > _FLOAT32_MAX:
                 if key not in _warned:
                     _warned.add(key)
-                    logger.warning("metric %r = %r is beyond float32's range, which TensorBoard's scalars "
-                                   "have; it is not plotted (result.history keeps it)", key, value)
+                    logger.warning(
+                        "metric %r = %r is beyond float32's range, which TensorBoard's scalars "
+                        "have; it is not plotted (result.history keeps it)",
+                        key,
+                        value,
+                    )
                 continue
             out[key] = number
     return out

@@ -12,8 +12,15 @@ from typing import Mapping, Sequence
 
 from raytf._internal.protocol import RankInfo, WorkerAddress, format_host_port
 
-__all__ = ["ROLE_ORDER", "RankInfo", "WorkerAddress", "assign_ranks", "build_tf_config", "format_host_port",
-           "worker_list"]
+__all__ = [
+    "ROLE_ORDER",
+    "RankInfo",
+    "WorkerAddress",
+    "assign_ranks",
+    "build_tf_config",
+    "format_host_port",
+    "worker_list",
+]
 
 # The cluster's roles in the order TensorFlow's docs and Kubeflow's TFJob list them.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -64,8 +71,7 @@ def worker_list(addresses: Sequence[WorkerAddress], ranks: Sequence[RankInfo]) -
     return [address.host_port for _, address in by_rank]
 
 
-def build_tf_config(cluster: Mapping[str, Sequence[str]] | Sequence[str], index: int,
-                    task_type: str = "worker") -> str:
+def build_tf_config(cluster: Mapping[str, Sequence[str]] | Sequence[str], index: int, task_type: str = "worker") -> str:
     """The TF_CONFIG JSON of task ``index`` of role ``task_type``.
 
     ``cluster`` maps each role to its tasks' ``host:port`` in index order (a

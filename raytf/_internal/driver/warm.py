@@ -63,7 +63,7 @@ class WarmStandbys(GroupCallback):
         if gpus is None:
             return None  # a GPU bundle whose GPUs no actor of this placement group has named yet
         if self._bundle_nodes is None:
-            self._bundle_nodes = group.bundle_nodes()
+            self._bundle_nodes = dict(group.bundle_nodes())
         node = self._bundle_nodes.get(member.bundle)
         for i, (standby_node, actor) in enumerate(self._standby):
             if standby_node == node:
@@ -109,7 +109,11 @@ class WarmStandbys(GroupCallback):
                 continue
             self._count += 1
             actor = new_worker(
-                run_name, f"raytf:{run_name}:standby:{self._count}", num_cpus=0, num_gpus=0, max_restarts=0,
+                run_name,
+                f"raytf:{run_name}:standby:{self._count}",
+                num_cpus=0,
+                num_gpus=0,
+                max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             )
             actor.warm.remote(group.run_ref)  # not waited on: a restart's reserve() queues behind it

@@ -38,9 +38,17 @@ class Milestone(str, enum.Enum):
 class GroupWatch:
     """One attempt's view of its workers, fed one poll at a time."""
 
-    def __init__(self, node_ips: Mapping[int, str], *, start_timeout_s: float, worker_timeout_s: float,
-                 hang_timeout_s: Optional[float], clock: Callable[[], float] = time.monotonic,
-                 finishers: Optional[Collection[int]] = None, labels: Optional[Mapping[int, str]] = None):
+    def __init__(
+        self,
+        node_ips: Mapping[int, str],
+        *,
+        start_timeout_s: float,
+        worker_timeout_s: float,
+        hang_timeout_s: Optional[float],
+        clock: Callable[[], float] = time.monotonic,
+        finishers: Optional[Collection[int]] = None,
+        labels: Optional[Mapping[int, str]] = None,
+    ):
         self._node_ips = dict(node_ips)  # world rank -> node address
         # The ranks whose train_fn ending ends the group: all of them, or (parameter-server
         # training) the chief and the evaluator, while workers and ps serve until shut down.
@@ -62,11 +70,19 @@ class GroupWatch:
         # When the whole group first got past each start-up phase (the clock's time), for the breakdown.
         self.reached: dict[Milestone, float] = {}
 
-    def _failure(self, rank: int, kind: FailureKind, error_type: str, message: str,
-                 at: Optional[float] = None) -> WorkerFailure:
-        return WorkerFailure(rank=rank, kind=kind, error_type=error_type, message=message, traceback="",
-                             time=time.time() if at is None else at, node_ip=self._node_ips.get(rank, ""),
-                             task=self._labels.get(rank, ""))
+    def _failure(
+        self, rank: int, kind: FailureKind, error_type: str, message: str, at: Optional[float] = None
+    ) -> WorkerFailure:
+        return WorkerFailure(
+            rank=rank,
+            kind=kind,
+            error_type=error_type,
+            message=message,
+            traceback="",
+            time=time.time() if at is None else at,
+            node_ip=self._node_ips.get(rank, ""),
+            task=self._labels.get(rank, ""),
+        )
 
     def replaced(self, rank: int, node_ip: str) -> None:
         """``rank``'s actor was replaced by a new one on ``node_ip``: forget the old one, and give the
@@ -100,11 +116,15 @@ class GroupWatch:
         TensorFlow waiting for it), the root cause is the one that stopped answering first."""
         now = self._clock()
         if now - since > self._worker_timeout_s:
-            self._failures.append(self._failure(
-                rank, FailureKind.UNRESPONSIVE, "WorkerTimeout",
-                f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
-                at=time.time() - (now - since),
-            ))
+            self._failures.append(
+                self._failure(
+                    rank,
+                    FailureKind.UNRESPONSIVE,
+                    "WorkerTimeout",
+                    f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
+                    at=time.time() - (now - since),
+                )
+            )
             self.phases[rank] = Phase.LOST
             self.silent_ranks.add(rank)
 
@@ -115,8 +135,9 @@ class GroupWatch:
     def activities(self) -> dict[int, Activity]:
         """Each rank's last activity, aged by the time since it was heard."""
         now = self._clock()
-        return {rank: Activity(a.kind, a.seconds + (now - heard), a.where)
-                for rank, (a, heard) in self._activities.items()}
+        return {
+            rank: Activity(a.kind, a.seconds + (now - heard), a.where) for rank, (a, heard) in self._activities.items()
+        }
 
     def _not_joined(self) -> list[WorkerFailure]:
         """After start_timeout_s, the workers furthest from joining the group (a peer that never arrives)."""
@@ -129,9 +150,13 @@ class GroupWatch:
             return []
         slowest = min(STARTING_PHASES.index(p) for p in behind.values())
         return [
-            self._failure(rank, FailureKind.NOT_STARTED, "StartTimeout",
-                          f"did not join the worker group within {self._start_timeout_s:g} s "
-                          f"(FailureConfig.start_timeout_s); it was still {phase.value} {_BEHIND[phase]}")
+            self._failure(
+                rank,
+                FailureKind.NOT_STARTED,
+                "StartTimeout",
+                f"did not join the worker group within {self._start_timeout_s:g} s "
+                f"(FailureConfig.start_timeout_s); it was still {phase.value} {_BEHIND[phase]}",
+            )
             for rank, phase in sorted(behind.items())
             if STARTING_PHASES.index(phase) == slowest
         ]
@@ -139,8 +164,11 @@ class GroupWatch:
     def _note_reached(self, done: bool) -> None:
         """When the attempt reached each :class:`Milestone`."""
         now, phases = self._clock(), self.phases.values()
-        if done and Milestone.LOADED not in self.reached and all(
-                p not in (Phase.CREATED, Phase.STARTING) for p in phases):
+        if (
+            done
+            and Milestone.LOADED not in self.reached
+            and all(p not in (Phase.CREATED, Phase.STARTING) for p in phases)
+        ):
             self.reached[Milestone.LOADED] = now
         if done and Milestone.CONNECTED not in self.reached and all(p not in STARTING_PHASES for p in phases):
             self.reached[Milestone.CONNECTED] = now
@@ -162,8 +190,12 @@ class GroupWatch:
 
     def startup(self, began: float, placed: float, actors_up: float) -> dict[str, float]:
         """Seconds per start-up phase, from the attempt's start, as far as the group has got."""
-        marks = [("placement", placed), ("actors", actors_up), ("loading", self.reached.get(Milestone.LOADED)),
-                 ("connect", self.reached.get(Milestone.CONNECTED))]
+        marks = [
+            ("placement", placed),
+            ("actors", actors_up),
+            ("loading", self.reached.get(Milestone.LOADED)),
+            ("connect", self.reached.get(Milestone.CONNECTED)),
+        ]
         first = Milestone.FIRST_STEP if Milestone.FIRST_STEP in self.reached else Milestone.FIRST_REPORT
         marks.append((first.value, self.reached.get(first)))
         phases, last = {}, began
@@ -181,8 +213,9 @@ class GroupWatch:
         if not failures:
             failures += find_hangs(self.activities(), self._hang_timeout_s, self._node_ips)
         done = len(self.phases) == len(self._node_ips)
-        ready = not self.released and done and all(p not in (Phase.CREATED, Phase.STARTING)
-                                                   for p in self.phases.values())
+        ready = (
+            not self.released and done and all(p not in (Phase.CREATED, Phase.STARTING) for p in self.phases.values())
+        )
         self._note_reached(done)
         ends = [self.phases.get(rank) for rank in self._finishers]
         finished = done and all(p == Phase.FINISHED for p in ends)
@@ -190,7 +223,13 @@ class GroupWatch:
         reports = sorted(self._reports, key=lambda r: (r.time, r.rank, r.seq))
         self._reports, self._failures, self.preempt_reasons = [], [], []
         return GroupStatus(
-            tuple(reports), tuple(failures), finished, dict(self.phases),
-            preempting=preempting is not None, preempt_reason=preempting, stopped=stopped,
-            progress=self.progress, ready=ready,
+            tuple(reports),
+            tuple(failures),
+            finished,
+            dict(self.phases),
+            preempting=preempting is not None,
+            preempt_reason=preempting,
+            stopped=stopped,
+            progress=self.progress,
+            ready=ready,
         )

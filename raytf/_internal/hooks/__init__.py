@@ -44,26 +44,44 @@ def named(name: str) -> Hook:
 # made once, in a raytf worker (never in the driver), and keeps the library's own behaviour for
 # whatever raytf does not run.
 PATCHES = [
-    Patch("strategy_new", "CollectiveAllReduceStrategy.__new__ (tf.distribute.MultiWorkerMirroredStrategy)",
-          "every MultiWorkerMirroredStrategy worker, at start",
-          "constructing the strategy inside train_fn returns raytf's strategy, already connected to its peers"),
-    Patch("ps_strategy_new", "ParameterServerStrategyV2.__new__ (tf.distribute.experimental.ParameterServerStrategy)",
-          "a ParameterServerTrainer's chief, at start",
-          "constructing the strategy inside train_fn returns raytf's, connected to the run's tasks"),
-    Patch("keras_fit", "keras.Model.fit and keras.Model.evaluate (Keras 3)",
-          "a MultiWorkerMirroredStrategy worker that uses Keras 3",
-          "a model under raytf's strategy trains and evaluates with raytf.keras.fit/evaluate (metrics summed over "
-          "workers, exactly-once data); any other model keeps Keras's own"),
-    Patch("keras_all_reduce", "TFOptimizer._all_reduce_sum_gradients (Keras 3)",
-          "TensorflowConfig.gradient_compression or raytf.keras.local_sgd is used",
-          "gradients are summed through raytf's all-reduce (compressed, or left local between averages); "
-          "outside a raytf strategy Keras's own runs"),
-    Patch("tf_keras_aggregate", "Optimizer.aggregate_gradients and OptimizerV2._aggregate_gradients (tf-keras)",
-          "TensorflowConfig.gradient_compression or raytf.keras.local_sgd is used",
-          "as above, for tf-keras; a user's own gradient_aggregator and DTensor optimizers keep theirs"),
-    Patch("counted_iterators", "the class of a distributed dataset raytf's shard feeds (a subclass of TensorFlow's)",
-          "a custom loop iterates a raytf shard through strategy.distribute_datasets_from_function",
-          "each batch taken is counted, for exactly-once data; the dataset is otherwise TensorFlow's"),
+    Patch(
+        "strategy_new",
+        "CollectiveAllReduceStrategy.__new__ (tf.distribute.MultiWorkerMirroredStrategy)",
+        "every MultiWorkerMirroredStrategy worker, at start",
+        "constructing the strategy inside train_fn returns raytf's strategy, already connected to its peers",
+    ),
+    Patch(
+        "ps_strategy_new",
+        "ParameterServerStrategyV2.__new__ (tf.distribute.experimental.ParameterServerStrategy)",
+        "a ParameterServerTrainer's chief, at start",
+        "constructing the strategy inside train_fn returns raytf's, connected to the run's tasks",
+    ),
+    Patch(
+        "keras_fit",
+        "keras.Model.fit and keras.Model.evaluate (Keras 3)",
+        "a MultiWorkerMirroredStrategy worker that uses Keras 3",
+        "a model under raytf's strategy trains and evaluates with raytf.keras.fit/evaluate (metrics summed over "
+        "workers, exactly-once data); any other model keeps Keras's own",
+    ),
+    Patch(
+        "keras_all_reduce",
+        "TFOptimizer._all_reduce_sum_gradients (Keras 3)",
+        "TensorflowConfig.gradient_compression or raytf.keras.local_sgd is used",
+        "gradients are summed through raytf's all-reduce (compressed, or left local between averages); "
+        "outside a raytf strategy Keras's own runs",
+    ),
+    Patch(
+        "tf_keras_aggregate",
+        "Optimizer.aggregate_gradients and OptimizerV2._aggregate_gradients (tf-keras)",
+        "TensorflowConfig.gradient_compression or raytf.keras.local_sgd is used",
+        "as above, for tf-keras; a user's own gradient_aggregator and DTensor optimizers keep theirs",
+    ),
+    Patch(
+        "counted_iterators",
+        "the class of a distributed dataset raytf's shard feeds (a subclass of TensorFlow's)",
+        "a custom loop iterates a raytf shard through strategy.distribute_datasets_from_function",
+        "each batch taken is counted, for exactly-once data; the dataset is otherwise TensorFlow's",
+    ),
 ]
 
 
@@ -78,9 +96,14 @@ def needed(*, keras3: bool, tf_keras: bool, compression: bool, gpu: bool, parame
     if gpu:
         names.append("tensorflow.physical_devices")
     if parameter_server:
-        names += ["tensorflow.parameter_server_new", "tensorflow.coordinator_server_def",
-                  "tensorflow.function_autograph", "tensorflow.resource_writes", "tensorflow.graph_ops",
-                  "tensorflow.distributed_original"]
+        names += [
+            "tensorflow.parameter_server_new",
+            "tensorflow.coordinator_server_def",
+            "tensorflow.function_autograph",
+            "tensorflow.resource_writes",
+            "tensorflow.graph_ops",
+            "tensorflow.distributed_original",
+        ]
         names += ["tf_keras.callback_batch_hooks"] if tf_keras else []
     return names
 

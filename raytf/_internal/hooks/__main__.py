@@ -20,8 +20,13 @@ from raytf._internal import hooks
 
 
 def check(hook: hooks.Hook) -> dict:
-    report = {"hook": hook.name, "library": hook.library, "version": hooks.version(hook.library),
-              "probe": "ok", "behaviour": "ok" if hook.behaves is not None else "none"}
+    report = {
+        "hook": hook.name,
+        "library": hook.library,
+        "version": hooks.version(hook.library),
+        "probe": "ok",
+        "behaviour": "ok" if hook.behaves is not None else "none",
+    }
     try:
         hook.check()
     except Exception as error:  # noqa: BLE001 - reported, every hook checked
@@ -43,8 +48,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     with_ray = [h for h in hooks.all_hooks() if h.needs_ray]
     import ray
 
-    ray.init(address=args.address or "local", num_cpus=None if args.address else 1, include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
+    ray.init(
+        address=args.address or "local",
+        num_cpus=None if args.address else 1,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
         reports += [check(h) for h in with_ray]
     finally:

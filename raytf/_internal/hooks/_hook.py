@@ -12,8 +12,10 @@ from raytf.errors import HookError
 from raytf._version import NEWEST, OLDEST
 
 # The versions raytf's tests run against (pyproject.toml allows this range).
-TESTED = ", ".join(f"{name} {OLDEST[key]} to {NEWEST[key]}" for key, name in (
-    ("tensorflow", "TensorFlow"), ("keras", "Keras"), ("tf_keras", "tf-keras"), ("ray", "Ray")))
+TESTED = ", ".join(
+    f"{name} {OLDEST[key]} to {NEWEST[key]}"
+    for key, name in (("tensorflow", "TensorFlow"), ("keras", "Keras"), ("tf_keras", "tf-keras"), ("ray", "Ray"))
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class Hook:
     turn_off: str  # what the user sets to do without that feature
     # Raises when the hook cannot work with the installed library. Cheap, and runs no TensorFlow op:
     # a worker checks it before its strategy configures TensorFlow's collectives.
-    probe: Callable[[], None]
+    probe: Callable[[], object]  # what it returns is not used
     # Raises when the hook, really used, does not do what raytf needs: may run TensorFlow ops, so it
     # runs in a process of its own (``python -m raytf._internal.hooks``, and the tests); None where
     # only a cluster of workers can show it (the tests that train through it do).
@@ -42,7 +44,7 @@ class Hook:
         if self.behaves is not None:
             self._run(self.behaves)
 
-    def _run(self, check: Callable[[], None]) -> None:
+    def _run(self, check: Callable[[], object]) -> None:
         try:
             check()
         except Exception as error:  # noqa: BLE001 - any way it fails is the same news to the user
@@ -62,7 +64,6 @@ class Hook:
             return reach(*args)
         except Exception as error:  # noqa: BLE001 - as in _run
             raise self.error(error) from None
-
 
     def call_or_warn(self, reach: Callable[..., object], *args: object) -> object:
         """``reach(*args)`` through this optional hook, or None once the run was warned (once) that

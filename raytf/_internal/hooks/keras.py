@@ -12,7 +12,7 @@ def installed() -> bool:
     return importlib.util.find_spec("keras") is not None
 
 
-def tf_optimizer_class() -> type:
+def tf_optimizer_class() -> Any:  # Keras 3's TFOptimizer, patched below
     """Keras 3's TensorFlow optimizer, whose ``_all_reduce_sum_gradients`` raytf routes through its
     own all-reduce (gradient compression, local SGD's unaggregated steps: worker/compression.py)."""
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
@@ -68,7 +68,8 @@ def _probe_fit() -> None:
     # on read sums every worker's state. Keras makes metric variables so from 3.10; before, every
     # worker would log its own data's metrics, and callbacks on them would disagree.
     assert '"on_read"' in inspect.getsource(Metric.add_variable), (
-        "keras.src.metrics.metric.Metric.add_variable does not synchronize metric variables on read")
+        "keras.src.metrics.metric.Metric.add_variable does not synchronize metric variables on read"
+    )
 
 
 def variable_value(variable: Any) -> Any:
@@ -92,15 +93,33 @@ def _behaves_variable_value() -> None:
 
 
 HOOKS = [
-    Hook("keras.optimizer_all_reduce", "keras", "keras.src.backend.tensorflow.optimizer.TFOptimizer"
-         "._all_reduce_sum_gradients", "gradient compression and raytf.keras.local_sgd under Keras 3",
-         "TensorflowConfig.gradient_compression and raytf.keras.local_sgd", tf_optimizer_class,
-         behaves=_behaves_all_reduce),
-    Hook("keras.model_fit", "keras", "keras.Model.fit and keras.Model.evaluate (replaced in the worker), and "
-         "metric variables synchronized on read (Metric.add_variable)",
-         "Keras 3's model.fit under MultiWorkerMirroredStrategy", "TensorflowConfig(keras='tf_keras')", _probe_fit),
-    Hook("keras.variable_value", "keras", "keras.Variable._value (the TensorFlow variable it keeps)",
-         "one host copy of a Keras 3 variable for an asynchronous checkpoint (its TensorFlow variable's)",
-         "without it Keras's own copy is taken, a second copy of the state made on the default device "
-         "(a GPU worker's GPU)", _probe_variable_value, behaves=_behaves_variable_value, optional=True),
+    Hook(
+        "keras.optimizer_all_reduce",
+        "keras",
+        "keras.src.backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients",
+        "gradient compression and raytf.keras.local_sgd under Keras 3",
+        "TensorflowConfig.gradient_compression and raytf.keras.local_sgd",
+        tf_optimizer_class,
+        behaves=_behaves_all_reduce,
+    ),
+    Hook(
+        "keras.model_fit",
+        "keras",
+        "keras.Model.fit and keras.Model.evaluate (replaced in the worker), and "
+        "metric variables synchronized on read (Metric.add_variable)",
+        "Keras 3's model.fit under MultiWorkerMirroredStrategy",
+        "TensorflowConfig(keras='tf_keras')",
+        _probe_fit,
+    ),
+    Hook(
+        "keras.variable_value",
+        "keras",
+        "keras.Variable._value (the TensorFlow variable it keeps)",
+        "one host copy of a Keras 3 variable for an asynchronous checkpoint (its TensorFlow variable's)",
+        "without it Keras's own copy is taken, a second copy of the state made on the default device "
+        "(a GPU worker's GPU)",
+        _probe_variable_value,
+        behaves=_behaves_variable_value,
+        optional=True,
+    ),
 ]

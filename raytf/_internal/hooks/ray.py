@@ -93,22 +93,47 @@ def _behaves_status() -> None:
 
 
 HOOKS = [
-    Hook("ray.draining_nodes", "ray", "ray._private.state.state.get_draining_nodes and get_cluster_config",
-         "drain watching: a worker on a node Ray drains checkpoints and stops as a preemption, uncounted; "
-         "and the autoscaler's node types where it reports them to GCS",
-         "without it a drained node's workers are lost as failures, counted "
-         "against FailureConfig.max_failures, and node types are read from the autoscaler's YAML",
-         _probe_state, behaves=_behaves_state, needs_ray=True, optional=True),
-    Hook("ray.autoscaler_status", "ray", "ray.experimental.internal_kv._internal_kv_get('__autoscaling_status')",
-         "waiting for the nodes an autoscaler is launching (ScalingConfig's elastic growth, the start-up wait)",
-         "without it raytf waits its start timeout for nodes it cannot see coming",
-         _probe_status, behaves=_behaves_status, needs_ray=True, optional=True),
-    Hook("ray.log_prefix", "ray", "ray._private.ray_constants.LOG_PREFIX_ACTOR_NAME",
-         "worker log lines prefixed with their rank, (raytf-worker-0 pid=...)",
-         "without it Ray's own prefix (the actor class) stays", _probe_prefix,
-         behaves=_probe_prefix, optional=True),
-    Hook("ray.train_data_config", "ray", "ray.train.DataConfig._datasets_to_split",
-         "Ray Train's DataConfig(datasets_to_split=...) passed to raytf.train",
-         "pass raytf.train.DataConfig instead of Ray Train's", _probe_data_config,
-         behaves=_probe_data_config),
+    Hook(
+        "ray.draining_nodes",
+        "ray",
+        "ray._private.state.state.get_draining_nodes and get_cluster_config",
+        "drain watching: a worker on a node Ray drains checkpoints and stops as a preemption, uncounted; "
+        "and the autoscaler's node types where it reports them to GCS",
+        "without it a drained node's workers are lost as failures, counted "
+        "against FailureConfig.max_failures, and node types are read from the autoscaler's YAML",
+        _probe_state,
+        behaves=_behaves_state,
+        needs_ray=True,
+        optional=True,
+    ),
+    Hook(
+        "ray.autoscaler_status",
+        "ray",
+        "ray.experimental.internal_kv._internal_kv_get('__autoscaling_status')",
+        "waiting for the nodes an autoscaler is launching (ScalingConfig's elastic growth, the start-up wait)",
+        "without it raytf waits its start timeout for nodes it cannot see coming",
+        _probe_status,
+        behaves=_behaves_status,
+        needs_ray=True,
+        optional=True,
+    ),
+    Hook(
+        "ray.log_prefix",
+        "ray",
+        "ray._private.ray_constants.LOG_PREFIX_ACTOR_NAME",
+        "worker log lines prefixed with their rank, (raytf-worker-0 pid=...)",
+        "without it Ray's own prefix (the actor class) stays",
+        _probe_prefix,
+        behaves=_probe_prefix,
+        optional=True,
+    ),
+    Hook(
+        "ray.train_data_config",
+        "ray",
+        "ray.train.DataConfig._datasets_to_split",
+        "Ray Train's DataConfig(datasets_to_split=...) passed to raytf.train",
+        "pass raytf.train.DataConfig instead of Ray Train's",
+        _probe_data_config,
+        behaves=_probe_data_config,
+    ),
 ]

@@ -20,8 +20,11 @@ def optimizer_modules() -> tuple[Any, Any, Any]:
     from tf_keras.src.optimizers import utils
     from tf_keras.src.optimizers.legacy import optimizer_v2 as legacy
 
-    for owner, name in ((v2.Optimizer, "aggregate_gradients"), (legacy.OptimizerV2, "_aggregate_gradients"),
-                        (utils, "all_reduce_sum_gradients")):
+    for owner, name in (
+        (v2.Optimizer, "aggregate_gradients"),
+        (legacy.OptimizerV2, "_aggregate_gradients"),
+        (utils, "all_reduce_sum_gradients"),
+    ):
         if not callable(getattr(owner, name, None)):
             raise AttributeError(f"{getattr(owner, '__name__', owner)} has no {name}")
     return v2, legacy, utils
@@ -91,8 +94,9 @@ def _probe_data_handler() -> None:
     from tf_keras.src.engine import data_adapter, training
 
     assert "data_handler" in inspect.unwrap(training.Model.fit).__code__.co_varnames, "Model.fit's data_handler"
-    assert "_inferred_steps" in inspect.unwrap(data_adapter.DataHandler.catch_stop_iteration).__code__.co_names, \
+    assert "_inferred_steps" in inspect.unwrap(data_adapter.DataHandler.catch_stop_iteration).__code__.co_names, (
         "DataHandler._inferred_steps"
+    )
 
 
 def multi_step_train_function(python_function: Any) -> Any:
@@ -118,8 +122,9 @@ def _probe_multi_step() -> None:
 
     names = training.Model.make_train_function.__code__.co_consts
     bodies = [c for c in names if getattr(c, "co_name", None) == "train_function" and c.co_argcount == 2]
-    assert bodies and {"step_function", "self"} <= set(bodies[0].co_freevars), \
+    assert bodies and {"step_function", "self"} <= set(bodies[0].co_freevars), (
         "Model.make_train_function's train_function(iterator, steps_per_execution)"
+    )
 
 
 def _probe_optimizer_dtensor() -> None:
@@ -134,8 +139,9 @@ def _behaves_optimizer_aggregate() -> None:
     import tf_keras
 
     assert not uses_dtensor(tf_keras.optimizers.SGD()), "a plain SGD reads as DTensor's"
-    assert tf_keras.optimizers.legacy.SGD().gradient_aggregator is default_aggregator(), \
+    assert tf_keras.optimizers.legacy.SGD().gradient_aggregator is default_aggregator(), (
         "a legacy SGD's gradient_aggregator is not tf-keras's own"
+    )
 
 
 def _probe_compiled() -> None:
@@ -172,26 +178,55 @@ def _behaves_batch_hooks() -> None:
     assert not tf_keras.callbacks.Callback()._implements_train_batch_hooks(), "the base callback reads as per-batch"  # noqa: SLF001
 
 
+def _probe_optimizer_aggregate() -> None:
+    optimizer_modules()
+    _probe_optimizer_dtensor()
+
+
 HOOKS = [
-    Hook("tf_keras.optimizer_aggregate", "tf_keras",
-         "tf_keras.src.optimizers: Optimizer.aggregate_gradients, OptimizerV2._aggregate_gradients",
-         "gradient compression and raytf.keras.local_sgd under tf-keras",
-         "TensorflowConfig.gradient_compression and raytf.keras.local_sgd",
-         lambda: (optimizer_modules(), _probe_optimizer_dtensor()), behaves=_behaves_optimizer_aggregate),
-    Hook("tf_keras.compiled", "tf_keras", "tf_keras Model._is_compiled",
-         "raytf.keras.fit's check that a tf-keras model was compiled first",
-         "nothing: use Keras 3, whose model.compiled is public", _probe_compiled, behaves=_behaves_compiled),
-    Hook("tf_keras.fit_data_handler", "tf_keras", "Model.fit's data_handler local, DataHandler._inferred_steps",
-         "an exact mid-epoch resume of tf-keras's own model.fit (its first epoch the rest of the interrupted one)",
-         "DataConfig(exactly_once=False)", _probe_data_handler),
-    Hook("tf_keras.multi_step_train_function", "tf_keras",
-         "Model.make_train_function's train_function(iterator, steps_per_execution) and its step_function",
-         "every row once per pass under parameter servers with steps_per_execution above 1 (a batch counted "
-         "as its step is made)",
-         "nothing: without it raytf counts a whole execution at once, and a worker lost in the middle of one "
-         "trains its finished batches again", _probe_multi_step),
-    Hook("tf_keras.callback_batch_hooks", "tf_keras", "tf_keras.callbacks.Callback._implements_train_batch_hooks",
-         "raytf.keras.ReportCallback under a ParameterServerTrainer (epoch-end preemption checks)",
-         "ParameterServerTrainer with tf-keras (use raytf.Trainer, or Keras 3)", _probe_batch_hooks,
-         behaves=_behaves_batch_hooks),
+    Hook(
+        "tf_keras.optimizer_aggregate",
+        "tf_keras",
+        "tf_keras.src.optimizers: Optimizer.aggregate_gradients, OptimizerV2._aggregate_gradients",
+        "gradient compression and raytf.keras.local_sgd under tf-keras",
+        "TensorflowConfig.gradient_compression and raytf.keras.local_sgd",
+        _probe_optimizer_aggregate,
+        behaves=_behaves_optimizer_aggregate,
+    ),
+    Hook(
+        "tf_keras.compiled",
+        "tf_keras",
+        "tf_keras Model._is_compiled",
+        "raytf.keras.fit's check that a tf-keras model was compiled first",
+        "nothing: use Keras 3, whose model.compiled is public",
+        _probe_compiled,
+        behaves=_behaves_compiled,
+    ),
+    Hook(
+        "tf_keras.fit_data_handler",
+        "tf_keras",
+        "Model.fit's data_handler local, DataHandler._inferred_steps",
+        "an exact mid-epoch resume of tf-keras's own model.fit (its first epoch the rest of the interrupted one)",
+        "DataConfig(exactly_once=False)",
+        _probe_data_handler,
+    ),
+    Hook(
+        "tf_keras.multi_step_train_function",
+        "tf_keras",
+        "Model.make_train_function's train_function(iterator, steps_per_execution) and its step_function",
+        "every row once per pass under parameter servers with steps_per_execution above 1 (a batch counted "
+        "as its step is made)",
+        "nothing: without it raytf counts a whole execution at once, and a worker lost in the middle of one "
+        "trains its finished batches again",
+        _probe_multi_step,
+    ),
+    Hook(
+        "tf_keras.callback_batch_hooks",
+        "tf_keras",
+        "tf_keras.callbacks.Callback._implements_train_batch_hooks",
+        "raytf.keras.ReportCallback under a ParameterServerTrainer (epoch-end preemption checks)",
+        "ParameterServerTrainer with tf-keras (use raytf.Trainer, or Keras 3)",
+        _probe_batch_hooks,
+        behaves=_behaves_batch_hooks,
+    ),
 ]

@@ -74,7 +74,7 @@ def _is_library(path: str) -> bool:
     )
 
 
-def classify(frame: Optional[FrameType]) -> tuple[str, str]:
+def classify(frame: Optional[FrameType]) -> tuple[ActivityKind, str]:
     """(kind, where) of a thread whose innermost frame is ``frame``; see :class:`Activity`.
 
     The kind is that of the innermost frame that is TensorFlow's, raytf's or
@@ -83,7 +83,8 @@ def classify(frame: Optional[FrameType]) -> tuple[str, str]:
     read in Ray's code). ``where`` is the innermost frame of the user's code.
     """
     tensorflow = _tensorflow_dir()
-    kind, where = "", ""
+    kind: Optional[ActivityKind] = None
+    where = ""
     current = frame
     while current is not None and not where:
         path = current.f_code.co_filename
@@ -103,10 +104,10 @@ class ActivityTracker:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._kind: Optional[str] = None
+        self._kind: Optional[ActivityKind] = None
         self._since = 0.0
 
-    def _update(self, kind: str, where: str) -> Activity:
+    def _update(self, kind: ActivityKind, where: str) -> Activity:
         now = self._clock()
         if kind != self._kind:
             self._kind, self._since = kind, now

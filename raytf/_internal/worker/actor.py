@@ -168,8 +168,12 @@ class TrainWorker:
             reports, self._reports = tuple(self._reports), []
         session = getattr(self._payload, "session", None)
         return WorkerStatus(
-            rank=self._rank, phase=self._phase, reports=reports, failure=self._failure,
-            preempt_reason=self._preempt_reason, activity=activity,
+            rank=self._rank,
+            phase=self._phase,
+            reports=reports,
+            failure=self._failure,
+            preempt_reason=self._preempt_reason,
+            activity=activity,
             progress=session.progress() if session is not None else None,
         )
 

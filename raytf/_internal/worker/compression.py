@@ -164,9 +164,13 @@ def replica_local(initial: Any, name: str) -> Any:
     import tensorflow as tf
 
     with tf.init_scope():
-        return tf.Variable(initial() if callable(initial) else initial, trainable=False, name=name,
-                           synchronization=tf.VariableSynchronization.ON_READ,
-                           aggregation=tf.VariableAggregation.NONE)
+        return tf.Variable(
+            initial() if callable(initial) else initial,
+            trainable=False,
+            name=name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.NONE,
+        )
 
 
 def _residual(table: dict, variable: Any, gradient: Any) -> Any:
@@ -176,8 +180,9 @@ def _residual(table: dict, variable: Any, gradient: Any) -> Any:
     key = variable.ref()
     residual = table.get(key)
     if residual is None:
-        residual = table[key] = replica_local(lambda: tf.zeros(gradient.shape, gradient.dtype),
-                                              "raytf_gradient_residual")
+        residual = table[key] = replica_local(
+            lambda: tf.zeros(gradient.shape, gradient.dtype), "raytf_gradient_residual"
+        )
     return residual
 
 

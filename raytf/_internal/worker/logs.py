@@ -71,8 +71,7 @@ class OutputFilter:
             read, write = os.pipe()
             os.dup2(write, fd)
             os.close(write)
-            threading.Thread(target=self._pump, args=(read, original), name=f"raytf-output-{fd}",
-                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(read, original), name=f"raytf-output-{fd}", daemon=True).start()
 
     def _pump(self, read: int, original: int) -> None:
         with os.fdopen(read, "rb", buffering=0) as source:

@@ -80,25 +80,48 @@ class TrainFnPayload:
         _activity.note_user_code(train_fn)
         _tensorflow.configure_tensorflow(run)
         keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
-        _hooks.require(*_hooks.needed(keras3=keras3, tf_keras="tf_keras" in sys.modules,
-                                      compression=run.tensorflow.gradient_compression is not None, gpu=run.tensorflow.use_gpu,
-                                      parameter_server=False))
+        _hooks.require(
+            *_hooks.needed(
+                keras3=keras3,
+                tf_keras="tf_keras" in sys.modules,
+                compression=run.tensorflow.gradient_compression is not None,
+                gpu=run.tensorflow.use_gpu,
+                parameter_server=False,
+            )
+        )
         host.set_phase(Phase.READY)
         host.wait_for_go()
         host.set_phase(Phase.CONNECTING)
         host.release_port()
         _strategy.wait_for_leader(spec.tf_config)
-        strategy = _strategy.make_strategy(run.tensorflow.communication, run.tensorflow.collective_timeout_s, run.tensorflow.bytes_per_pack)
+        strategy = _strategy.make_strategy(
+            run.tensorflow.communication, run.tensorflow.collective_timeout_s, run.tensorflow.bytes_per_pack
+        )
         _strategy.install(strategy)
         _compression.install(run.tensorflow.gradient_compression, run.tensorflow.error_feedback)
         for plugin in _tensorflow.load_plugins(run):  # Keras 3's model.fit fails under the strategy alone
             plugin.on_strategy(strategy, keras3)
-        context = TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name,
-                               run_path=run.run_path, tf_config=spec.tf_config, task_index=spec.rank.world_rank)
+        context = TrainContext(
+            **asdict(spec.rank),
+            attempt=spec.attempt,
+            run_name=run.run_name,
+            run_path=run.run_path,
+            tf_config=spec.tf_config,
+            task_index=spec.rank.world_rank,
+        )
         self.session = WorkerSession(
-            context, strategy, host.sink, spec.datasets, spec.resume, run.storage,
-            save_every=run.save_every, lease_token=run.lease_token, split=run.split,
-            preempt_requested=host.preempt_requested, halted=host.halted, upload=run.upload,
+            context,
+            strategy,
+            host.sink,
+            spec.datasets,
+            spec.resume,
+            run.storage,
+            save_every=run.save_every,
+            lease_token=run.lease_token,
+            split=run.split,
+            preempt_requested=host.preempt_requested,
+            halted=host.halted,
+            upload=run.upload,
             restore_from_memory=run.restore_from_memory,
         )
         _session.install(self.session)
@@ -168,7 +191,9 @@ class SubprocessPayload:
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         command = list(user_code(run).command)
         env = {**os.environ, **_tensorflow.worker_environment(run, spec), **script_environment(run, spec)}
-        if spec.task is not None:  # a parameter-server task: a call to a lost peer fails at once, as TensorFlow's guide sets
+        if (
+            spec.task is not None
+        ):  # a parameter-server task: a call to a lost peer fails at once, as TensorFlow's guide sets
             env.setdefault("GRPC_FAIL_FAST", "use_caller")
         host.set_phase(Phase.READY)
         host.wait_for_go()  # every rank starts together: the last holds its port the shortest
@@ -185,12 +210,17 @@ class SubprocessPayload:
             return
         text = b"".join(tail).decode(errors="replace")
         if lost_port_race(text, handed_port(spec.tf_config)):
-            raise ScriptFailed(f"{' '.join(command)} could not bind its port (another process took it after "
-                               "raytf released it): retrying with new ports", FailureKind.PORT_TAKEN, code)
+            raise ScriptFailed(
+                f"{' '.join(command)} could not bind its port (another process took it after "
+                "raytf released it): retrying with new ports",
+                FailureKind.PORT_TAKEN,
+                code,
+            )
         if code < 0:
             raise ScriptFailed(f"{' '.join(command)} was killed by signal {-code}", FailureKind.DIED, code)
-        raise ScriptFailed(f"{' '.join(command)} exited with status {code}:\n{text[-2000:]}",
-                           FailureKind.EXCEPTION, code)
+        raise ScriptFailed(
+            f"{' '.join(command)} exited with status {code}:\n{text[-2000:]}", FailureKind.EXCEPTION, code
+        )
 
 
 def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
@@ -200,8 +230,9 @@ def script_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
     return {
         _env.RUN_DIR: uri,
         # Shared by every rank and every restart: BackupAndRestore(backup_dir=...) resumes from it.
-        _env.CHECKPOINT_DIR: os.path.join(root, "script_checkpoints") if run.storage is not None
-        and isinstance(run.storage.filesystem, pafs.LocalFileSystem) else _join_uri(uri, "script_checkpoints"),
+        _env.CHECKPOINT_DIR: os.path.join(root, "script_checkpoints")
+        if run.storage is not None and isinstance(run.storage.filesystem, pafs.LocalFileSystem)
+        else _join_uri(uri, "script_checkpoints"),
         _env.RANK: str(spec.rank.world_rank),
         _env.WORLD_SIZE: str(spec.rank.world_size),
         _env.ATTEMPT: str(spec.attempt),
@@ -232,14 +263,28 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> UserCode:
     _activity.note_user_code(code.train_fn)
     _tensorflow.configure_tensorflow(run)
     _tensorflow.configure_keras(run)
-    _hooks.require(*_hooks.needed(keras3=False, tf_keras="tf_keras" in sys.modules, compression=False,
-                                  gpu=run.tensorflow.use_gpu, parameter_server=True))
+    _hooks.require(
+        *_hooks.needed(
+            keras3=False,
+            tf_keras="tf_keras" in sys.modules,
+            compression=False,
+            gpu=run.tensorflow.use_gpu,
+            parameter_server=True,
+        )
+    )
     return code
 
 
 def _context(run: RunSpec, spec: WorkerSpec) -> TrainContext:
-    return TrainContext(**asdict(spec.rank), attempt=spec.attempt, run_name=run.run_name, run_path=run.run_path,
-                        tf_config=spec.tf_config, task_type=spec.task.type, task_index=spec.task.index)
+    return TrainContext(
+        **asdict(spec.rank),
+        attempt=spec.attempt,
+        run_name=run.run_name,
+        run_path=run.run_path,
+        tf_config=spec.tf_config,
+        task_type=spec.task.type,
+        task_index=spec.task.index,
+    )
 
 
 class ChiefPayload:
@@ -268,9 +313,18 @@ class ChiefPayload:
         strategy, self._coordinator = _ps.make_strategy(code.variable_partitioner)
         _ps.install(strategy)
         self.session = WorkerSession(
-            _context(run, spec), strategy, host.sink, {}, spec.resume, run.storage,
-            save_every=run.save_every, lease_token=run.lease_token, preempt_requested=host.preempt_requested,
-            halted=host.halted, parameter_server=PsData(self._coordinator, list(shard_files or [])), upload=run.upload,
+            _context(run, spec),
+            strategy,
+            host.sink,
+            {},
+            spec.resume,
+            run.storage,
+            save_every=run.save_every,
+            lease_token=run.lease_token,
+            preempt_requested=host.preempt_requested,
+            halted=host.halted,
+            parameter_server=PsData(self._coordinator, list(shard_files or [])),
+            upload=run.upload,
             restore_from_memory=run.restore_from_memory,
         )
         _session.install(self.session)
@@ -356,12 +410,21 @@ class EvaluatorPayload:
                 entry, checkpoint = latest
                 metrics = evaluate_fn(checkpoint, config)
                 if not isinstance(metrics, dict):
-                    raise ConfigError(f"ParameterServerTrainer(evaluate_fn=...) must return a dict of metrics, "
-                                    f"got {type(metrics).__name__}")
+                    raise ConfigError(
+                        f"ParameterServerTrainer(evaluate_fn=...) must return a dict of metrics, "
+                        f"got {type(metrics).__name__}"
+                    )
                 clean = {k: _session.to_plain(v, k) for k, v in metrics.items()}
                 clean.update({"evaluated_checkpoint": entry.name, "epoch": entry.epoch, "step": entry.step})
-                host.sink(Report(rank=context.world_rank, seq=self._seq, metrics={
-                    k: v for k, v in clean.items() if v is not None}, time=time.time(), attempt=spec.attempt))
+                host.sink(
+                    Report(
+                        rank=context.world_rank,
+                        seq=self._seq,
+                        metrics={k: v for k, v in clean.items() if v is not None},
+                        time=time.time(),
+                        attempt=spec.attempt,
+                    )
+                )
                 self._seq += 1
                 done = entry.name
                 continue

@@ -55,8 +55,10 @@ def _make_classes() -> tuple[Any, Any]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             if self._raytf_connected:
                 if args[1:] or any(v is not None for k, v in kwargs.items() if k != "cluster_resolver"):
-                    logger.info("ParameterServerStrategy(...) inside train_fn returns raytf's strategy, "
-                                "already connected; set variable_partitioner on ParameterServerTrainer")
+                    logger.info(
+                        "ParameterServerStrategy(...) inside train_fn returns raytf's strategy, "
+                        "already connected; set variable_partitioner on ParameterServerTrainer"
+                    )
                 return
             super().__init__(*args, **kwargs)
             self._raytf_connected = True
@@ -71,6 +73,7 @@ def _make_classes() -> tuple[Any, Any]:
         def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
             shard = tfdata_ps.template_of(dataset_fn)
             if shard is not None:
+
                 def dataset_fn() -> Any:
                     return shard.build(tf.distribute.coordinator.experimental_get_current_worker_index())
             elif not callable(dataset_fn) and tfdata_ps.derived_from_template(dataset_fn):
@@ -125,8 +128,9 @@ def make_strategy(variable_partitioner: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
     strategy_class, coordinator_class = _make_classes()
-    strategy = strategy_class(tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-                              variable_partitioner=variable_partitioner)
+    strategy = strategy_class(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver(), variable_partitioner=variable_partitioner
+    )
     return strategy, coordinator_class(strategy)
 
 
@@ -165,5 +169,6 @@ def start_server(task_type: str, task_index: int) -> Any:
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=task_index,
-                                protocol="grpc", start=True)
+    return tf.distribute.Server(
+        resolver.cluster_spec(), job_name=task_type, task_index=task_index, protocol="grpc", start=True
+    )

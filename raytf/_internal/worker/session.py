@@ -24,7 +24,15 @@ from raytf._internal.background import Background
 from raytf._internal.data.cursor import completed_epoch, positions_at
 from raytf._internal.data.shard import ShardReader, ShardRequest
 from raytf._internal.protocol import (
-    CheckpointPart, CheckpointUpload, Progress, Report, ReportStage, ResumePoint, SaveEvery, StorageRef, TrainContext,
+    CheckpointPart,
+    CheckpointUpload,
+    Progress,
+    Report,
+    ReportStage,
+    ResumePoint,
+    SaveEvery,
+    StorageRef,
+    TrainContext,
 )
 from raytf._internal.worker.metrics import clean_metrics, to_plain  # noqa: F401 - to_plain: payloads.py's too
 from raytf._internal.worker.uploads import Uploads
@@ -64,20 +72,28 @@ class WorkerSession:
         self._resume = resume
         self._acks: dict[int, threading.Event] = {}
         self._ack_errors: dict[int, str] = {}
-        self._saver = CheckpointSaver(storage, resume, context.is_chief, save_every, lease_token,
-                                      in_memory=restore_from_memory)
+        self._saver = CheckpointSaver(
+            storage, resume, context.is_chief, save_every, lease_token, in_memory=restore_from_memory
+        )
         self._restored: Any = None  # the checkpoint get_checkpoint hands out, once decided
         # This node's copy of the checkpoint resumed from is checked (every file's CRC32) from the
         # start, while train_fn builds its model, so that get_checkpoint rarely waits for it.
-        self._copy_check = Background(self._memory_copy, "raytf-check-copy") if restore_from_memory and resume.path else None
+        self._copy_check = (
+            Background(self._memory_copy, "raytf-check-copy") if restore_from_memory and resume.path else None
+        )
         self.upload = CheckpointUpload(upload)  # the run's CheckpointConfig.upload
         self._uploads = Uploads()  # CheckpointUpload.ASYNC: the checkpoint on its way to storage
         # The epoch a fresh pass over a shuffled shard starts at: the one after the
         # checkpoint's, so a resumed run sees the orders a run without a failure saw.
         self.first_epoch = self._saver.last_saved["epoch"] + 1
-        self._shards = ShardReader(datasets or {}, context.world_rank, context.world_size,
-                                   lambda: self.strategy, self.first_epoch,
-                                   resume.entry.data if resume.entry is not None else None)
+        self._shards = ShardReader(
+            datasets or {},
+            context.world_rank,
+            context.world_size,
+            lambda: self.strategy,
+            self.first_epoch,
+            resume.entry.data if resume.entry is not None else None,
+        )
         # The run's last completed epoch as raytf.keras.ReportCallback numbers them,
         # across every model.fit call and from the resumed checkpoint on.
         self.keras_epoch = self._saver.last_saved["epoch"]
@@ -92,8 +108,9 @@ class WorkerSession:
         if parameter_server is not None:  # a dataset function the coordinator traces may create no variable
             from raytf._internal.data.ps_positions import PsStreams
 
-            self._ps_streams = PsStreams(resume.entry.data if resume.entry is not None else None, self.first_epoch,
-                                         parameter_server.shard_files)
+            self._ps_streams = PsStreams(
+                resume.entry.data if resume.entry is not None else None, self.first_epoch, parameter_server.shard_files
+            )
         self._round = 0  # collective reports (ranks="all") made in this attempt
 
     def get_checkpoint(self) -> Any:
@@ -108,8 +125,11 @@ class WorkerSession:
         if self._restored is None:
             metadata = asdict(self._resume.entry)
             copy = self._copy_check.result() if self._copy_check is not None else None
-            self._restored = (Checkpoint(copy, pafs.LocalFileSystem(), metadata) if copy is not None
-                              else Checkpoint(self._resume.path, self._storage.filesystem, metadata))
+            self._restored = (
+                Checkpoint(copy, pafs.LocalFileSystem(), metadata)
+                if copy is not None
+                else Checkpoint(self._resume.path, self._storage.filesystem, metadata)
+            )
             self._progress["restored_from"] = "memory" if copy is not None else "storage"
         return self._restored
 
@@ -119,8 +139,11 @@ class WorkerSession:
             _memory.drop_older(self._storage, name)
             copy = _memory.usable(self._storage, name, self._resume.path)
         except OSError as error:  # storage or memory unreadable: storage decides
-            logger.warning("raytf: checking the copy in host memory of checkpoint %s failed (%s); restoring from "
-                           "storage", name, error)
+            logger.warning(
+                "raytf: checking the copy in host memory of checkpoint %s failed (%s); restoring from storage",
+                name,
+                error,
+            )
             return None
         if copy is not None:
             logger.info("raytf: restoring checkpoint %s from its copy in host memory (%s)", name, copy)
@@ -165,22 +188,40 @@ class WorkerSession:
         """The columns of ``name`` as this worker read them whole, or None (see ShardReader)."""
         return self._shards.read_whole(name)
 
-    def get_dataset_shard(self, name: str, *, batch_size: Optional[int] = None,
-                          global_batch_size: Optional[int] = None, features: Any = None,
-                          label: Optional[str] = None, shuffle: bool = False, seed: Optional[int] = None,
-                          drop_remainder: bool = False, cache: bool = True) -> Any:
+    def get_dataset_shard(
+        self,
+        name: str,
+        *,
+        batch_size: Optional[int] = None,
+        global_batch_size: Optional[int] = None,
+        features: Any = None,
+        label: Optional[str] = None,
+        shuffle: bool = False,
+        seed: Optional[int] = None,
+        drop_remainder: bool = False,
+        cache: bool = True,
+    ) -> Any:
         if self.parameter_server is not None:
-            return self._parameter_server_shard(name, batch_size, global_batch_size, features, label, shuffle,
-                                                seed, drop_remainder)
+            return self._parameter_server_shard(
+                name, batch_size, global_batch_size, features, label, shuffle, seed, drop_remainder
+            )
         batch = self._shards.per_worker_batch(name, batch_size, global_batch_size)
         if name in self._split and "global_batch" not in self._progress:
             self._progress["global_batch"] = batch * self.context.world_size
         request = ShardRequest(name, batch, features, label, shuffle, seed, drop_remainder)
         return self._shards.dataset(request, seed, cache)
 
-    def _parameter_server_shard(self, name: str, batch_size: Optional[int], global_batch_size: Optional[int],
-                                features: Any, label: Optional[str], shuffle: bool, seed: Optional[int],
-                                drop_remainder: bool) -> Any:
+    def _parameter_server_shard(
+        self,
+        name: str,
+        batch_size: Optional[int],
+        global_batch_size: Optional[int],
+        features: Any,
+        label: Optional[str],
+        shuffle: bool,
+        seed: Optional[int],
+        drop_remainder: bool,
+    ) -> Any:
         """Each worker's piece of ``name``, as the workers' pipelines read it (data/tfdata_ps.py):
         the pipeline itself inside a dataset function the coordinator traces, else a template
         the coordinator and tf-keras' model.fit turn into it."""
@@ -191,16 +232,19 @@ class WorkerSession:
         files = self.parameter_server.shard_files
         if not files or name not in files[0]:
             passed = ", ".join(sorted(files[0])) if files else "none"
-            raise DatasetShardError(f"raytf.get_dataset_shard({name!r}): no dataset named {name!r} was passed to "
-                                    f"ParameterServerTrainer(datasets=...); passed: {passed}")
+            raise DatasetShardError(
+                f"raytf.get_dataset_shard({name!r}): no dataset named {name!r} was passed to "
+                f"ParameterServerTrainer(datasets=...); passed: {passed}"
+            )
         if global_batch_size is not None or batch_size is None:
             raise DatasetShardError(
                 f"raytf.get_dataset_shard({name!r}): pass batch_size, the batch each worker takes per step; "
                 "parameter-server workers step on their own, so there is no global batch to share"
             )
         request = ShardRequest(name, batch_size, features, label, shuffle, seed, drop_remainder)
-        shard = tfdata_ps.make_shard(request, [f[name] for f in files], seed, self.first_epoch,
-                                     self._ps_streams.positions[name])
+        shard = tfdata_ps.make_shard(
+            request, [f[name] for f in files], seed, self.first_epoch, self._ps_streams.positions[name]
+        )
         self._ps_streams.start(shard)
         if "global_batch" not in self._progress:
             self._progress["global_batch"] = batch_size
@@ -231,8 +275,13 @@ class WorkerSession:
             self.preempted = True
         return self.preempted
 
-    def report(self, metrics: dict[str, Any], checkpoint: Any = None, ranks: str = "chief",
-               upload: Optional[CheckpointUpload] = None) -> None:
+    def report(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Any = None,
+        ranks: str = "chief",
+        upload: Optional[CheckpointUpload] = None,
+    ) -> None:
         """``raytf.report``; ``upload`` overrides the run's ``CheckpointConfig.upload`` for this
         report (``raytf.train.report``'s ``checkpoint_upload_mode``)."""
         self._stop_if_halted()
@@ -242,9 +291,17 @@ class WorkerSession:
             raise ConfigError(f"raytf.report(metrics): metrics must be a dict, got {type(metrics).__name__}")
         clean = clean_metrics(metrics)
         # Where each planned dataset stands (data/planned.py), for the checkpoint to record.
-        data = None if checkpoint is None else positions_at(
-            self._shards.cursors, clean.get("epoch"), self._progress.get("epoch"), self._progress.get("step") or 0,
-            self.exact_resume)
+        data = (
+            None
+            if checkpoint is None
+            else positions_at(
+                self._shards.cursors,
+                clean.get("epoch"),
+                self._progress.get("epoch"),
+                self._progress.get("step") or 0,
+                self.exact_resume,
+            )
+        )
         if checkpoint is not None and self._ps_streams is not None:  # each parameter-server worker's stream
             data = {**(data or {}), **self._ps_streams.records()}
         clean.update(completed_epoch(clean.get("epoch"), data))  # an epoch with no rows left is completed
@@ -261,8 +318,9 @@ class WorkerSession:
             return
         if ranks == "all":  # collective: every rank's share goes to the driver, which merges them
             parties = 1 if self.parameter_server is not None else self.context.world_size
-            part = self._saver.save_part(clean, checkpoint, self._round, self.context.attempt,
-                                         self.context.world_rank, parties, self.preempted)
+            part = self._saver.save_part(
+                clean, checkpoint, self._round, self.context.attempt, self.context.world_rank, parties, self.preempted
+            )
             self._round += 1
         elif checkpoint is not None and mode is CheckpointUpload.ASYNC:
             if self._saver.due(clean, self.preempted):
@@ -272,9 +330,17 @@ class WorkerSession:
         elif checkpoint is not None:
             uploaded = self._saver.save(clean, checkpoint, self.preempted)
         with self._lock:
-            report = Report(rank=self.context.world_rank, seq=self._seq, metrics=clean, time=time.time(),
-                            attempt=self.context.attempt, checkpoint=uploaded, part=part,
-                            stage=ReportStage.PENDING if snapshot is not None else None, data=data)
+            report = Report(
+                rank=self.context.world_rank,
+                seq=self._seq,
+                metrics=clean,
+                time=time.time(),
+                attempt=self.context.attempt,
+                checkpoint=uploaded,
+                part=part,
+                stage=ReportStage.PENDING if snapshot is not None else None,
+                data=data,
+            )
             self._seq += 1
             if uploaded is not None or part is not None:
                 done = self._acks[report.seq] = threading.Event()
@@ -304,8 +370,15 @@ class WorkerSession:
         seq, directory = self._saver.snapshot_part(metrics, checkpoint, self.preempted)
         part = CheckpointPart(round_, parties, seq)
         with self._lock:  # the metrics first (rank 0's are the history, in the order they were made)
-            report = Report(rank=self.context.world_rank, seq=self._seq, metrics=metrics, time=time.time(),
-                            attempt=self.context.attempt, stage=ReportStage.PENDING, data=data)
+            report = Report(
+                rank=self.context.world_rank,
+                seq=self._seq,
+                metrics=metrics,
+                time=time.time(),
+                attempt=self.context.attempt,
+                stage=ReportStage.PENDING,
+                data=data,
+            )
             self._seq += 1
         self._sink(report)
         if directory is None:  # this rank's (empty) share of the round, at once
@@ -314,16 +387,22 @@ class WorkerSession:
         shared = []
 
         def upload() -> None:
-            shared.append(self._saver.upload_part_snapshot(directory, round_, self.context.attempt,
-                                                           self.context.world_rank))
+            shared.append(
+                self._saver.upload_part_snapshot(directory, round_, self.context.attempt, self.context.world_rank)
+            )
 
         def commit() -> Optional[str]:
             staging, files = shared[-1]
-            return self._send_uploaded(dataclasses.replace(report, part=dataclasses.replace(
-                part, staging=staging, files=files)))
+            return self._send_uploaded(
+                dataclasses.replace(report, part=dataclasses.replace(part, staging=staging, files=files))
+            )
 
-        self._uploads.start(f"{checkpoint_name(seq)} (rank {self.context.world_rank}'s part)", upload, commit,
-                            lambda: _snapshot.discard(directory))
+        self._uploads.start(
+            f"{checkpoint_name(seq)} (rank {self.context.world_rank}'s part)",
+            upload,
+            commit,
+            lambda: _snapshot.discard(directory),
+        )
 
     def _upload_in_background(self, report: Report, seq: int, directory: str) -> None:
         """Upload the snapshot of ``report``'s checkpoint, send the report again with it, and wait
@@ -351,8 +430,10 @@ class WorkerSession:
 
     def _stop_if_halted(self) -> None:
         if self._halted():
-            raise RaytfError("raytf.report: the run is stopping (its driver was stopped); no further report or "
-                             "checkpoint is taken, and the checkpoint in flight is committed if it can be")
+            raise RaytfError(
+                "raytf.report: the run is stopping (its driver was stopped); no further report or "
+                "checkpoint is taken, and the checkpoint in flight is committed if it can be"
+            )
 
     def finish_uploads(self) -> None:
         """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
@@ -372,7 +453,5 @@ def install(session: Optional[WorkerSession]) -> None:
 def current(function: str) -> WorkerSession:
     """This process's session; ``function`` names the caller in the error when there is none."""
     if _session is None:
-        raise RaytfError(
-            f"raytf.{function}() works only inside the train_fn that raytf.Trainer runs on its workers"
-        )
+        raise RaytfError(f"raytf.{function}() works only inside the train_fn that raytf.Trainer runs on its workers")
     return _session

@@ -243,8 +243,7 @@ def make_strategy(communication: str, collective_timeout_s: Optional[float], byt
         implementation=implementation, timeout_seconds=collective_timeout_s, bytes_per_pack=bytes_per_pack
     )
     return _class()(
-        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-        communication_options=options,
+        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(), communication_options=options
     )
 
 
@@ -261,8 +260,8 @@ def return_installed(base: type, own_class: Callable[[], type], installed: Calla
             return current
         return object.__new__(cls)
 
-    base.__new__ = staticmethod(__new__)
-    base._raytf_returns_installed = True
+    setattr(base, "__new__", staticmethod(__new__))  # noqa: B010 - a class's method, replaced
+    setattr(base, "_raytf_returns_installed", True)  # noqa: B010
 
 
 def install(strategy: Any) -> None:

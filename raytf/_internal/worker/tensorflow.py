@@ -117,8 +117,7 @@ def check_storage_visible(run: RunSpec, node_ip: str) -> None:
     if storage is None or token is None:
         return
     filesystem, root = storage.filesystem, storage.root
-    if isinstance(filesystem, pafs.LocalFileSystem) and not os.path.exists(
-            _lease.claim_path(filesystem, root, token)):
+    if isinstance(filesystem, pafs.LocalFileSystem) and not os.path.exists(_lease.claim_path(filesystem, root, token)):
         raise ConfigError(
             f"RunConfig.storage_path: the run directory {root!r} is a local path that this worker's "
             f"node ({node_ip}) cannot see: what it wrote there would be lost with the node. Use "

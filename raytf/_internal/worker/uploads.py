@@ -32,8 +32,9 @@ class Uploads:
         self._thread: Optional[threading.Thread] = None
         self._failure: Optional[str] = None
 
-    def start(self, name: str, upload: Callable[[], None], commit: Callable[[], Optional[str]],
-              cleanup: Callable[[], None]) -> None:
+    def start(
+        self, name: str, upload: Callable[[], None], commit: Callable[[], Optional[str]], cleanup: Callable[[], None]
+    ) -> None:
         """In the background: ``upload()`` (tried again on ``OSError``), then ``commit()``, which
         returns why the driver refused the checkpoint, or None; ``cleanup()`` in every case."""
         self.wait()  # MAX_IN_FLIGHT: the previous checkpoint's commit first
@@ -69,5 +70,7 @@ class Uploads:
 
     def raise_failure(self) -> None:
         if self._failure is not None:
-            raise CheckpointError(f"raytf.report: an asynchronous {self._failure}; the run's last committed "
-                                  "checkpoint is intact, and a restart resumes from it")
+            raise CheckpointError(
+                f"raytf.report: an asynchronous {self._failure}; the run's last committed "
+                "checkpoint is intact, and a restart resumes from it"
+            )

@@ -52,6 +52,15 @@ def plan_files(source: FileSource, threads: int = 8) -> FilePlan:
     def column(i: int) -> np.ndarray:
         return np.array([v for s in scanned for v in s[i]], dtype=np.int64)
 
-    return FilePlan(source, tuple(files), np.repeat(np.arange(len(files), dtype=np.int64), [len(s[0]) for s in scanned]),
-                    column(1), column(0), column(2), column(3), fmt.schema(source, files, [s[4] for s in scanned]),
-                    tuple(file_stats(files)), chunk_is_window=fmt.chunk_is_window)
+    return FilePlan(
+        source,
+        tuple(files),
+        np.repeat(np.arange(len(files), dtype=np.int64), [len(s[0]) for s in scanned]),
+        column(1),
+        column(0),
+        column(2),
+        column(3),
+        fmt.schema(source, files, [s[4] for s in scanned]),
+        tuple(file_stats(files)),
+        chunk_is_window=fmt.chunk_is_window,
+    )

@@ -21,8 +21,10 @@ def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[A
     out = {}
     for name in names:
         if first.get_field_index(name) < 0:
-            raise ConfigError(f"raytf.data.parquet_files: column {name!r} is not in {files[0]} (its columns: "
-                             f"{', '.join(first.names)})")
+            raise ConfigError(
+                f"raytf.data.parquet_files: column {name!r} is not in {files[0]} (its columns: "
+                f"{', '.join(first.names)})"
+            )
         kind, shape = first.field(name).type, []
         while pa.types.is_fixed_size_list(kind):
             shape.append(kind.list_size)
@@ -32,9 +34,11 @@ def parquet_schema(source: FileSource, files: Sequence[str], schemas: Sequence[A
         elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
             dtype = np.dtype(kind.to_pandas_dtype())
         else:
-            raise DataError(f"raytf.data.parquet_files: column {name!r} is {first.field(name).type}; a worker reads "
-                             "numbers, strings and fixed-size lists of them (write variable lists padded, as "
-                             "pa.list_(type, size))")
+            raise DataError(
+                f"raytf.data.parquet_files: column {name!r} is {first.field(name).type}; a worker reads "
+                "numbers, strings and fixed-size lists of them (write variable lists padded, as "
+                "pa.list_(type, size))"
+            )
         out[name] = (dtype, tuple(shape))
     for path, schema in zip(files[1:], schemas[1:]):
         for name in names:
@@ -72,8 +76,9 @@ class Parquet:
         reader = _Reader(plan, needed)
 
         def read(chunks: Any, take: Any) -> dict[str, Any]:
-            out = tf.py_function(lambda c, t: reader.read(c.numpy(), t.numpy()), [chunks, take],
-                                 Tout=[tf_dtype[c] for c in needed])
+            out = tf.py_function(
+                lambda c, t: reader.read(c.numpy(), t.numpy()), [chunks, take], Tout=[tf_dtype[c] for c in needed]
+            )
             return {c: tf.ensure_shape(v, (None, *specs[c][1])) for c, v in zip(needed, out)}
 
         return read
@@ -102,9 +107,10 @@ class _Reader:
     def read(self, chunks: np.ndarray, take: np.ndarray) -> list[np.ndarray]:
         import pyarrow as pa
 
-        tables = [self._file(int(self.plan.chunk_file[c])).read_row_group(int(self.plan.chunk_first[c]),
-                                                                           columns=self.columns)
-                  for c in chunks]
+        tables = [
+            self._file(int(self.plan.chunk_file[c])).read_row_group(int(self.plan.chunk_first[c]), columns=self.columns)
+            for c in chunks
+        ]
         table = pa.concat_tables(tables).take(pa.array(take))
         out = []
         for name in self.columns:

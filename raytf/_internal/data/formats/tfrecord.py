@@ -28,8 +28,10 @@ def scan_tfrecord(read_at: Any, size: int, chunk_rows: int, name: str) -> tuple[
         if at + _HEADER > block_at + len(block):
             block_at, block = at, read_at(min(_SCAN_BLOCK, size - at), at)
         if at + _HEADER > block_at + len(block):
-            raise DataError(f"raytf.data.tfrecord_files: {name} ends inside a record's header (truncated, or "
-                             "compressed: the files must be uncompressed TFRecord)")
+            raise DataError(
+                f"raytf.data.tfrecord_files: {name} ends inside a record's header (truncated, or "
+                "compressed: the files must be uncompressed TFRecord)"
+            )
         (length,) = struct.unpack_from("<Q", block, at - block_at)
         if records % chunk_rows == 0:
             offsets.append(at)
@@ -38,8 +40,10 @@ def scan_tfrecord(read_at: Any, size: int, chunk_rows: int, name: str) -> tuple[
         records += 1
         at += _HEADER + length + 4
     if at != size:
-        raise DataError(f"raytf.data.tfrecord_files: {name} ends inside a record (truncated, or compressed: the "
-                         "files must be uncompressed TFRecord)")
+        raise DataError(
+            f"raytf.data.tfrecord_files: {name} ends inside a record (truncated, or compressed: the "
+            "files must be uncompressed TFRecord)"
+        )
     return counts, offsets
 
 
@@ -72,17 +76,25 @@ class TFRecord:
         chunk_file, chunk_offset = tf.constant(plan.chunk_file), tf.constant(plan.chunk_offset)
         chunk_rows, chunk_first = tf.constant(plan.chunk_rows), tf.constant(plan.chunk_first)
         chunk_bytes = tf.constant(plan.chunk_bytes)
-        spec = {name: tf.io.FixedLenFeature(shape, tf_dtype[name], default_value=default)
-                for name, (shape, _, default) in plan.source.features.items() if name in needed}
+        spec = {
+            name: tf.io.FixedLenFeature(shape, tf_dtype[name], default_value=default)
+            for name, (shape, _, default) in plan.source.features.items()
+            if name in needed
+        }
 
         def read_chunk(filename: Any, offset: Any, size: Any, first: Any, rows: Any) -> Any:
             return _records_at(filename, offset, size, first).take(rows).batch(rows)
 
         def read(chunks: Any, take: Any) -> Any:
-            records = tf.data.Dataset.from_tensor_slices((
-                tf.gather(files, tf.gather(chunk_file, chunks)), tf.gather(chunk_offset, chunks),
-                tf.gather(chunk_bytes, chunks), tf.gather(chunk_first, chunks), tf.gather(chunk_rows, chunks),
-            )).interleave(read_chunk, cycle_length=_READERS, num_parallel_calls=_READERS, deterministic=True)
+            records = tf.data.Dataset.from_tensor_slices(
+                (
+                    tf.gather(files, tf.gather(chunk_file, chunks)),
+                    tf.gather(chunk_offset, chunks),
+                    tf.gather(chunk_bytes, chunks),
+                    tf.gather(chunk_first, chunks),
+                    tf.gather(chunk_rows, chunks),
+                )
+            ).interleave(read_chunk, cycle_length=_READERS, num_parallel_calls=_READERS, deterministic=True)
             serialized = records.ragged_batch(tf.size(chunks, out_type=tf.int64)).get_single_element().flat_values
             serialized = tf.cond(tf.size(take) > 0, lambda: tf.gather(serialized, take), lambda: serialized)
             return tf.io.parse_example(serialized, spec)
@@ -94,8 +106,10 @@ class TFRecord:
         as "<path>, record <i>: <why>"; None if every record reads (or the deadline passed first)."""
         import tensorflow as tf
 
-        spec = {k: tf.io.FixedLenFeature(shape, tf.as_dtype(dtype), default_value=default)
-                for k, (shape, dtype, default) in plan.source.features.items()}
+        spec = {
+            k: tf.io.FixedLenFeature(shape, tf.as_dtype(dtype), default_value=default)
+            for k, (shape, dtype, default) in plan.source.features.items()
+        }
         done = 0
         batches = iter(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
         while time.monotonic() < deadline:
@@ -110,7 +124,7 @@ class TFRecord:
             except tf.errors.InvalidArgumentError:
                 for offset in range(int(tf.shape(batch)[0])):
                     try:
-                        tf.io.parse_example(batch[offset:offset + 1], spec)
+                        tf.io.parse_example(batch[offset : offset + 1], spec)
                     except tf.errors.InvalidArgumentError as error:
                         return f"{path}, record {done + offset}: {error.message.splitlines()[0]}"
             done += int(tf.shape(batch)[0])
@@ -127,8 +141,7 @@ def _records_at(filename: Any, offset: Any, size: Any, first: Any) -> Any:
     from raytf._internal import hooks
     from raytf._internal.hooks import tensorflow as tf_hooks
 
-    source = hooks.named("tensorflow.records_at").call_or_warn(tf_hooks.records_at_class)
+    source: Any = hooks.named("tensorflow.records_at").call_or_warn(tf_hooks.records_at_class)
     if source is None:  # the same records, read from the file's start and skipped
         return tf.data.TFRecordDataset(filename, buffer_size=1 << 20).skip(first)
     return source(filename, offset, size)
-

@@ -19,8 +19,23 @@ from raytf._internal.hooks.tensorflow.graph import function_autograph, place_bes
 HOOKS = [*distribute.HOOKS, *data.HOOKS, *checkpoint.HOOKS, *graph.HOOKS]
 
 __all__ = [
-    "HOOKS", "collective_strategy_class", "coordinator_recovering", "coordinator_server_def", "count_batches_taken",
-    "dataset_functions", "dataset_inputs", "devices_listed", "distributed_original", "framework_types",
-    "function_autograph", "host_copies", "parameter_server_strategy_class", "place_beside", "records_at_class",
-    "resource_writes", "run_after", "saveables", "write_copies",
+    "HOOKS",
+    "collective_strategy_class",
+    "coordinator_recovering",
+    "coordinator_server_def",
+    "count_batches_taken",
+    "dataset_functions",
+    "dataset_inputs",
+    "devices_listed",
+    "distributed_original",
+    "framework_types",
+    "function_autograph",
+    "host_copies",
+    "parameter_server_strategy_class",
+    "place_beside",
+    "records_at_class",
+    "resource_writes",
+    "run_after",
+    "saveables",
+    "write_copies",
 ]

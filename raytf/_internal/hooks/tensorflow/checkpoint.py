@@ -20,7 +20,8 @@ def saveables(checkpoint: Any) -> list:
     from tensorflow.python.util import object_identity
 
     saveable, every = helper._get_all_trackables(  # noqa: SLF001
-        root=checkpoint, exclude_set=object_identity.ObjectIdentitySet([checkpoint]))
+        root=checkpoint, exclude_set=object_identity.ObjectIdentitySet([checkpoint])
+    )
     for owner in every:
         if "get_slot_names" not in dir(owner):
             continue
@@ -102,8 +103,9 @@ def _probe_host_copies() -> None:
     from tensorflow.python.ops import resource_variable_ops
 
     assert callable(getattr(helper, "_get_all_trackables", None)), "async_checkpoint_helper._get_all_trackables"
-    assert "_copy_trackable_to_cpu" in vars(resource_variable_ops.BaseResourceVariable), \
+    assert "_copy_trackable_to_cpu" in vars(resource_variable_ops.BaseResourceVariable), (
         "BaseResourceVariable._copy_trackable_to_cpu"
+    )
     assert "_object_map" in checkpoint_module.TrackableSaver.__init__.__code__.co_names, "TrackableSaver._object_map"
     assert "_saver" in tf.train.Checkpoint.__init__.__code__.co_names, "tf.train.Checkpoint._saver"
 
@@ -126,8 +128,13 @@ def _behaves_host_copies() -> None:
 
 
 HOOKS = [
-    Hook("tensorflow.host_copies", "tensorflow",
-         "Trackable._copy_trackable_to_cpu, TrackableSaver._object_map (TensorFlow's asynchronous checkpoint)",
-         "asynchronous checkpoints of Checkpoint.from_state (report returns once the state is copied in host memory)",
-         'CheckpointConfig(upload="sync")', _probe_host_copies, behaves=_behaves_host_copies),
+    Hook(
+        "tensorflow.host_copies",
+        "tensorflow",
+        "Trackable._copy_trackable_to_cpu, TrackableSaver._object_map (TensorFlow's asynchronous checkpoint)",
+        "asynchronous checkpoints of Checkpoint.from_state (report returns once the state is copied in host memory)",
+        'CheckpointConfig(upload="sync")',
+        _probe_host_copies,
+        behaves=_behaves_host_copies,
+    )
 ]

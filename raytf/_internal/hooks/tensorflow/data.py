@@ -38,8 +38,13 @@ def records_at_class() -> Any:
         class RecordsAt(dataset_ops.DatasetSource):
             def __init__(self, filename: Any, offset: Any, size: Any):
                 self._name = None
-                variant = make(tf.reshape(filename, [1]), "", tf.cast(size, tf.int64),
-                               tf.reshape(tf.cast(offset, tf.int64), [1]), metadata=self._metadata.SerializeToString())
+                variant = make(
+                    tf.reshape(filename, [1]),
+                    "",
+                    tf.cast(size, tf.int64),
+                    tf.reshape(tf.cast(offset, tf.int64), [1]),
+                    metadata=self._metadata.SerializeToString(),
+                )
                 super().__init__(variant)
 
             @property
@@ -61,8 +66,9 @@ def _probe_records_at() -> None:
     from tensorflow.python.data.ops import dataset_ops
     from tensorflow.python.ops import gen_dataset_ops
 
-    assert "byte_offsets" in gen_dataset_ops.tf_record_dataset_v2.__code__.co_varnames, \
+    assert "byte_offsets" in gen_dataset_ops.tf_record_dataset_v2.__code__.co_varnames, (
         "gen_dataset_ops.tf_record_dataset_v2(byte_offsets=...)"
+    )
     assert isinstance(getattr(dataset_ops, "DatasetSource", None), type), "dataset_ops.DatasetSource"
     assert isinstance(getattr(dataset_ops.DatasetV2, "_metadata", None), property), "DatasetV2._metadata"
 
@@ -81,8 +87,12 @@ def _behaves_records_at() -> None:
         offset = 16 + 1 + 16 + 2  # each record: length (8), its CRC (4), the data, the data's CRC (4)
         # Made inside a tf.data function, as raytf's reader makes it (a dataset made eagerly is
         # serialized when iterated, which this op's TensorFlow kernel does not do with its offsets).
-        read = [r.numpy() for r in tf.data.Dataset.from_tensors(tf.constant(path)).interleave(
-            lambda name: records_at_class()(name, offset, 1 << 10))]
+        read = [
+            r.numpy()
+            for r in tf.data.Dataset.from_tensors(tf.constant(path)).interleave(
+                lambda name: records_at_class()(name, offset, 1 << 10)
+            )
+        ]
         assert read == [b"ccc"], f"the records from byte {offset} read {read}"
 
 
@@ -110,8 +120,9 @@ def _probe_dataset_graph() -> None:
 
     for method in ("_inputs", "_functions"):
         assert callable(getattr(tf.data.Dataset, method, None)), f"tf.data.Dataset.{method}"
-    assert isinstance(getattr(structured_function.StructuredFunctionWrapper, "function", None), property), \
+    assert isinstance(getattr(structured_function.StructuredFunctionWrapper, "function", None), property), (
         "StructuredFunctionWrapper.function"
+    )
 
 
 def _behaves_dataset_graph() -> None:
@@ -124,18 +135,33 @@ def _behaves_dataset_graph() -> None:
 
 
 HOOKS = [
-    Hook("tensorflow.dataset_graph", "tensorflow", "tf.data.Dataset._inputs() and ._functions()",
-         "recognising a raytf shard inside tf.data (per-worker distribution)",
-         "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
-         _probe_dataset_graph, behaves=_behaves_dataset_graph),
-    Hook("tensorflow.records_at", "tensorflow",
-         "gen_dataset_ops.tf_record_dataset_v2(byte_offsets=...) as a dataset_ops.DatasetSource",
-         "reading a TFRecord file from where a chunk or a resumed position starts",
-         "nothing (it is optional): without it each chunk is read from its file's start and the records "
-         "before it skipped (the same rows, more reading)",
-         _probe_records_at, behaves=_behaves_records_at, optional=True),
-    Hook("tensorflow.dataset_options", "tensorflow", "tensorflow.core.framework.dataset_options_pb2.Options",
-         "recognising a raytf shard captured inside a tf.data function (per-worker distribution)",
-         "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
-         _probe_framework_types, behaves=_behaves_framework_types),
+    Hook(
+        "tensorflow.dataset_graph",
+        "tensorflow",
+        "tf.data.Dataset._inputs() and ._functions()",
+        "recognising a raytf shard inside tf.data (per-worker distribution)",
+        "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
+        _probe_dataset_graph,
+        behaves=_behaves_dataset_graph,
+    ),
+    Hook(
+        "tensorflow.records_at",
+        "tensorflow",
+        "gen_dataset_ops.tf_record_dataset_v2(byte_offsets=...) as a dataset_ops.DatasetSource",
+        "reading a TFRecord file from where a chunk or a resumed position starts",
+        "nothing (it is optional): without it each chunk is read from its file's start and the records "
+        "before it skipped (the same rows, more reading)",
+        _probe_records_at,
+        behaves=_behaves_records_at,
+        optional=True,
+    ),
+    Hook(
+        "tensorflow.dataset_options",
+        "tensorflow",
+        "tensorflow.core.framework.dataset_options_pb2.Options",
+        "recognising a raytf shard captured inside a tf.data function (per-worker distribution)",
+        "nothing: pass raytf.keras.distribute(dataset) to model.fit; this one is required",
+        _probe_framework_types,
+        behaves=_behaves_framework_types,
+    ),
 ]

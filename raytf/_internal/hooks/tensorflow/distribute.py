@@ -105,8 +105,9 @@ def distributed_original(dataset: Any) -> Any:
 def _probe_distributed_original() -> None:
     from tensorflow.python.distribute import input_lib
 
-    assert "_original_dataset" in input_lib.DistributedDataset.__init__.__code__.co_names, \
+    assert "_original_dataset" in input_lib.DistributedDataset.__init__.__code__.co_names, (
         "DistributedDataset._original_dataset"
+    )
 
 
 def _behaves_distributed_original() -> None:
@@ -124,8 +125,9 @@ def _probe_counted_iterators() -> None:
         assert isinstance(getattr(input_lib, name, None), type), f"input_lib.{name}"
     for method in ("get_next", "get_next_as_optional"):
         assert callable(getattr(input_lib.DistributedIterator, method, None)), f"DistributedIterator.{method}"
-    assert "DistributedIterator" in input_lib.DistributedDatasetsFromFunction.__iter__.__code__.co_names, \
+    assert "DistributedIterator" in input_lib.DistributedDatasetsFromFunction.__iter__.__code__.co_names, (
         "DistributedDatasetsFromFunction.__iter__ makes a DistributedIterator"
+    )
 
 
 def _probe_server_def() -> None:
@@ -147,10 +149,12 @@ def _probe_devices() -> None:
 def _behaves_strategy_classes() -> None:
     import tensorflow as tf
 
-    assert issubclass(tf.distribute.MultiWorkerMirroredStrategy, collective_strategy_class()), \
+    assert issubclass(tf.distribute.MultiWorkerMirroredStrategy, collective_strategy_class()), (
         "tf.distribute.MultiWorkerMirroredStrategy is not a CollectiveAllReduceStrategy"
-    assert issubclass(tf.distribute.experimental.ParameterServerStrategy, parameter_server_strategy_class()), \
+    )
+    assert issubclass(tf.distribute.experimental.ParameterServerStrategy, parameter_server_strategy_class()), (
         "tf.distribute.experimental.ParameterServerStrategy is not a ParameterServerStrategyV2"
+    )
 
 
 def _behaves_devices() -> None:
@@ -166,7 +170,8 @@ def _behaves_counted_iterators() -> None:
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     distributed = strategy.distribute_datasets_from_function(lambda _: tf.data.Dataset.range(3).batch(1))
-    taken, loops = [], []
+    taken: list = []
+    loops: list = []
     count_batches_taken(distributed, taken.append, lambda: loops.append(1))
     for _ in distributed:
         pass
@@ -174,31 +179,58 @@ def _behaves_counted_iterators() -> None:
 
 
 HOOKS = [
-    Hook("tensorflow.collective_new", "tensorflow",
-         "tensorflow.python.distribute.collective_all_reduce_strategy.CollectiveAllReduceStrategy",
-         "MultiWorkerMirroredStrategy() inside train_fn (it returns raytf's connected strategy)",
-         "nothing: build the strategy with raytf.strategy() instead; this one is required",
-         lambda: collective_strategy_class().__new__, behaves=_behaves_strategy_classes),
-    Hook("tensorflow.parameter_server_new", "tensorflow",
-         "tensorflow.python.distribute.parameter_server_strategy_v2.ParameterServerStrategyV2",
-         "ParameterServerStrategy() inside a ParameterServerTrainer's train_fn",
-         "ParameterServerTrainer (use raytf.Trainer)", lambda: parameter_server_strategy_class().__new__,
-         behaves=_behaves_strategy_classes),
-    Hook("tensorflow.coordinator_server_def", "tensorflow",
-         "ClusterCoordinator._cluster.failure_handler._server_def and ._cluster_due_for_update_or_finish",
-         "replacing a lost parameter-server worker in place", "ParameterServerTrainer (use raytf.Trainer)",
-         _probe_server_def),
-    Hook("tensorflow.physical_devices", "tensorflow", "tensorflow.python.eager.context.Context._physical_devices",
-         "warm standbys of GPU workers", "FailureConfig.warm_standby", _probe_devices,
-         behaves=_behaves_devices),
-    Hook("tensorflow.counted_iterators", "tensorflow",
-         "input_lib.DistributedDatasetsFromFunction and DistributedIterator, subclassed",
-         "exactly-once data in a custom loop (counting the batches it takes from the strategy's iterator)",
-         "DataConfig(exactly_once=False)",
-         _probe_counted_iterators, behaves=_behaves_counted_iterators),
-    Hook("tensorflow.distributed_original", "tensorflow", "input_lib.DistributedDataset._original_dataset",
-         "a ParameterServerTrainer's raytf.get_dataset_shard dataset passed through "
-         "experimental_distribute_dataset (recognised as raytf's)",
-         "nothing: pass the dataset function (strategy.distribute_datasets_from_function) instead",
-         _probe_distributed_original, behaves=_behaves_distributed_original),
+    Hook(
+        "tensorflow.collective_new",
+        "tensorflow",
+        "tensorflow.python.distribute.collective_all_reduce_strategy.CollectiveAllReduceStrategy",
+        "MultiWorkerMirroredStrategy() inside train_fn (it returns raytf's connected strategy)",
+        "nothing: build the strategy with raytf.strategy() instead; this one is required",
+        lambda: collective_strategy_class().__new__,
+        behaves=_behaves_strategy_classes,
+    ),
+    Hook(
+        "tensorflow.parameter_server_new",
+        "tensorflow",
+        "tensorflow.python.distribute.parameter_server_strategy_v2.ParameterServerStrategyV2",
+        "ParameterServerStrategy() inside a ParameterServerTrainer's train_fn",
+        "ParameterServerTrainer (use raytf.Trainer)",
+        lambda: parameter_server_strategy_class().__new__,
+        behaves=_behaves_strategy_classes,
+    ),
+    Hook(
+        "tensorflow.coordinator_server_def",
+        "tensorflow",
+        "ClusterCoordinator._cluster.failure_handler._server_def and ._cluster_due_for_update_or_finish",
+        "replacing a lost parameter-server worker in place",
+        "ParameterServerTrainer (use raytf.Trainer)",
+        _probe_server_def,
+    ),
+    Hook(
+        "tensorflow.physical_devices",
+        "tensorflow",
+        "tensorflow.python.eager.context.Context._physical_devices",
+        "warm standbys of GPU workers",
+        "FailureConfig.warm_standby",
+        _probe_devices,
+        behaves=_behaves_devices,
+    ),
+    Hook(
+        "tensorflow.counted_iterators",
+        "tensorflow",
+        "input_lib.DistributedDatasetsFromFunction and DistributedIterator, subclassed",
+        "exactly-once data in a custom loop (counting the batches it takes from the strategy's iterator)",
+        "DataConfig(exactly_once=False)",
+        _probe_counted_iterators,
+        behaves=_behaves_counted_iterators,
+    ),
+    Hook(
+        "tensorflow.distributed_original",
+        "tensorflow",
+        "input_lib.DistributedDataset._original_dataset",
+        "a ParameterServerTrainer's raytf.get_dataset_shard dataset passed through "
+        "experimental_distribute_dataset (recognised as raytf's)",
+        "nothing: pass the dataset function (strategy.distribute_datasets_from_function) instead",
+        _probe_distributed_original,
+        behaves=_behaves_distributed_original,
+    ),
 ]

@@ -32,8 +32,12 @@ def place_beside(op: Any, update: Any) -> None:
     from tensorflow.core.framework import attr_value_pb2
 
     op._set_device("")  # noqa: SLF001
-    op._set_attr("_class", attr_value_pb2.AttrValue(  # noqa: SLF001
-        list=attr_value_pb2.AttrValue.ListValue(s=update.colocation_groups())))
+    op._set_attr(
+        "_class",
+        attr_value_pb2.AttrValue(  # noqa: SLF001
+            list=attr_value_pb2.AttrValue.ListValue(s=update.colocation_groups())
+        ),
+    )
 
 
 def run_after(op: Any, first: Any) -> None:
@@ -60,24 +64,28 @@ def _behaves_ops() -> None:
             first = tf.raw_ops.NoOp()
         place_beside(value.op, update)
         run_after(update, first)
-        assert value.op.device == "" and value.op.colocation_groups() == update.colocation_groups(), \
-            (value.op.device, value.op.colocation_groups())
+        assert value.op.device == "" and value.op.colocation_groups() == update.colocation_groups(), (
+            value.op.device,
+            value.op.colocation_groups(),
+        )
         assert first in update.control_inputs, "the control input was not added"
 
 
 def _probe_resource_writes() -> None:
     from tensorflow.python.framework import auto_control_deps_utils
 
-    assert callable(getattr(auto_control_deps_utils, "get_read_write_resource_inputs", None)), \
+    assert callable(getattr(auto_control_deps_utils, "get_read_write_resource_inputs", None)), (
         "auto_control_deps_utils.get_read_write_resource_inputs"
+    )
 
 
 def _probe_function_autograph() -> None:
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
     assert "_autograph" in polymorphic_function.Function.__init__.__code__.co_names, "Function._autograph"
-    assert isinstance(getattr(polymorphic_function.Function, "python_function", None), property), \
+    assert isinstance(getattr(polymorphic_function.Function, "python_function", None), property), (
         "Function.python_function"
+    )
 
 
 def _behaves_function_autograph() -> None:
@@ -99,16 +107,32 @@ def _behaves_resource_writes() -> None:
 
 
 HOOKS = [
-    Hook("tensorflow.function_autograph", "tensorflow", "tf.function's Function._autograph",
-         "exactly-once data for parameter servers (raytf counts the batches each step takes)",
-         "nothing: this one is required by ParameterServerTrainer's data",
-         _probe_function_autograph, behaves=_behaves_function_autograph),
-    Hook("tensorflow.resource_writes", "tensorflow", "auto_control_deps_utils.get_read_write_resource_inputs",
-         "exactly-once data for parameter servers (a step's updates are held until all of its inputs arrived)",
-         "nothing: this one is required by ParameterServerTrainer's data",
-         _probe_resource_writes, behaves=_behaves_resource_writes),
-    Hook("tensorflow.graph_ops", "tensorflow", "Operation._set_device, ._set_attr('_class'), ._add_control_input",
-         "exactly-once data for parameter servers (a step's updates held until all of their inputs arrived, "
-         "and the ops that feed them run beside them)",
-         "DataConfig(exactly_once=False)", _probe_ops, behaves=_behaves_ops),
+    Hook(
+        "tensorflow.function_autograph",
+        "tensorflow",
+        "tf.function's Function._autograph",
+        "exactly-once data for parameter servers (raytf counts the batches each step takes)",
+        "nothing: this one is required by ParameterServerTrainer's data",
+        _probe_function_autograph,
+        behaves=_behaves_function_autograph,
+    ),
+    Hook(
+        "tensorflow.resource_writes",
+        "tensorflow",
+        "auto_control_deps_utils.get_read_write_resource_inputs",
+        "exactly-once data for parameter servers (a step's updates are held until all of its inputs arrived)",
+        "nothing: this one is required by ParameterServerTrainer's data",
+        _probe_resource_writes,
+        behaves=_behaves_resource_writes,
+    ),
+    Hook(
+        "tensorflow.graph_ops",
+        "tensorflow",
+        "Operation._set_device, ._set_attr('_class'), ._add_control_input",
+        "exactly-once data for parameter servers (a step's updates held until all of their inputs arrived, "
+        "and the ops that feed them run beside them)",
+        "DataConfig(exactly_once=False)",
+        _probe_ops,
+        behaves=_behaves_ops,
+    ),
 ]
