@@ -42,9 +42,11 @@ def wheel_python(tmp_path_factory) -> str:
     assert len(built) == 2 and built[0].endswith("-py3-none-any.whl") and built[1].endswith(".tar.gz"), built
     checked = run(sys.executable, "-m", "twine", "check", "--strict", *(str(dist / b) for b in built), cwd=str(root))
     assert checked.count("PASSED") == 2, checked
-    run(sys.executable, "-m", "venv", "--system-site-packages", str(venv), cwd=str(root))
+    # No pip of its own (ensurepip is seconds of CPU): this environment's pip installs into it.
+    run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv), cwd=str(root))
     python = str(venv / "bin" / "python")
-    run(python, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", str(dist / built[0]), cwd=str(root))
+    run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "--quiet",
+        str(dist / built[0]), cwd=str(root))
     # From any directory but the checkout, that Python's raytf is the wheel's (site-packages comes
     # before the editable install's finder), and the wheel's console script runs.
     found = run(python, "-c", "import raytf; print(raytf.__file__)", cwd=str(root)).strip()

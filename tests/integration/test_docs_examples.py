@@ -62,7 +62,7 @@ def after_training(checkpoint, directory):
     np.testing.assert_allclose(tf.keras.models.load_model(keras_file).predict(x, verbose=0), logits, rtol=1e-5,
                                atol=1e-5)
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})  # one proxy, not per node
     try:
         serve.run(after.deployment(saved_model), name="classifier", route_prefix="/classify")
         request = urllib.request.Request(f"http://127.0.0.1:{port}/classify", method="POST",
