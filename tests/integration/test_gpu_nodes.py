@@ -40,6 +40,9 @@ def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_le
         assert len(s["ray_gpu_ids"]) == gpus
         assert s["cuda_visible_devices"] == ",".join(s["ray_gpu_ids"])
         assert s["implementation"] == "NCCL"  # communication="auto" with GPUs
+        # One TF_CONFIG task per worker, however many GPUs it holds: its GPUs are its own replicas.
+        assert len(s["tf_config"]["cluster"]["worker"]) == workers
+        assert s["tf_config"]["task"] == {"type": "worker", "index": s["world_rank"]}
     by_node = {}
     for s in seen:
         by_node.setdefault(s["node_id"], []).append(s)
