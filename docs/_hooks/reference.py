@@ -245,9 +245,9 @@ def hooks_markdown(root: str) -> str:
 SUITE_RECORD = os.path.join("tests", "records", "suite.jsonl")
 
 
-def slowest_markdown(root: str) -> str:
-    """The whole suite's newest kept run (``--suite-record``, tests/conftest.py): its time, its
-    machine, and its ten slowest tests with their seconds (setup, call and teardown)."""
+def newest_whole_run(root: str) -> dict | None:
+    """The newest kept run (``--suite-record``, tests/conftest.py) of the whole suite that passed:
+    no ``-m`` or ``-k`` choosing part of it."""
     import json
 
     path = os.path.join(root, SUITE_RECORD)
@@ -256,9 +256,15 @@ def slowest_markdown(root: str) -> str:
         with open(path) as f:
             runs = [json.loads(line) for line in f if line.strip()]
     whole = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])]
-    if not whole:
+    return whole[-1] if whole else None
+
+
+def slowest_markdown(root: str) -> str:
+    """The whole suite's newest kept run: its time, its machine, and its ten slowest tests with
+    their seconds (setup, call and teardown)."""
+    run = newest_whole_run(root)
+    if run is None:
         return f"No passing run of the whole suite is recorded in `{SUITE_RECORD}` yet.\n"
-    run = whole[-1]
     machine, versions = run["machine"], run["versions"]
     tests = sum(run["outcomes"].values())
     lines = [
@@ -281,7 +287,6 @@ def support_markdown(root: str) -> str:
     """The versions raytf supports, read off what CI runs: the bounds in pyproject.toml, the oldest
     combination noxfile.py pins (``nox -s oldest``), and the newest the whole suite's newest kept
     record ran on (the README's test command installs the newest the bounds allow)."""
-    import json
     import re
     import tomllib
 
@@ -299,10 +304,9 @@ def support_markdown(root: str) -> str:
         exact = re.match(r"([\w-]+)(?:\[[\w,]+\])?==(.+)", pin)  # (pandas<3 is a bound, not a pin)
         if exact:
             oldest[exact.group(1)] = exact.group(2)
-    path = os.path.join(root, SUITE_RECORD)
-    with open(path) as f:
-        runs = [json.loads(line) for line in f if line.strip()]
-    run = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])][-1]
+    run = newest_whole_run(root)
+    if run is None:
+        raise ValueError(f"the support table needs a passing run of the whole suite in {SUITE_RECORD}")
     newest = {"python": run["machine"]["python"], **run["versions"]}
     lines = [
         f"| | Allowed (`pyproject.toml`) | Oldest, run by CI (`noxfile.py`) | Newest, run by CI ({run['when'][:10]}, "

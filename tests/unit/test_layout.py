@@ -304,32 +304,27 @@ def test_errors_a_user_acts_on_are_raytf_errors():
     assert found - INTERNAL_RAISES == set(), "raise a raytf error (raytf/errors.py) that names the setting and the fix"
 
 
-def test_ruff_finds_nothing_in_the_repository():
-    """The lint pyproject.toml configures ([tool.ruff]): pyflakes, pycodestyle's errors and bugbear
-    over raytf/, tests/, bench/, jobs/ and docs/, the rules that find bugs rather than taste."""
+def run_tool(*args: str) -> None:
+    """``python -m <args>`` from the repository's root; its complaints, if any, fail the test."""
     import subprocess
     import sys
 
-    checked = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
-                             cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
+    checked = subprocess.run([sys.executable, "-m", *args], cwd=PACKAGE.parent, capture_output=True, text=True,
+                             timeout=300)
     assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]
 
 
-def test_raytf_is_formatted_by_ruff_format():
-    import subprocess
-    import sys
+def test_ruff_finds_nothing_in_the_repository():
+    """The lint pyproject.toml configures ([tool.ruff]): pyflakes, pycodestyle's errors and bugbear
+    over raytf/, tests/, bench/, jobs/ and docs/, the rules that find bugs rather than taste."""
+    run_tool("ruff", "check", "--no-cache", "--output-format", "concise", ".")
 
-    checked = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "raytf"],
-                             cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
-    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:] + "\n(run: ruff format raytf)"
+
+def test_raytf_is_formatted_by_ruff_format():
+    run_tool("ruff", "format", "--check", "--no-cache", "raytf")  # mend with: ruff format raytf
 
 
 def test_mypy_finds_nothing_in_raytf():
     """The type check pyproject.toml configures ([tool.mypy]) over raytf/: calls, attributes and
     returns against their annotations (it found a renamed attribute a warning still used)."""
-    import subprocess
-    import sys
-
-    checked = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=PACKAGE.parent,
-                             capture_output=True, text=True, timeout=300)
-    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]
+    run_tool("mypy", "--no-incremental")
