@@ -157,6 +157,7 @@ def test_a_silent_workers_process_is_ended_by_its_pid_and_no_other_process_is():
     import signal
     import subprocess
     import sys
+    import time
 
     from raytf._internal.driver.actors import end_process
 
@@ -164,6 +165,12 @@ def test_a_silent_workers_process_is_ended_by_its_pid_and_no_other_process_is():
     worker = subprocess.Popen([*sleeper, "ray::TrainWorker"])  # its title, as Ray's setproctitle leaves it
     other = subprocess.Popen([*sleeper, "ray::IDLE"])
     try:
+        for process, title in ((worker, b"ray::TrainWorker"), (other, b"ray::IDLE")):
+            # Until the child has exec'd, /proc shows the forked pytest's command line: wait for its own.
+            deadline = time.monotonic() + 60
+            while title not in open(f"/proc/{process.pid}/cmdline", "rb").read():
+                assert time.monotonic() < deadline, f"{title!r} never showed in /proc/{process.pid}/cmdline"
+                time.sleep(0.01)
         worker.send_signal(signal.SIGSTOP)  # alive, and answering nothing
         assert end_process(worker.pid)
         assert worker.wait(timeout=30) == -signal.SIGKILL
