@@ -455,6 +455,31 @@ def test_ctrl_c_waits_for_the_asynchronous_checkpoint_in_flight_then_stops():
     assert group.acks == [(0, 3, None)] and group.polls == 6 and not group.live
 
 
+def test_a_failed_attempt_whose_chief_lives_commits_its_checkpoint_in_flight_before_the_restart():
+    """Rank 1 died while the chief uploaded a checkpoint: the group halts and the upload's commit
+    lands before the shutdown (the chief then keeps the copy its restart reads from memory). A
+    chief that died itself is not waited for: its progress is the last it sent."""
+    from raytf._internal.protocol import Progress, ReportStage
+
+    uploading, idle = Progress(uploading=True), Progress()
+    uploaded = Report(rank=0, seq=3, metrics={"step": 3}, time=3.0, stage=ReportStage.UPLOADED,
+                      checkpoint=UploadedCheckpoint("checkpoint_000000", 0))
+    group = FakeGroup({0: [GroupStatus(progress=uploading, failures=(failure(rank=1),)),
+                           GroupStatus(progress=uploading), GroupStatus(reports=(uploaded,), progress=uploading),
+                           GroupStatus(progress=idle)],
+                       1: [GroupStatus(finished=True)]})
+    controller, seen = run(group, FailureConfig(max_failures=2))
+    assert isinstance(controller.run(), Finished)
+    assert group.halted_at == 2 and seen == [uploaded] and group.acks == [(0, 3, None)]
+    assert group.started == [0, 1] and group.shutdowns == 2  # the restart, then the close
+
+    chief_lost = FakeGroup({0: [GroupStatus(progress=uploading, failures=(failure(rank=0),))],
+                            1: [GroupStatus(finished=True)]})
+    controller, _ = run(chief_lost, FailureConfig(max_failures=2))
+    assert isinstance(controller.run(), Finished)
+    assert not hasattr(chief_lost, "halted_at") and chief_lost.polls == 1
+
+
 def test_a_stop_with_no_upload_in_flight_halts_nothing_and_waits_for_nothing():
     from raytf._internal.protocol import Progress
 

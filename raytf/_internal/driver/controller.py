@@ -135,7 +135,7 @@ class Controller:
             while not isinstance(self.state, TERMINAL):
                 self.step()
         except (KeyboardInterrupt, SystemExit):
-            self._wait_for_upload()
+            self._wait_for_upload("stopping; training stopped", " (Ctrl-C again to stop now)")
             raise
         finally:
             self._group.close()
@@ -143,11 +143,13 @@ class Controller:
             raise self.state.error
         return self.state
 
-    def _wait_for_upload(self, timeout_s: float = UPLOAD_WAIT_S) -> None:
-        """Stopped (Ctrl-C, SIGTERM): training stops at once (:meth:`WorkerGroup.halt`), and before
-        the group goes, the chief's asynchronous checkpoint in flight may reach the index, for at most
-        ``timeout_s`` (a second Ctrl-C stops the wait). The workers' ends that the halt causes are
-        the stop, not failures."""
+    def _wait_for_upload(self, why: str, hint: str = "", timeout_s: float = UPLOAD_WAIT_S) -> None:
+        """Stopped (Ctrl-C, SIGTERM), or an attempt that failed with its chief alive: training stops
+        at once (:meth:`WorkerGroup.halt`), and before the group goes, the chief's asynchronous
+        checkpoint in flight may reach the index, for at most ``timeout_s`` (a second Ctrl-C stops
+        the wait). The chief keeps that checkpoint's copy in host memory once it is committed, so a
+        restart after a peer's loss restores from memory whenever it was a fresh checkpoint, however
+        slow its upload. The workers' ends that the halt causes are the stop, not failures."""
         if not isinstance(self.state, Running):
             return
         status = self._group.poll()
@@ -156,9 +158,7 @@ class Controller:
             return
         self._group.halt()  # first: a group left training would commit its next checkpoints meanwhile
         logger.warning(
-            "raytf: stopping; training stopped, waiting up to %.0f s for the checkpoint being uploaded "
-            "to be committed (Ctrl-C again to stop now)",
-            timeout_s,
+            "raytf: %s, waiting up to %.0f s for the checkpoint being uploaded to be committed%s", why, timeout_s, hint
         )
         deadline = self._clock() + timeout_s
         while True:
@@ -246,6 +246,10 @@ class Controller:
                 )
             else:
                 failure = root_cause(failures)
+                if not any(f.rank == 0 and f.kind in LOST for f in failures):
+                    # The chief is alive: its checkpoint in flight is committed (and kept in its
+                    # node's memory) before the group goes, rather than lost with it.
+                    self._wait_for_upload(f"attempt {state.attempt} failed ({failure.describe()})")
             return self._end_attempt(state.attempt, failure)
         if status.finished:
             return Finished(state.attempt)
