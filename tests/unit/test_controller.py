@@ -473,6 +473,16 @@ def test_a_failed_attempt_whose_chief_lives_commits_its_checkpoint_in_flight_bef
     assert group.halted_at == 2 and seen == [uploaded] and group.acks == [(0, 3, None)]
     assert group.started == [0, 1] and group.shutdowns == 2  # the restart, then the close
 
+    # The chief lost while the driver waited: the wait ends there, not at its 60 s.
+    lost_meanwhile = FakeGroup({0: [GroupStatus(progress=uploading, failures=(failure(rank=1),)),
+                                    GroupStatus(progress=uploading),
+                                    GroupStatus(progress=uploading, failures=(failure(rank=0),)),
+                                    GroupStatus(progress=uploading)],
+                                1: [GroupStatus(finished=True)]})
+    controller, _ = run(lost_meanwhile, FailureConfig(max_failures=2))
+    assert isinstance(controller.run(), Finished)
+    assert lost_meanwhile.halted_at == 2 and controller._clock() < 5.0
+
     chief_lost = FakeGroup({0: [GroupStatus(progress=uploading, failures=(failure(rank=0),))],
                             1: [GroupStatus(finished=True)]})
     controller, _ = run(chief_lost, FailureConfig(max_failures=2))

@@ -84,6 +84,11 @@ TERMINAL = (Finished, Errored)
 UPLOAD_WAIT_S = 60.0  # how long a stopped run waits for the chief's asynchronous checkpoint in flight
 
 
+def _chief_lost(failures: tuple[WorkerFailure, ...]) -> bool:
+    """Whether rank 0, which uploads asynchronous checkpoints, is among the lost."""
+    return any(f.rank == 0 and f.kind in LOST for f in failures)
+
+
 class Controller:
     """Runs one training run to the end: every attempt, every restart.
 
@@ -165,8 +170,8 @@ class Controller:
             self._sleep(self._poll_interval_s)
             status = self._group.poll()
             self._handle_reports(status)
-            if status.progress is None or not status.progress.uploading:
-                return
+            if status.progress is None or not status.progress.uploading or _chief_lost(status.failures):
+                return  # committed, or never will be: the chief's last progress is all there is of it
             if self._clock() > deadline:
                 logger.warning(
                     "raytf: the checkpoint being uploaded was not committed within %.0f s; the "
@@ -246,7 +251,7 @@ class Controller:
                 )
             else:
                 failure = root_cause(failures)
-                if not any(f.rank == 0 and f.kind in LOST for f in failures):
+                if not _chief_lost(failures):
                     # The chief is alive: its checkpoint in flight is committed (and kept in its
                     # node's memory) before the group goes, rather than lost with it.
                     self._wait_for_upload(f"attempt {state.attempt} failed ({failure.describe()})")
