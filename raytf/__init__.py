@@ -26,6 +26,15 @@ from raytf.errors import (
 )
 from raytf.launch import launch
 from raytf.parameter_server import ParameterServerScaling, ParameterServerTrainer
+from raytf.policies import (
+    DefaultFailurePolicy,
+    DefaultScalingPolicy,
+    FailureDecision,
+    FailureHistory,
+    FailurePolicy,
+    PlacementTry,
+    ScalingPolicy,
+)
 from raytf.result import Result
 from raytf.session import (
     TrainContext,
@@ -49,18 +58,25 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DatasetShardError",
+    "DefaultFailurePolicy",
+    "DefaultScalingPolicy",
     "FailureConfig",
+    "FailureDecision",
+    "FailureHistory",
     "FailureKind",
+    "FailurePolicy",
     "HookError",
     "ParameterServerScaling",
     "ParameterServerTrainer",
     "PlacementTimeoutError",
+    "PlacementTry",
     "RaytfError",
     "Result",
     "RunConfig",
     "RunInUseError",
     "StorageError",
     "ScalingConfig",
+    "ScalingPolicy",
     "TensorflowConfig",
     "TrainContext",
     "Trainer",

@@ -26,6 +26,7 @@ from raytf._internal.validate import (
     check_timeout,
 )
 from raytf.errors import ConfigError
+from raytf.policies import FailurePolicy, ScalingPolicy
 from raytf.tensorflow_config import (  # noqa: F401 - raytf.config names every config
     COMMUNICATIONS,
     GRADIENT_COMPRESSIONS,
@@ -55,7 +56,9 @@ class ScalingConfig:
     ``max`` workers; when the cluster cannot place them within
     ``resize_timeout_s`` (a lost node's capacity has not come back), it tries
     each smaller size in turn, down to ``min``, for 5 s each, and starts with the
-    first that fits (the guide on elastic groups says how long). The per-worker batch of
+    first that fits (the guide on elastic groups says how long). ``policy``, a
+    :class:`raytf.ScalingPolicy`, decides those sizes and waits, and when a group below
+    its maximum grows back, instead (:class:`raytf.DefaultScalingPolicy` is the above). The per-worker batch of
     ``get_dataset_shard(batch_size=...)`` stays fixed (the global batch shrinks
     with the group); ``get_dataset_shard(global_batch_size=...)`` keeps the
     global batch and gives each worker its share instead.
@@ -69,8 +72,14 @@ class ScalingConfig:
     placement_timeout_s: Optional[float] = 120.0
     check_resources: bool = True
     resize_timeout_s: float = 60.0
+    policy: Optional[ScalingPolicy] = None
 
     def __post_init__(self) -> None:
+        if self.policy is not None and not isinstance(self.policy, ScalingPolicy):
+            raise ConfigError(
+                f"ScalingConfig.policy must be a raytf.ScalingPolicy (or None for raytf.DefaultScalingPolicy), "
+                f"got {self.policy!r}"
+            )
         object.__setattr__(self, "num_workers", check_count("ScalingConfig.num_workers", self.num_workers, MAX_WORKERS))
         if check_number("ScalingConfig.resize_timeout_s", self.resize_timeout_s) <= 0:
             raise ConfigError(f"ScalingConfig.resize_timeout_s must be > 0 seconds, got {self.resize_timeout_s!r}")
@@ -134,6 +143,10 @@ class FailureConfig:
     was placed (its actor never came up, or it hangs importing or connecting)
     fails the attempt the same way, instead of leaving its peers waiting.
 
+    ``policy``, a :class:`raytf.FailurePolicy`, makes each retry-or-raise decision instead
+    (with a back-off, if it wants one); :class:`raytf.DefaultFailurePolicy` is what this page
+    describes, and a subclass may change one decision and keep the rest.
+
     Some failures are retried whatever ``retry_on_exception`` says: a
     collective that failed because a peer went away (TensorFlow's
     Unavailable, DeadlineExceeded, Cancelled and Aborted errors), and
@@ -180,8 +193,14 @@ class FailureConfig:
     hang_timeout_s: Optional[float] = 300.0
     warm_standby: Union[bool, str] = "auto"
     max_preemptions: int = 100
+    policy: Optional[FailurePolicy] = None
 
     def __post_init__(self) -> None:
+        if self.policy is not None and not isinstance(self.policy, FailurePolicy):
+            raise ConfigError(
+                f"FailureConfig.policy must be a raytf.FailurePolicy (or None for raytf.DefaultFailurePolicy), "
+                f"got {self.policy!r}"
+            )
         check_int("FailureConfig.max_failures", self.max_failures, minimum=-1)
         check_int("FailureConfig.max_preemptions", self.max_preemptions, minimum=-1)
         for name in ("worker_timeout_s", "start_timeout_s"):

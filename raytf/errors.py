@@ -110,13 +110,16 @@ class TrainingFailedError(RaytfError):
     """Training stopped because a worker failed and no retry was left or allowed.
 
     ``failure`` is the root cause (the rank that failed first, or died);
-    ``attempts`` lists the cause of every attempt's end, oldest first.
+    ``attempts`` lists the cause of every attempt's end, oldest first; ``reason`` is why the
+    failure policy did not retry it, where it said (raytf's default names the setting:
+    ``FailureConfig.max_failures=1 used up``).
     """
 
-    def __init__(self, failure: WorkerFailure, attempts: tuple[WorkerFailure, ...] = ()):
+    def __init__(self, failure: WorkerFailure, attempts: tuple[WorkerFailure, ...] = (), reason: str = ""):
         self.failure = failure
         self.attempts = tuple(attempts) or (failure,)
-        super().__init__(failure, self.attempts)
+        self.reason = reason  # why the failure policy did not retry it, where it said
+        super().__init__(failure, self.attempts, reason)
 
     @property
     def rank(self) -> int:
@@ -128,6 +131,8 @@ class TrainingFailedError(RaytfError):
 
     def __str__(self) -> str:
         lines = [f"Training failed on {self.failure.describe()}"]
+        if self.reason:
+            lines.append(f"Not retried: {self.reason}")
         if self.failure.kind == FailureKind.PREEMPTED:
             lines.append(
                 "Preemptions are retried up to FailureConfig.max_preemptions times (default 100); "

@@ -19,11 +19,12 @@ from raytf._internal import env as _env
 from raytf._internal.checkpoint.manager import CheckpointManager
 from raytf._internal.driver import cluster
 from raytf._internal.driver.controller import Controller
-from raytf._internal.driver.failure import FailurePolicy
+from raytf._internal.driver.failure import FailureBook
 from raytf._internal.driver.history import RunHistory, load_history, record_start, report_handler
 from raytf._internal.driver.preflight import check_group, file_sources, too_few_rows, unreadable_files, unseen_storage
 from raytf._internal.driver.progress import ProgressDisplay, format_metrics
 from raytf._internal.driver.scaling import ElasticPolicy
+from raytf.policies import DefaultScalingPolicy
 from raytf._internal.driver.tensorboard import EventWriter
 from raytf._internal.lease import RunLease
 from raytf._internal.protocol import (
@@ -325,7 +326,7 @@ class Trainer:
         if self.scaling.min_workers < self.scaling.max_workers:
             from raytf._internal.driver.growth import GrowBack
 
-            callbacks.append(GrowBack())
+            callbacks.append(GrowBack(self.scaling.policy or DefaultScalingPolicy()))
         if (self.data_config.exactly_once and run.split) or file_sources(self.datasets):
             from raytf._internal.driver.plans import ExactData
 
@@ -348,6 +349,8 @@ class Trainer:
                 self.scaling.max_workers,
                 self.scaling.placement_timeout_s,
                 self.scaling.resize_timeout_s,
+                policy=self.scaling.policy or DefaultScalingPolicy(),
+                scaling=self.scaling,
             ),
             datasets=self.datasets,
             worker_timeout_s=failures.worker_timeout_s,
@@ -418,7 +421,7 @@ class Trainer:
                 display.message(f"resuming from {resume.entry.name} (epoch={resume.epoch}, step={resume.step})")
             return resume
 
-        policy = FailurePolicy(failures)
+        policy = FailureBook(failures)
         startups: list[dict[str, float]] = []  # each attempt's start-up, phase by phase
         on_report = report_handler(checkpoints, history, driver_start, guard=lease.check, acknowledge=group.acknowledge)
 

@@ -6,7 +6,7 @@ import pytest
 
 from raytf import FailureConfig, PlacementTimeoutError, TrainingFailedError, WorkerFailure
 from raytf._internal.driver.controller import Controller, Errored, Finished, Restarting, Running, Scheduling
-from raytf._internal.driver.failure import Decision, FailurePolicy, root_cause
+from raytf._internal.driver.failure import FailureBook, root_cause
 from raytf._internal.protocol import GroupStatus, Report, UploadedCheckpoint
 from raytf.errors import FailureKind
 
@@ -81,7 +81,7 @@ def run(group, config=FailureConfig(), on_report=None, grace=0.0):
     seen = []
     clock = Clock()
     controller = Controller(
-        group, FailurePolicy(config), on_report or seen.append, poll_interval_s=0.5,
+        group, FailureBook(config), on_report or seen.append, poll_interval_s=0.5,
         failure_grace_s=grace, sleep=clock.sleep, clock=clock,
     )
     return controller, seen
@@ -198,9 +198,9 @@ def test_root_cause_prefers_a_lost_worker_then_the_earliest_exception():
 
 
 def test_policy_counts():
-    policy = FailurePolicy(FailureConfig(max_failures=1))
-    assert policy.decide(failure()) is Decision.RETRY
-    assert policy.decide(failure()) is Decision.RAISE
+    policy = FailureBook(FailureConfig(max_failures=1))
+    assert policy.decide(failure()).retry
+    assert policy.decide(failure()).retry is False
     assert len(policy.failures) == 2
 
 
@@ -300,11 +300,11 @@ def test_a_rank_that_stopped_taking_part_outranks_the_collective_error_it_caused
 
 
 def test_a_stalled_rank_is_retried_and_an_early_return_is_raised():
-    policy = FailurePolicy(FailureConfig(max_failures=2))
-    assert policy.decide(failure(kind="stalled")) is Decision.RETRY
-    assert policy.decide(failure(kind="returned_early")) is Decision.RAISE
-    assert FailurePolicy(FailureConfig(max_failures=2, retry_on_exception=True)).decide(
-        failure(kind="returned_early")) is Decision.RETRY
+    policy = FailureBook(FailureConfig(max_failures=2))
+    assert policy.decide(failure(kind="stalled")).retry
+    assert policy.decide(failure(kind="returned_early")).retry is False
+    assert FailureBook(FailureConfig(max_failures=2, retry_on_exception=True)).decide(
+        failure(kind="returned_early")).retry
 
 
 def test_a_hang_ends_the_attempt_without_waiting_out_the_grace_period():
@@ -323,7 +323,7 @@ def test_the_guard_stops_the_run_and_the_group_is_shut_down():
 
     group = FakeGroup({0: [GroupStatus()]})
     clock = Clock()
-    controller = Controller(group, FailurePolicy(FailureConfig()), lambda r: None, sleep=clock.sleep,
+    controller = Controller(group, FailureBook(FailureConfig()), lambda r: None, sleep=clock.sleep,
                             clock=clock, guard=lost)
     with pytest.raises(RunInUseError):
         controller.run()
@@ -402,22 +402,23 @@ def test_a_preempted_worker_is_replaced_without_counting():
 def test_port_races_are_free_a_few_times_then_count_against_max_failures():
     from raytf._internal.driver.failure import FREE_PORT_RACES
 
-    policy = FailurePolicy(FailureConfig(max_failures=0))
-    races = [policy.decide(failure(kind="port_taken")) for _ in range(FREE_PORT_RACES)]
-    assert races == [Decision.RETRY] * FREE_PORT_RACES and policy.counted == 0
-    assert policy.decide(failure(kind="port_taken")) is Decision.RAISE  # with max_failures=0: the next one ends it
-    retrying = FailurePolicy(FailureConfig(max_failures=2))
-    decisions = [retrying.decide(failure(kind="port_taken")) for _ in range(FREE_PORT_RACES + 3)]
-    assert decisions == [Decision.RETRY] * (FREE_PORT_RACES + 2) + [Decision.RAISE]
+    policy = FailureBook(FailureConfig(max_failures=0))
+    races = [policy.decide(failure(kind="port_taken")).retry for _ in range(FREE_PORT_RACES)]
+    assert races == [True] * FREE_PORT_RACES and policy.counted == 0
+    assert policy.decide(failure(kind="port_taken")).retry is False  # with max_failures=0: the next one ends it
+    retrying = FailureBook(FailureConfig(max_failures=2))
+    decisions = [retrying.decide(failure(kind="port_taken")).retry for _ in range(FREE_PORT_RACES + 3)]
+    assert decisions == [True] * (FREE_PORT_RACES + 2) + [False]
 
 
 def test_preemptions_have_a_bounded_budget_of_their_own():
-    policy = FailurePolicy(FailureConfig(max_failures=0, max_preemptions=2))
-    assert [policy.decide(failure(kind="preempted")) for _ in range(3)] == [Decision.RETRY, Decision.RETRY,
-                                                                            Decision.RAISE]
+    policy = FailureBook(FailureConfig(max_failures=0, max_preemptions=2))
+    decisions = [policy.decide(failure(kind="preempted")) for _ in range(3)]
+    assert [d.retry for d in decisions] == [True, True, False]
+    assert decisions[-1].reason == "FailureConfig.max_preemptions=2 used up"
     assert policy.counted == 0  # never counted against max_failures
-    unlimited = FailurePolicy(FailureConfig(max_preemptions=-1))
-    assert all(unlimited.decide(failure(kind="preempted")) is Decision.RETRY for _ in range(500))
+    unlimited = FailureBook(FailureConfig(max_preemptions=-1))
+    assert all(unlimited.decide(failure(kind="preempted")).retry for _ in range(500))
     assert FailureConfig().max_preemptions == 100
 
 
@@ -509,3 +510,51 @@ def test_a_stopped_run_waits_for_an_upload_no_longer_than_its_bound():
     with pytest.raises(KeyboardInterrupt):
         controller.run()
     assert controller._clock() > 60.0 and not group.live  # UPLOAD_WAIT_S, then the group went
+
+
+def test_a_failure_policy_of_the_users_backs_off_between_restarts_then_raises_with_its_reason():
+    """A custom FailurePolicy: lost workers are retried after 30 s, then 60 s, and the third loss
+    ends the run with the policy's reason; the controller waits on its (fake) clock, between
+    polls of its guard, and the history it passes grows with each failure."""
+    from raytf import FailureDecision, FailurePolicy
+
+    seen = []
+
+    class BackOff(FailurePolicy):
+        def decide(self, failure, history):
+            seen.append((failure.rank, len(history.failures), history.counted))
+            if history.counted >= 3:
+                return FailureDecision(retry=False, reason="three lost workers: the cluster is unwell")
+            return FailureDecision(retry=True, delay_s=30.0 * history.counted)
+
+    lost = GroupStatus(failures=(failure(rank=1),))
+    group = FakeGroup({0: [lost], 1: [lost], 2: [lost]})
+    clock, guarded = Clock(), []
+    controller = Controller(group, FailureBook(FailureConfig(policy=BackOff())), lambda r: None, poll_interval_s=0.5,
+                            failure_grace_s=0.0, sleep=clock.sleep, clock=clock,
+                            guard=lambda: guarded.append(clock.now))
+    starts = []
+    start = group.start
+    group.start = lambda attempt, resume: (starts.append(clock.now), start(attempt, resume))
+    with pytest.raises(TrainingFailedError, match="Not retried: three lost workers: the cluster is unwell") as raised:
+        controller.run()
+    assert seen == [(1, 1, 1), (1, 2, 2), (1, 3, 3)]
+    assert group.started == [0, 1, 2] and len(raised.value.attempts) == 3
+    assert starts[1] - starts[0] >= 30.0 and starts[2] - starts[1] >= 60.0  # each restart after its back-off
+    waiting = [t for t in guarded if starts[0] < t < starts[1]]
+    assert max(b - a for a, b in zip(waiting, waiting[1:])) <= 0.5  # the guard ran all through the wait
+
+
+def test_a_failure_policy_that_returns_no_decision_is_a_clear_error():
+    from raytf import ConfigError, FailurePolicy
+
+    class Forgetful(FailurePolicy):
+        def decide(self, failure, history):
+            return "retry"
+
+    with pytest.raises(ConfigError, match="Forgetful.decide returned 'retry': a FailurePolicy returns a raytf.FailureDecision"):
+        FailureBook(FailureConfig(policy=Forgetful())).decide(failure())
+    with pytest.raises(ConfigError, match="FailureConfig.policy must be a raytf.FailurePolicy"):
+        FailureConfig(policy=lambda failure, history: None)
+    with pytest.raises(ConfigError, match="delay_s must be a number of seconds >= 0"):
+        __import__("raytf").FailureDecision(retry=True, delay_s=-1)

@@ -10,7 +10,7 @@ from raytf.errors import FailureKind, WorkerFailure
 
 
 PLACEMENT, RESIZE = "ScalingConfig.placement_timeout_s", "ScalingConfig.resize_timeout_s"
-BETWEEN = "raytf's wait at each size between num_workers' max and min"
+BETWEEN = "DefaultScalingPolicy.shrink_try_s"
 
 
 def test_a_fixed_group_asks_for_its_size_for_the_placement_timeout():
@@ -22,11 +22,41 @@ def test_a_fixed_group_asks_for_its_size_for_the_placement_timeout():
 
 def test_an_elastic_group_waits_for_max_then_tries_each_smaller_size_down_to_min():
     """Each wait names the setting that set it: the messages said placement_timeout_s of every one."""
-    policy = ElasticPolicy(2, 5, 120.0, 60.0, shrink_try_s=5.0)
-    assert policy.tries() == [(5, 60.0, RESIZE), (4, 5.0, BETWEEN), (3, 5.0, BETWEEN), (2, 120.0, PLACEMENT)]
+    from raytf import DefaultScalingPolicy
+
+    policy = ElasticPolicy(2, 5, 120.0, 60.0, policy=DefaultScalingPolicy(shrink_try_s=5.0))
+    tries = policy.tries()
+    assert tries == [(5, 60.0, RESIZE), (4, 5.0, BETWEEN), (3, 5.0, BETWEEN), (2, 120.0, PLACEMENT)]
     assert ElasticPolicy(2, 3, None, 10.0).tries() == [(3, 10.0, RESIZE), (2, None, PLACEMENT)]
-    assert policy.shrunk(5) is None
-    assert "5 workers could not be placed within 60 s (ScalingConfig.resize_timeout_s); training with 3" == policy.shrunk(3)
+    assert ElasticPolicy(2, 4, 120.0, 60.0, policy=DefaultScalingPolicy(shrink_try_s=1.5)).tries()[1] == (3, 1.5, BETWEEN)
+    assert policy.shrunk(5, tries[0]) is None
+    assert policy.shrunk(3, tries[0]) == "5 workers could not be placed within 60 s (ScalingConfig.resize_timeout_s); training with 3"
+
+
+def test_what_a_scaling_policy_returns_is_checked():
+    """A policy's tries and holds are checked, each error naming its method (the guide's policy
+    runs in test_policies.py)."""
+    from raytf import ConfigError, PlacementTry, ScalingPolicy
+    from raytf._internal.driver.growth import growth_hold_s
+
+    class Wrong(ScalingPolicy):
+        def __init__(self, tries, hold=0.0):
+            self.tries, self.hold = tries, hold
+
+        def placement_tries(self, scaling):
+            return self.tries
+
+        def growth_hold_s(self, grown_at, now):
+            return self.hold
+
+    for tries, says in (([], "returned no size"), ([PlacementTry(5, 1.0)], "from ScalingConfig.num_workers' min to its max"),
+                        ([PlacementTry(3, 0.0)], "seconds > 0, or None"), ([7], "each try is a raytf.PlacementTry")):
+        with pytest.raises(ConfigError, match=says):
+            ElasticPolicy(2, 4, 120.0, 60.0, policy=Wrong(tries)).tries()
+    with pytest.raises(ConfigError, match=r"Wrong.growth_hold_s returned -1"):
+        growth_hold_s(Wrong([], hold=-1), [], 0.0)
+    with pytest.raises(ConfigError, match="ScalingConfig.policy must be a raytf.ScalingPolicy"):
+        __import__("raytf").ScalingConfig(policy="elastic")
 
 
 class Clock:
@@ -161,12 +191,42 @@ def test_the_wait_for_room_names_the_setting_that_set_it(monkeypatch):
 
 
 def test_a_node_that_comes_and_goes_makes_each_growth_wait_longer():
-    """growth.flap_hold_s: none with no growth in the last ten minutes; 30 s after a recent one,
-    doubled for each further recent growth, at most ten minutes."""
-    from raytf._internal.driver.growth import flap_hold_s
+    """DefaultScalingPolicy.growth_hold_s: none with no growth in the last ten minutes; 30 s after
+    a recent one, doubled for each further recent growth, at most ten minutes."""
+    from raytf import DefaultScalingPolicy
+
+    flap_hold_s = DefaultScalingPolicy().growth_hold_s
 
     assert flap_hold_s([], 1000.0) == 0.0
     assert flap_hold_s([100.0], 1000.0) == 0.0  # 900 s ago: not a flap
     assert flap_hold_s([990.0], 1000.0) == 30.0
     assert flap_hold_s([900.0, 950.0, 990.0], 1000.0) == 120.0
     assert flap_hold_s([float(t) for t in range(900, 1000, 5)], 1000.0) == 600.0
+
+
+def test_an_elastic_group_grows_no_sooner_than_its_scaling_policy_allows():
+    """GrowBack asks the policy before each look for room: a policy that holds growth an hour after
+    the run began training holds it (said once), without looking for room (no placement group)."""
+    from types import SimpleNamespace
+
+    from raytf import ScalingPolicy
+    from raytf._internal.driver.growth import GrowBack
+
+    class Hourly(ScalingPolicy):
+        def placement_tries(self, scaling):
+            raise AssertionError("not asked here")
+
+        def growth_hold_s(self, grown_at, now):
+            return 3600.0
+
+    said = []
+    group = SimpleNamespace(
+        elastic=SimpleNamespace(max_workers=4, min_workers=2), num_workers=2, preempt_reason=None,
+        watch=SimpleNamespace(trained_since=lambda: 0.0), notify=said.append,
+    )  # no roles: looking for room (a placement group for the missing workers) would fail here
+    growth = GrowBack(Hourly(), check_s=1.0)
+    for now in (100.0, 200.0, 3000.0):
+        growth.on_answers(group, now)
+    assert said == ["elastic group: growing waits until 3600 s after training began below its maximum "
+                    "(Hourly.growth_hold_s)"]
+    assert growth._probe is None  # no placement group made for the missing workers

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
-from raytf._internal.driver.failure import LOST, NOT_COUNTED, STOPPED, Decision, FailurePolicy, root_cause
+from raytf._internal.driver.failure import LOST, NOT_COUNTED, STOPPED, FailureBook, FailureDecision, root_cause
 from raytf._internal.protocol import GroupStatus, Report, ResumePoint
 from raytf.errors import FailureKind, TrainingFailedError, WorkerFailure, WorkerStartError
 
@@ -64,9 +64,10 @@ class Running(State):
 
 @dataclass(frozen=True)
 class Restarting(State):
-    """The attempt ended with a failure the policy retries."""
+    """The attempt ended with a failure the policy retries, after ``delay_s``."""
 
     failure: WorkerFailure
+    delay_s: float = 0.0
 
 
 class Finished(State):
@@ -82,6 +83,12 @@ class Errored(State):
 
 TERMINAL = (Finished, Errored)
 UPLOAD_WAIT_S = 60.0  # how long a stopped run waits for the chief's asynchronous checkpoint in flight
+
+
+def _after(decision: FailureDecision) -> str:
+    """How a retry's log line ends: its back-off and the policy's reason, where there are."""
+    delay = f" in {decision.delay_s:g} s" if decision.delay_s else ""
+    return delay + (f" ({decision.reason})" if decision.reason else "")
 
 
 def _chief_lost(failures: tuple[WorkerFailure, ...]) -> bool:
@@ -100,7 +107,7 @@ class Controller:
     def __init__(
         self,
         group: WorkerGroup,
-        policy: FailurePolicy,
+        policy: FailureBook,
         on_report: Callable[[Report], Optional[str]],
         *,
         resume_point: Callable[[], ResumePoint] = ResumePoint,
@@ -210,6 +217,7 @@ class Controller:
         if isinstance(state, Running):
             return self._watch(state)
         if isinstance(state, Restarting):
+            self._wait(state.delay_s)
             return Scheduling(state.attempt + 1)
         return state
 
@@ -271,10 +279,12 @@ class Controller:
             if not self._group.can_replace(failure):
                 kept.append(failure)
                 continue
-            if self._policy.decide(failure) is not Decision.RETRY:
+            decision = self._policy.decide(failure)
+            if not decision.retry:
                 self._group.shutdown()
-                return Errored(attempt, TrainingFailedError(failure, tuple(self._policy.failures)))
-            logger.warning("attempt %d: %s; replacing it in place", attempt, failure.describe())
+                return self._failed(attempt, failure, decision)
+            logger.warning("attempt %d: %s; replacing it in place%s", attempt, failure.describe(), _after(decision))
+            self._wait(decision.delay_s)
             try:
                 self._group.replace(failure)
             except WorkerStartError as error:  # its replacement did not come up: the attempt ends
@@ -289,10 +299,22 @@ class Controller:
         """Shut the group down and restart it, or stop, as the policy decides."""
         self._group.shutdown()
         decision = self._policy.decide(failure)
-        if decision is Decision.RETRY:
-            logger.warning("attempt %d ended (%s); restarting the worker group", attempt, failure.describe())
-            return Restarting(attempt, failure)
-        return Errored(attempt, TrainingFailedError(failure, tuple(self._policy.failures)))
+        if decision.retry:
+            logger.warning(
+                "attempt %d ended (%s); restarting the worker group%s", attempt, failure.describe(), _after(decision)
+            )
+            return Restarting(attempt, failure, decision.delay_s)
+        return self._failed(attempt, failure, decision)
+
+    def _failed(self, attempt: int, failure: WorkerFailure, decision: FailureDecision) -> State:
+        return Errored(attempt, TrainingFailedError(failure, tuple(self._policy.failures), decision.reason))
+
+    def _wait(self, seconds: float) -> None:
+        """A policy's back-off before a restart: the driver still stops on a signal or a lost lease."""
+        deadline = self._clock() + seconds
+        while self._clock() < deadline:
+            self._guard()
+            self._sleep(min(self._poll_interval_s, deadline - self._clock()))
 
     def _cause_is_clear(self, state: Running, failures: tuple[WorkerFailure, ...]) -> bool:
         """A lost worker, or one that stopped taking part, explains everything; an exception

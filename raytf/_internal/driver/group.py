@@ -143,11 +143,12 @@ class WorkerGroup:
                 return
             placement.remove(self._pg)
             self._pg = None
-        for workers, timeout, set_by in self.elastic.tries():
+        tries = self.elastic.tries()
+        for workers, timeout, set_by in tries:
             self._pg = placement.place(self._bundles(workers), self.placement_strategy, timeout, self.notify, set_by)
             if self._pg is not None:
                 self.num_workers = workers
-                shrunk = self.elastic.shrunk(workers)
+                shrunk = self.elastic.shrunk(workers, tries[0])
                 if shrunk:
                     logger.warning("%s", shrunk)
                 for callback in self._callbacks:

@@ -14,13 +14,15 @@ the next attempt places ``max`` workers and resumes from that checkpoint; with
 A group that tried to grow and was placed below ``max`` again (the room was not there for the
 group's placement strategy, or was taken meanwhile) waits twice as long before the next try,
 up to a minute. A node that comes and goes would make a group that grows and shrinks without
-end, a restart each time: a growth within ten minutes of the last waits 30 s after it, and each
-further one twice as long, up to ten minutes, said once per wait.
+end, a restart each time: the scaling policy's ``growth_hold_s`` spaces growths out
+(``DefaultScalingPolicy``: a growth within ten minutes of the last waits 30 s after it, and each
+further one twice as long, up to ten minutes), said once per wait.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Optional
 
 import ray
@@ -28,27 +30,31 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView
-from raytf.errors import FailureKind
+from raytf.errors import ConfigError, FailureKind
+from raytf.policies import ScalingPolicy
 
 logger = logging.getLogger(__name__)
 
 _CHECK_S = 2.0  # how often a group below its maximum looks whether the room is there
 _MAX_BACKOFF = 30  # times _CHECK_S
-_FLAP_WINDOW_S = 600.0  # growths this close together are a flapping node's
-_FLAP_HOLD_S = 30.0  # the wait after the last growth before the next, doubled per recent growth
 
 
-def flap_hold_s(grown_at: list[float], now: float) -> float:
-    """How long after the last growth the next may come: 0 with no growth in the last
-    _FLAP_WINDOW_S; else _FLAP_HOLD_S doubled for each growth in it beyond the first, at most the window."""
-    recent = [t for t in grown_at if now - t < _FLAP_WINDOW_S]
-    return min(_FLAP_HOLD_S * 2 ** (len(recent) - 1), _FLAP_WINDOW_S) if recent else 0.0
+def growth_hold_s(policy: ScalingPolicy, grown_at: list[float], now: float) -> float:
+    """The policy's wait after the last growth before the next (inf: no more growth), checked."""
+    hold = policy.growth_hold_s(tuple(grown_at), now)
+    if isinstance(hold, bool) or not isinstance(hold, (int, float)) or math.isnan(hold) or hold < 0:
+        raise ConfigError(
+            f"{type(policy).__name__}.growth_hold_s returned {hold!r}: seconds >= 0 (float('inf'): grow no more)"
+        )
+    return float(hold)
 
 
 class GrowBack(GroupCallback):
-    """Grow an elastic group to its maximum once the cluster has room for the rest."""
+    """Grow an elastic group to its maximum once the cluster has room for the rest, as the
+    scaling policy paces it."""
 
-    def __init__(self, check_s: float = _CHECK_S):
+    def __init__(self, policy: ScalingPolicy, check_s: float = _CHECK_S):
+        self._policy = policy
         self._check_s = check_s
         self._checked_at = 0.0
         self._backoff = 1
@@ -56,6 +62,7 @@ class GrowBack(GroupCallback):
         self._probe_ready: Any = None  # its ready() reference, asked for once
         self._grew_from: Optional[int] = None  # the size that asked to grow, until the next placement
         self._grown_at: list[float] = []  # when each growth was asked for (the driver's clock)
+        self._first_seen: Optional[float] = None  # the first answers' time: what a hold before any growth counts from
         self._holding_until: Optional[float] = None  # a flapping node's wait, once said
 
     def after_placement(self, group: GroupView) -> None:
@@ -81,14 +88,25 @@ class GrowBack(GroupCallback):
             or now - self._checked_at < self._check_s * self._backoff
         ):
             return
-        hold = flap_hold_s(self._grown_at, now)
-        if hold and now < self._grown_at[-1] + hold:
-            if self._holding_until != self._grown_at[-1] + hold:  # said once per wait
-                self._holding_until = self._grown_at[-1] + hold
-                group.notify(
-                    f"elastic group: lost workers again within {_FLAP_WINDOW_S / 60:.0f} min of growing; "
-                    f"the next growth waits until {hold:.0f} s after the last"
-                )
+        if self._first_seen is None:
+            self._first_seen = now
+        hold = growth_hold_s(self._policy, self._grown_at, now)
+        since = self._grown_at[-1] if self._grown_at else self._first_seen  # the last growth, or the run's start
+        if hold and now < since + hold:
+            if self._holding_until != since + hold:  # said once per wait
+                self._holding_until = since + hold
+                by = f"{type(self._policy).__name__}.growth_hold_s"
+                if not math.isfinite(hold):
+                    group.notify(f"elastic group: {by} allows no further growth")
+                elif self._grown_at:
+                    group.notify(
+                        f"elastic group: lost workers again after growing; the next growth waits until "
+                        f"{hold:.0f} s after the last ({by})"
+                    )
+                else:
+                    group.notify(
+                        f"elastic group: growing waits until {hold:.0f} s after training began below its maximum ({by})"
+                    )
             return
         self._checked_at = now
         bundle = next(role.bundle for role in group.roles if role.name == group.shape.train_role)

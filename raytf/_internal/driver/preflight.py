@@ -100,10 +100,11 @@ def placement_timeout_message(
     total: Mapping[str, float],
     available: Mapping[str, float],
     nodes: Sequence[NodeResources],
+    set_by: str = "ScalingConfig.placement_timeout_s",
 ) -> str:
     return (
         f"The worker group could not be placed within {timeout_s:g} s "
-        f"(ScalingConfig.placement_timeout_s): it asks for {num_workers} x {_fmt(bundle)} "
+        f"({set_by}): it asks for {num_workers} x {_fmt(bundle)} "
         f"with placement={strategy}. The cluster has {len(nodes)} node(s) "
         f"[{', '.join(_fmt(n) for n in nodes)}], {_fmt(total)} in all, {_fmt(available)} free. "
         "Free resources (other jobs may hold them), lower num_workers or the per-worker ask, "

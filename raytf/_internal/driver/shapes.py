@@ -121,16 +121,17 @@ class MirroredShape(GroupShape):
 
         from raytf._internal.driver import cluster
 
-        elastic = group.elastic
+        last = group.elastic.tries()[-1]  # the smallest size the policy asked for, and its wait
         return PlacementTimeoutError(
             placement_timeout_message(
                 group.roles[0].bundle,
-                elastic.min_workers,
+                last.workers,
                 group.placement_strategy,
-                elastic.placement_timeout_s or 0.0,
+                last.timeout_s or 0.0,
                 ray.cluster_resources(),
                 ray.available_resources(),
                 cluster.live_node_resources(),
+                last.set_by,
             )
         )
 
