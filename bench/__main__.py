@@ -4,6 +4,7 @@
     python -m bench cpu-quick             # W1 against its anchors, a few minutes on 2 CPUs
     python -m bench cpu-full              # every CPU benchmark the docs quote (an hour or more)
     python -m bench gpu                   # the GPU benchmarks (one machine with a GPU)
+    python -m bench cpu-full --steps w2   # some of a suite's steps, by name (into the suite's record)
 
 A suite runs its benchmark scripts (``bench/*.py``, each comparing raytf with its anchors in one
 invocation) one after the other, and appends every JSON line they print to
@@ -66,6 +67,7 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5")),
         Step("standby_cost", "standby_cost.py"),
         Step("poll_cost", "poll_cost.py"),
+        Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),
         Step("growth", "growth.py"),
     ),
     "gpu": (
@@ -138,11 +140,15 @@ def results(step: Step) -> Iterator[dict]:
         raise SystemExit(f"bench: {' '.join(step.command())} exited with status {process.returncode}")
 
 
-def run(suite: str, out: str) -> None:
+def run(suite: str, out: str, only: Optional[list[str]] = None) -> None:
+    steps = [step for step in SUITES[suite] if only is None or step.name in only]
+    unknown = sorted(set(only or ()) - {step.name for step in SUITES[suite]})
+    if unknown:
+        raise SystemExit(f"bench: {suite} has no step {', '.join(unknown)} (python -m bench list)")
     invocation = {"id": uuid.uuid4().hex[:12], "suite": suite, "environment": environment()}
     started = time.monotonic()
     with open(out, "a") as record:
-        for step in SUITES[suite]:
+        for step in steps:
             command = " ".join(["python", f"bench/{step.script}", *step.args])
             print(f"bench {suite}: {command}", file=sys.stderr, flush=True)
             for result in results(step):
@@ -159,6 +165,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("suite", choices=[*SUITES, "list"])
     parser.add_argument("--out", help="the record to append to (default: bench/results/<suite>.jsonl)")
+    parser.add_argument("--steps", help="run only these steps of the suite, by name (comma-separated)")
     args = parser.parse_args(argv)
     if args.suite == "list":
         for name, steps in SUITES.items():
@@ -167,7 +174,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                 print(f"  {step.name}: python bench/{step.script} {' '.join(step.args)}".rstrip())
         return
     out = args.out or os.path.join(HERE, "results", f"{args.suite.replace('-', '_')}.jsonl")
-    run(args.suite, out)
+    run(args.suite, out, args.steps.split(",") if args.steps else None)
 
 
 if __name__ == "__main__":

@@ -213,6 +213,18 @@ def test_a_benchmark_table_is_the_newest_invocation_of_its_record_with_where_it_
     assert "invocation `new`" in table and "commit `abc1234`" in table and "2 cores (Some CPU)" in table
     with pytest.raises(ValueError, match="no runs of step 'w2'"):
         records.bench_table(str(tmp_path), "cpu_quick", "w2")
+    # A step run alone later (python -m bench <suite> --steps) is read from its own newest invocation;
+    # a step whose lines are rows (the control plane's) shows its columns as printed.
+    rows = [{"invocation": "later", "suite": "cpu-full", "step": "control_plane", "command": "python bench/control_plane.py",
+             "environment": environment, "result": {"workers": n, "driver_ms_per_round": ms, "driver_core_share": share,
+                                                    "calls_per_s": 10.0, "startup_rounds": [49, 49],
+                                                    "decision_rounds": 1, "decision_ms": 4.6}}
+            for n, ms, share in ((64, 0.2, 0.002), (1024, 3.4, 0.0338))]
+    with open(tmp_path / "bench" / "results" / "cpu_quick.jsonl", "a") as record:
+        record.write("".join(json.dumps(x) + "\n" for x in rows + [{**rows[0], "result": {"summary": {}}}]))
+    table = records.bench_table(str(tmp_path), "cpu_quick", "control_plane")
+    assert "| 1,024 | 3.4 | 3.38% | 10 | 49, 49 | 1 | 4.6 |" in table and "invocation `later`" in table
+    assert "33,000" in records.bench_table(str(tmp_path), "cpu_quick", "w1_spe1")  # still the older invocation's
 
 
 def test_every_chart_reads_the_records_its_section_names():

@@ -100,3 +100,22 @@ def test_a_train_fn_installed_as_a_package_is_the_users_code(tmp_path, monkeypat
     kind, where = classify(frame)
     done.set(), thread.join()
     assert kind == "python" and "site-packages/raytf_test_userpkg/training.py:3 in train_fn" in where
+
+
+def test_the_watch_finds_a_hang_by_aging_what_each_rank_last_said():
+    """GroupWatch.round: rank 0 said it waits in TensorFlow, rank 1 that it runs its own code, both
+    at t=0 and never again; nothing at 299 s, rank 1 named at 301 s (hang_timeout_s=300)."""
+    from raytf._internal.driver.watch import GroupWatch
+    from raytf._internal.protocol import Phase, WorkerStatus
+
+    now = [0.0]
+    watch = GroupWatch({0: "10.0.0.1", 1: "10.0.0.2"}, start_timeout_s=60, worker_timeout_s=30,
+                       hang_timeout_s=300.0, clock=lambda: now[0])
+    watch.released = True
+    watch.heard(0, WorkerStatus(rank=0, phase=Phase.TRAINING, activity=Activity("tensorflow", 0.0)))
+    watch.heard(1, WorkerStatus(rank=1, phase=Phase.TRAINING, activity=Activity("python", 0.0, "t.py:3 in f")))
+    now[0] = 299.0
+    assert watch.round(None).failures == ()
+    now[0] = 301.0
+    [hang] = watch.round(None).failures
+    assert (hang.rank, hang.kind) == (1, "stalled") and "t.py:3 in f" in hang.message

@@ -15,7 +15,16 @@ import time
 from typing import Callable, Collection, Mapping, Optional
 
 from raytf._internal.driver.hang import blame_collective, find_hangs
-from raytf._internal.protocol import STARTING_PHASES, Activity, GroupStatus, Phase, Progress, Report, WorkerStatus
+from raytf._internal.protocol import (
+    STARTING_PHASES,
+    Activity,
+    ActivityKind,
+    GroupStatus,
+    Phase,
+    Progress,
+    Report,
+    WorkerStatus,
+)
 from raytf.errors import FailureKind, WorkerFailure
 
 _BEHIND = {
@@ -139,6 +148,18 @@ class GroupWatch:
             rank: Activity(a.kind, a.seconds + (now - heard), a.where) for rank, (a, heard) in self._activities.items()
         }
 
+    def _someone_waited(self, timeout_s: Optional[float]) -> bool:
+        """Whether a rank has waited inside TensorFlow ``timeout_s``: only then can there be a hang
+        (hang.find_hangs), and only then are every rank's activities aged for it, which at a
+        thousand workers is most of a round's work."""
+        if timeout_s is None:
+            return False
+        now = self._clock()
+        return any(
+            a.kind == ActivityKind.TENSORFLOW and a.seconds + (now - heard) >= timeout_s
+            for a, heard in self._activities.values()
+        )
+
     def _not_joined(self) -> list[WorkerFailure]:
         """After start_timeout_s, the workers furthest from joining the group (a peer that never arrives)."""
         if self._started_at is None or self._clock() - self._started_at <= self._start_timeout_s:
@@ -210,7 +231,7 @@ class GroupWatch:
     def round(self, preempting: Optional[str]) -> GroupStatus:
         """What this round of polls amounts to; starts the next round."""
         failures = self._failures + self._not_joined()
-        if not failures:
+        if not failures and self._someone_waited(self._hang_timeout_s):
             failures += find_hangs(self.activities(), self._hang_timeout_s, self._node_ips)
         done = len(self.phases) == len(self._node_ips)
         ready = (
