@@ -66,8 +66,9 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("w3_local", "w3.py", ("--gib", "1", "--storages", "local")),
         Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5")),
         Step("standby_cost", "standby_cost.py"),
-        Step("poll_cost", "poll_cost.py"),
+        Step("poll_cost", "poll_cost.py", ("--fake", "")),  # its simulated part: control_plane's
         Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),
+        Step("restart_scaling", "restart_scaling.py", ("--workers", "2,4,8")),
         Step("growth", "growth.py"),
     ),
     "gpu": (

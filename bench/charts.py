@@ -36,6 +36,13 @@ def lines(results: str, name: str) -> list[dict]:
     return out
 
 
+def newest_step(results: str, record: str, step: str) -> list[dict]:
+    """What ``step`` printed in the newest invocation of a ``python -m bench`` record that ran it."""
+    ran = [line for line in lines(results, record) if line.get("step") == step]
+    newest = ran[-1]["invocation"] if ran else None
+    return [line["result"] for line in ran if line["invocation"] == newest]
+
+
 def _svg(figure) -> bytes:  # noqa: ANN001 - a matplotlib Figure
     import matplotlib.pyplot as plt
 
@@ -66,7 +73,7 @@ def _bars(title: str, unit: str, rows: list[tuple[str, float, str]], note: str =
 
 
 def ingest(results: str) -> Optional[bytes]:
-    found = {r["path"]: r["rows_per_s"] for r in lines(results, "cpu_ingest_planned.jsonl") if "path" in r}
+    found = {r["path"]: r["rows_per_s"] for r in newest_step(results, "cpu_full.jsonl", "ingest") if "path" in r}
     if not found:
         return None
     names = [("raytf_planned_cached", "raytf, cache=True (default)", RAYTF),
@@ -128,8 +135,9 @@ def recovery(results: str) -> Optional[bytes]:
     import matplotlib.pyplot as plt
 
     runs = []
-    for file, machine in (("cpu_recovery_planned.jsonl", "2-core CPU"), ("h100_recovery.jsonl", "H100")):
-        for r in lines(results, file):
+    cpu = newest_step(results, "cpu_full.jsonl", "recovery")
+    for found, machine in ((cpu, "2-core CPU"), (lines(results, "h100_recovery.jsonl"), "H100")):
+        for r in found:
             if r.get("fault") and r.get("resume_components_s"):
                 kind = "warm standbys" if r["system"].endswith("warm") else "cold restart"
                 runs.append((f"{machine}, {kind}", r["resume_components_s"]))

@@ -19,6 +19,34 @@ SYSTEMS = {
     "plain_mwms": "plain MultiWorkerMirroredStrategy, tf-keras `model.fit`, data in memory, TF_CONFIG by hand",
     "ray_train": "Ray Train `TensorflowTrainer`, `to_tf`, tf-keras `model.fit` as raytf runs it",
     "ray_train_as_documented": "Ray Train `TensorflowTrainer`, `model.fit(to_tf(...))` as its examples do",
+    "raytf_warm": "raytf, `FailureConfig(warm_standby=True)`",
+}
+
+
+def _keras_path(result: dict):
+    if "path" not in result:
+        return None
+    loop = "tf-keras `model.fit`" if result["path"] == "tf_keras" else "Keras 3 `raytf.keras.fit`"
+    return f"{loop}, steps_per_execution {result['steps_per_execution']}"
+
+
+# What each path of bench/ingest.py is, as a table row says it.
+INGEST_PATHS = {
+    "raytf_planned_cached": "raytf, `cache=True`, exactly once (the default)",
+    "raytf_planned_cached_shuffled": "raytf, `cache=True`, `shuffle=True`, exactly once",
+    "raytf_planned_streaming": "raytf, `cache=False`, exactly once",
+    "raytf_cached": "raytf, `cache=True`, `exactly_once=False` (`streaming_split`)",
+    "raytf_cached_shuffled": "raytf, `cache=True`, `shuffle=True`, `exactly_once=False`",
+    "raytf_streaming": "raytf, `cache=False`, `exactly_once=False`",
+    "from_tensor_slices": "`tf.data.Dataset.from_tensor_slices(...).batch(...)` over the same arrays",
+    "ray_to_tf": "Ray `DataIterator.to_tf`",
+}
+
+# Steps whose runs are grouped by something other than ``system``: (the row a result belongs to, or
+# None for a line that is no run, and the figure a row shows).
+GROUPS = {
+    "keras_paths": (_keras_path, "samples_per_s"),
+    "ingest": (lambda r: INGEST_PATHS.get(r.get("path", "")), "rows_per_s"),
 }
 
 
@@ -49,10 +77,52 @@ COLUMNS = {
         ("decision_rounds", "rounds from a loss to the restart decision", "n"),
         ("decision_ms", "driver CPU in that round, ms", "n"),
     ],
+    "poll_cost": [  # its "actors" part: real worker actors, polled three ways
+        ("workers", "worker actors", "n"),
+        ("direct_ms", "polling each worker: driver ms per round", "n"),
+        ("direct_cpu_share", "its share of a core", "%"),
+        ("direct_calls_per_s", "its calls per second", "n"),
+        ("relay_ms", "relay actor: driver ms per round", "n"),
+        ("relay_cpu_share", "its share of a core", "%"),
+        ("thread_ms", "relay on a driver thread: ms per round", "n"),
+        ("thread_cpu_share", "its share of a core", "%"),
+    ],
+    "restart_scaling": [
+        ("workers", "workers (on 2 cores)", "n"),
+        ("kill_to_first_step_s", "kill → first resumed step, s", "n"),
+        ("components_s.detect", "detect", "n"),
+        ("components_s.placement", "placement", "n"),
+        ("components_s.actors", "actors", "n"),
+        ("components_s.loading", "loading (TensorFlow, train_fn)", "n"),
+        ("components_s.connect", "connect", "n"),
+        ("components_s.first_step", "first step", "n"),
+        ("first_start_s.total", "first attempt's start-up, s", "n"),
+    ],
+    "recovery": [  # each system's run with the kill
+        ("system", "system", "n"),
+        ("resume_s", "kill → first resumed step, s", "n"),
+        ("steps_redone", "steps redone", "n"),
+        ("steps_since_checkpoint", "steps since the checkpoint", "n"),
+        ("retries", "retries", "n"),
+        ("wall_vs_fault_free", "`fit()` wall vs fault-free", "n"),
+        ("resume_components_s.detect", "detect", "n"),
+        ("resume_components_s.stop", "stop", "n"),
+        ("resume_components_s.placement", "placement", "n"),
+        ("resume_components_s.actors", "actors", "n"),
+        ("resume_components_s.loading", "loading", "n"),
+        ("resume_components_s.connect", "connect", "n"),
+        ("resume_components_s.dataset", "dataset shard", "n"),
+        ("resume_components_s.model_and_restore", "model and restore", "n"),
+        ("resume_components_s.first_step", "first step", "n"),
+    ],
 }
+# Which result lines of such a step are rows (the others: another part, the summary).
+ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault")}
 
 
 def _cell(value, kind: str = "n") -> str:
+    if isinstance(value, str):
+        return SYSTEMS.get(value, value)
     if isinstance(value, list):
         return ", ".join(_cell(v, kind) for v in value)
     if kind == "%" and isinstance(value, (int, float)):
@@ -69,15 +139,25 @@ def _source(first: dict, record: str) -> str:
             f"{machine['cores']} cores ({machine['cpu'] or machine['system']}), {libraries}.")
 
 
+def _get(result: dict, key: str):
+    """``result[key]``, a dotted key reaching into nested objects; "" where it is missing."""
+    for part in key.split("."):
+        if not isinstance(result, dict) or part not in result:
+            return ""
+        result = result[part]
+    return result
+
+
 def columns_table(lines: list[dict], record: str, step: str) -> str:
     """A step whose lines are rows (``COLUMNS``): each result line with a first column, as printed."""
     columns = COLUMNS[step]
-    rows = [line["result"] for line in lines if columns[0][0] in line["result"]]
+    keep = ROWS.get(step, lambda result: True)
+    rows = [line["result"] for line in lines if columns[0][0] in line["result"] and keep(line["result"])]
     if not rows:
         raise ValueError(f"docs: the newest invocation of {record} has no rows of step {step!r}")
     out = ["| " + " | ".join(header for _, header, _ in columns) + " |",
            "| " + " | ".join("---:" for _ in columns) + " |"]
-    out += ["| " + " | ".join(_cell(row.get(key, ""), kind) for key, _, kind in columns) + " |" for row in rows]
+    out += ["| " + " | ".join(_cell(_get(row, key), kind) for key, _, kind in columns) + " |" for row in rows]
     return "\n".join(out + ["", _source(lines[0], record)]) + "\n"
 
 
@@ -93,24 +173,27 @@ def bench_table(root: str, record: str, step: str) -> str:
         raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}") from None
     if step in COLUMNS:
         return columns_table(lines, record, step)
+    label, metric = GROUPS.get(step, (lambda r: r.get("system"), "samples_per_s"))
+    unit = metric.replace("_per_s", "/s")
     runs: dict[str, list[dict]] = {}
     for line in lines:
         result = line["result"]
-        if "system" in result and "samples_per_s" in result:
-            runs.setdefault(result["system"], []).append(result)
+        if label(result) is not None and metric in result:
+            runs.setdefault(label(result), []).append(result)
     if not runs:
         raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}")
-    median = {system: statistics.median(r["samples_per_s"] for r in rs) for system, rs in runs.items()}
+    median = {system: statistics.median(r[metric] for r in rs) for system, rs in runs.items()}
     ours = "raytf" if "raytf" in median else next(iter(median))
     # raytf's row first; each row's ratio is raytf's samples/s over that row's, as the header says.
-    out = ["| system | samples/s, median (range) | runs | final loss | first row's samples/s ÷ this row's |",
+    out = [f"| system | {unit}, median (range) | runs | final loss | first row's {unit} ÷ this row's |",
            "| --- | ---: | ---: | ---: | ---: |"]
     for system, rs in sorted(runs.items(), key=lambda kv: kv[0] != ours):
-        speeds = [r["samples_per_s"] for r in rs]
+        speeds = [r[metric] for r in rs]
         spread = f"{_number(median[system])} ({_number(min(speeds))}-{_number(max(speeds))})"
         loss = statistics.median(r["loss"] for r in rs if "loss" in r) if any("loss" in r for r in rs) else None
         ratio = "1.00" if system == ours else f"{median[ours] / median[system]:.2f}×"
-        out.append(f"| {SYSTEMS.get(system, system)} | {spread} | {len(rs)} | "
+        count = sum(r.get("samples", 1) for r in rs)  # a line that is already a median says of how many
+        out.append(f"| {SYSTEMS.get(system, system)} | {spread} | {count} | "
                    f"{'' if loss is None else f'{loss:.3f}'} | {ratio} |")
     out += ["", _source(lines[0], record)]
     return "\n".join(out) + "\n"
