@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from typing import Optional
 
 # What each system of bench/throughput.py is, as a table row says it.
 SYSTEMS = {
@@ -120,11 +121,15 @@ COLUMNS = {
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault")}
 
 
-def _cell(value, kind: str = "n") -> str:
+# A system's name where a step's table means something narrower by it than W1's throughput does.
+STEP_SYSTEMS = {"recovery": {"raytf": "raytf, cold restart (the default)"}}
+
+
+def _cell(value, kind: str = "n", names: Optional[dict] = None) -> str:
     if isinstance(value, str):
-        return SYSTEMS.get(value, value)
+        return (names or {}).get(value, SYSTEMS.get(value, value))
     if isinstance(value, list):
-        return ", ".join(_cell(v, kind) for v in value)
+        return ", ".join(_cell(v, kind, names) for v in value)
     if kind == "%" and isinstance(value, (int, float)):
         return f"{value:.2%}"
     return _number(value) if isinstance(value, (int, float)) else str(value)
@@ -157,7 +162,8 @@ def columns_table(lines: list[dict], record: str, step: str) -> str:
         raise ValueError(f"docs: the newest invocation of {record} has no rows of step {step!r}")
     out = ["| " + " | ".join(header for _, header, _ in columns) + " |",
            "| " + " | ".join("---:" for _ in columns) + " |"]
-    out += ["| " + " | ".join(_cell(_get(row, key), kind) for key, _, kind in columns) + " |" for row in rows]
+    names = STEP_SYSTEMS.get(step)
+    out += ["| " + " | ".join(_cell(_get(row, key), kind, names) for key, _, kind in columns) + " |" for row in rows]
     return "\n".join(out + ["", _source(lines[0], record)]) + "\n"
 
 
@@ -185,15 +191,18 @@ def bench_table(root: str, record: str, step: str) -> str:
     median = {system: statistics.median(r[metric] for r in rs) for system, rs in runs.items()}
     ours = "raytf" if "raytf" in median else next(iter(median))
     # raytf's row first; each row's ratio is raytf's samples/s over that row's, as the header says.
-    out = [f"| system | {unit}, median (range) | runs | final loss | first row's {unit} ÷ this row's |",
-           "| --- | ---: | ---: | ---: | ---: |"]
+    losses = any("loss" in r for rs in runs.values() for r in rs)
+    out = [f"| system | {unit}, median (range) | runs |{' final loss |' if losses else ''} "
+           f"first row's {unit} ÷ this row's |",
+           "| --- | ---: | ---: |" + (" ---: |" if losses else "") + " ---: |"]
     for system, rs in sorted(runs.items(), key=lambda kv: kv[0] != ours):
         speeds = [r[metric] for r in rs]
-        spread = f"{_number(median[system])} ({_number(min(speeds))}-{_number(max(speeds))})"
+        # A line that is already a median (bench/ingest.py's) says of how many runs; it has no range here.
+        spread = _number(median[system]) + (f" ({_number(min(speeds))}-{_number(max(speeds))})" if len(rs) > 1 else "")
+        count = sum(r.get("samples", 1) for r in rs)
         loss = statistics.median(r["loss"] for r in rs if "loss" in r) if any("loss" in r for r in rs) else None
         ratio = "1.00" if system == ours else f"{median[ours] / median[system]:.2f}×"
-        count = sum(r.get("samples", 1) for r in rs)  # a line that is already a median says of how many
-        out.append(f"| {SYSTEMS.get(system, system)} | {spread} | {count} | "
-                   f"{'' if loss is None else f'{loss:.3f}'} | {ratio} |")
+        shown = f" {'' if loss is None else f'{loss:.3f}'} |" if losses else ""
+        out.append(f"| {SYSTEMS.get(system, system)} | {spread} | {count} |{shown} {ratio} |")
     out += ["", _source(lines[0], record)]
     return "\n".join(out) + "\n"
