@@ -62,18 +62,62 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 _TOOK: dict[str, float] = {}
 _OUTCOMES: dict[str, int] = {}
+# CPU-seconds per test of the tiers that start processes, with --suite-record (tests/cpu.py).
+_CPU_AT_START: dict[str, float] = {}
+_PROCESS_TIERS = ("integration", "e2e")
+_TREE_CPU = None
 
 
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    if _TREE_CPU is not None and _starts_processes(nodeid):
+        _CPU_AT_START[nodeid] = _TREE_CPU.total()
+
+
+def _starts_processes(nodeid: str) -> bool:
+    parts = nodeid.split("/")
+    return len(parts) > 2 and parts[1] in _PROCESS_TIERS
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist sends the report to the controller
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _TOOK[report.nodeid] = _TOOK.get(report.nodeid, 0.0) + report.duration
     if report.when == "call" or report.outcome != "passed":
         _OUTCOMES[report.outcome] = _OUTCOMES.get(report.outcome, 0) + 1
+    if report.when == "teardown" and report.nodeid in _CPU_AT_START:
+        # Carried to the controller with the report (pytest-xdist), where the record is written.
+        report.user_properties.append(("cpu_s", round(_TREE_CPU.total() - _CPU_AT_START.pop(report.nodeid), 2)))
+    for name, value in report.user_properties:
+        if name == "cpu_s":
+            _CPU_OF[report.nodeid] = value
+
+
+_CPU_OF: dict[str, float] = {}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     import time
 
     session.config._raytf_started = time.time()  # noqa: SLF001 - pytest's config holds a plugin's state
+    session.config._raytf_machine_cpu = _machine_cpu_s()  # noqa: SLF001
+    # Each process that runs tests watches its own (pytest-xdist's controller runs none).
+    controller = not hasattr(session.config, "workerinput") and session.config.getoption("numprocesses", None)
+    if session.config.getoption("--suite-record") and not controller:
+        global _TREE_CPU
+        from tests.cpu import TreeCpu
+
+        _TREE_CPU = TreeCpu()
+        _TREE_CPU.start()
+
+
+def _machine_cpu_s() -> float:
+    """CPU-seconds every core of the machine has been busy since it booted (/proc/stat: user, nice,
+    system, irq, softirq, steal; not idle or waiting for I/O); 0 where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    except OSError:
+        return 0.0
+    return round((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), 1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -103,6 +147,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "versions": {name: version(name)
                      for name in ("tensorflow", "keras", "tf-keras", "ray", "pyarrow", "numpy", "pytest")},
         "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},
+        # The integration and end-to-end tests' CPU-seconds, their processes' included (tests/cpu.py).
+        "tests_cpu_s": dict(sorted(_CPU_OF.items(), key=lambda kv: -kv[1])),
+        "machine_cpu_s": round(_machine_cpu_s() - session.config._raytf_machine_cpu, 1),  # noqa: SLF001
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as out:

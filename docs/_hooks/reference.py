@@ -260,8 +260,8 @@ def newest_whole_run(root: str) -> dict | None:
 
 
 def slowest_markdown(root: str) -> str:
-    """The whole suite's newest kept run: its time, its machine, and its ten slowest tests with
-    their seconds (setup, call and teardown)."""
+    """The whole suite's newest kept run: its time, its machine, its ten costliest tests by CPU
+    (where the record has them) and its ten slowest, with their seconds (setup, call and teardown)."""
     run = newest_whole_run(root)
     if run is None:
         return f"No passing run of the whole suite is recorded in `{SUITE_RECORD}` yet.\n"
@@ -271,9 +271,24 @@ def slowest_markdown(root: str) -> str:
         f"The newest kept run of the whole suite (`{SUITE_RECORD}`, {run['when'][:10]}, commit `{run['commit']}`): "
         f"{tests} tests in {run['wall_s'] / 60:.1f} minutes on {machine['cpus']} CPUs and "
         f"{machine['memory_gib']} GiB, Python {machine['python']}, TensorFlow {versions['tensorflow']}, "
-        f"Keras {versions['keras']}, Ray {versions['ray']}. Its ten slowest tests (setup, call and teardown):",
-        "", "| Seconds | Test |", "|---:|---|",
+        f"Keras {versions['keras']}, Ray {versions['ray']}.",
     ]
+    cpu = run.get("tests_cpu_s")
+    if cpu:  # recorded since the suite counts CPU (tests/cpu.py)
+        busy = run.get("machine_cpu_s")
+        if busy:
+            lines[-1] += (f" The machine's cores were busy for {busy / 60:.1f} CPU-minutes of it "
+                          f"({busy / run['wall_s'] / machine['cpus']:.0%} of all they had).")
+        lines[-1] += (" Its ten costliest tests by CPU, their Ray processes' included (setup, call and teardown; a "
+                      "file's shared runs count to the test that first asks for them), with their seconds:")
+        lines += ["", "| CPU-seconds | Seconds | Test |", "|---:|---:|---|"]
+        for nodeid, used in list(cpu.items())[:10]:
+            lines.append(f"| {used:.0f} | {run['tests_s'].get(nodeid, 0):.0f} | `{nodeid.split('@')[0]}` |")
+        lines += ["", f"Together the integration and end-to-end tests used {sum(cpu.values()) / 60:.1f} CPU-minutes.",
+                  "", "Its ten slowest tests:"]
+    else:
+        lines[-1] += " Its ten slowest tests (setup, call and teardown):"
+    lines += ["", "| Seconds | Test |", "|---:|---|"]
     for nodeid, took in list(run["tests_s"].items())[:10]:
         lines.append(f"| {took:.0f} | `{nodeid.split('@')[0]}` |")
     return "\n".join(lines) + "\n"

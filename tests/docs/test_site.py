@@ -166,6 +166,18 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     rows = [line for line in page.splitlines() if line.startswith("| ") and "`" in line]
     assert [row.split("`")[1] for row in rows] == [f"tests/x.py::test_{i}" for i in range(10)]
     assert "failed" not in page and "::u`" not in page
+    # A record with CPU-seconds (tests/cpu.py) shows the costliest by CPU first, then the slowest.
+    with_cpu = run("2026-11-28T10:00:00Z", 0, [], slow)
+    with_cpu["tests_cpu_s"] = {f"tests/x.py::test_{i}@x": 50.0 + i for i in reversed(range(12))}
+    with_cpu["machine_cpu_s"] = 1080.0
+    record.write_text(record.read_text() + json.dumps(with_cpu) + "\n")
+    page = reference.slowest_markdown(str(tmp_path))
+    assert "busy for 18.0 CPU-minutes of it (90% of all they had)" in page
+    costly, slowest = page.split("Its ten slowest tests:")
+    rows = [line for line in costly.splitlines() if line.startswith("| ") and "`" in line]
+    assert [row.split("`")[1] for row in rows] == [f"tests/x.py::test_{i}" for i in reversed(range(2, 12))]
+    assert rows[0].startswith("| 61 | 89 |")  # its CPU-seconds, then its seconds
+    assert "test_0`" in slowest and "used 11.1 CPU-minutes" in costly
 
 
 TRACED = ("bench/results/", "<!-- raytf:bench:", '!!! warning "No kept record"')

@@ -66,9 +66,11 @@ def cluster(tmp_path_factory):
 
 # What the test extras install for other tiers and no integration test's Ray process uses: TensorFlow's
 # import loads each of them where installed (Keras's scikit-learn wrapper, its image gallery's
-# matplotlib, its notebook check's IPython), together a third of a worker's ``import tensorflow``
-# on this machine. A user's cluster without them starts its workers as these do.
-_HIDDEN = ("sklearn", "matplotlib", "mpl_toolkits", "IPython")
+# matplotlib, its notebook check's IPython, and SciPy, which only scikit-learn needs here, through
+# TensorFlow's own legacy Keras), together a third of a worker's ``import tensorflow`` on this
+# machine, paid by each of the suite's 250 or so worker processes. A user's cluster without them
+# starts its workers as these do.
+_HIDDEN = ("sklearn", "matplotlib", "mpl_toolkits", "IPython", "scipy")
 
 
 @contextlib.contextmanager
