@@ -4,24 +4,44 @@ types from zero (cluster/local-fake-gpu.yaml), a job asking for GPU workers.
 The autoscaler adds real Ray nodes (raylets on this machine that declare GPUs); raytf's
 placement group is what makes it add them. A GPU node is then taken away mid-run (its raylet
 killed, as a reclaimed spot instance would vanish); the autoscaler replaces it and the run
-resumes from its checkpoint. The head is the tier's (``head``, conftest.py), which
-test_job_submit.py's jobs share: its CPUs hold their workers, and no GPU node is up until a job asks
-for GPU workers.
+resumes from its checkpoint. The head is a `ray start --head --block` child on free ports, and
+every process of this cluster is found by its GCS address and stopped afterwards, so the test
+never touches another Ray on the machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from tests.e2e.conftest import dashboard_get, processes_of
-from tests.e2e.test_job_submit import job_status, printed, submit_no_wait, wait_for_job
+from tests.ports import free_ports
+import yaml
+
+from tests.e2e.conftest import activated
+from tests.e2e.test_job_submit import (
+    HEAD_ENV, REPO, dashboard_get, head_temp_dir, job_status, printed, ray_cli, submit_no_wait,
+    wait_for_job, wait_for_job_server,
+)
 
 pytestmark = pytest.mark.autoscaler
+
+
+def processes_of(gcs_address: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if gcs_address.encode() in f.read():
+                    pids.append(int(pid))
+        except (OSError, ValueError):
+            continue
+    return pids
 
 
 def take_away(node_id: str) -> None:
@@ -44,19 +64,68 @@ def nodes(address: str) -> list[dict]:
     return answer["data"]["result"]["result"]
 
 
-def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(head, tmp_path):
-    address = head[0]
+@pytest.fixture
+def autoscaling_head(tmp_path, wheel_python):
+    from ray._private.services import get_node_ip_address
+
+    ip = get_node_ip_address()
+    ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
+    gcs = f"{ip}:{ports['gcs']}"
+    with open(os.path.join(REPO, "cluster", "local-fake-gpu.yaml")) as f:
+        config = yaml.safe_load(f)
+    config["provider"]["gcs_address"] = gcs  # the fake nodes join this head, not one on 6379
+    config_path = tmp_path / "autoscaling.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "head.log", "w")
+    temp_dir = head_temp_dir()  # nothing outside the suite finds this head (test_job_submit.py)
+    # The autoscaler looks at the cluster every second (5 s by default) and the GCS asks its nodes
+    # whether they are alive every second (3 s): the node added at the start and the one replaced
+    # after the test takes one away come that much sooner (tests/integration/conftest.py).
+    env = {**HEAD_ENV, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+           "RAY_health_check_period_ms": "1000"}
+    # With RAY_AUTH_MODE=token the head needs a token to exist (a bare `ray start` makes one, as
+    # the job-submit head does); on a fresh machine there is none yet.
+    generated = ray_cli("get-auth-token", "--generate", env=env)
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    head = subprocess.Popen(
+        [wheel_python, "-m", "ray.scripts.scripts",  # raytf from its wheel (conftest.py): the quick start runs on it
+         "start", "--head", "--block", f"--autoscaling-config={config_path}", "--num-cpus", "1",
+         "--num-gpus", "0", "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
+         "--dashboard-port", str(ports["dashboard"]), "--ray-client-server-port", str(ports["client"]),
+         "--dashboard-agent-listen-port", str(ports["agent"]), "--temp-dir", temp_dir],
+        stdout=log, stderr=subprocess.STDOUT, env=activated(env, wheel_python),
+    )
+    address = f"http://127.0.0.1:{ports['dashboard']}"
+    wait_for_job_server(head, address)
+    try:
+        yield address, env, gcs
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=90)
+        finally:
+            for pid in processes_of(gcs):  # the fake nodes the autoscaler started
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            log.close()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(autoscaling_head, tmp_path):
+    address, _, _ = autoscaling_head
     assert not any(n["resources_total"].get("GPU") for n in nodes(address) if n["state"] == "ALIVE")  # no GPU yet
     results = tmp_path / "results"
     job_id = submit_no_wait(
-        head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
+        autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
         "--rows", "32768", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
     )
     deadline = time.monotonic() + 300
 
     def still_running() -> None:  # a job that failed at once (an import, a flag) says so now, not in 300 s
-        if job_status(head[:2], job_id) != "running":
-            raise AssertionError(wait_for_job(head[:2], job_id)[1][-4000:])
+        if job_status(autoscaling_head[:2], job_id) != "running":
+            raise AssertionError(wait_for_job(autoscaling_head[:2], job_id)[1][-4000:])
 
     while not (gpu_nodes := [n for n in nodes(address) if n["state"] == "ALIVE" and n["resources_total"].get("GPU")]):
         assert time.monotonic() < deadline, "the autoscaler added no GPU node in 300 s"
@@ -69,7 +138,7 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(h
         time.sleep(0.2)
     lost = gpu_nodes[0]["node_id"]
     take_away(lost)
-    status, logs = wait_for_job(head[:2], job_id, timeout_s=600)
+    status, logs = wait_for_job(autoscaling_head[:2], job_id, timeout_s=600)
     assert status == "succeeded", logs[-4000:]
     # The README's job printed its result and where its run lives.
     assert printed(logs)["final_metrics"]["epoch"] == 5 and printed(logs)["path"] == str(results / "autoscaled")

@@ -1,7 +1,12 @@
-"""End to end: the jobs of jobs/ submitted with `ray job submit` to the tier's head (``head``,
-conftest.py: `ray start --head` on this machine's address, under the autoscaler), their status and
-logs read back (the README's job, train_mlp.py, is the one test_autoscaler.py submits, with GPU
-workers the autoscaler adds nodes for)."""
+"""End to end: a head started with `ray start --head` on loopback, the jobs of jobs/ submitted with
+`ray job submit`, their status and logs read back, the head stopped (the README's job, train_mlp.py,
+is the one test_autoscaler.py submits to an autoscaling head).
+
+The head runs with --block in a child process on free ports and a --temp-dir of its own, and is
+stopped by terminating that process, so the test never touches another Ray on the machine (as a
+bare `ray stop` would), and nothing outside the suite sees it: Ray records a head it starts in
+<temp dir>/ray_current_cluster, where a user's bare `ray.init()` would find it in the default one.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +14,105 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
-from tests.e2e.conftest import REPO, dashboard_get, ray_cli
+import pytest
+
+from tests.e2e.conftest import activated
+from tests.ports import free_ports
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+# A head told to stop (SIGTERM) drains its node first, for up to 30 s on Ray 2.60; the tests'
+# heads have nothing to hand over, so they stop at once.
+HEAD_ENV = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+            # Every process of the head's (a submitted job's driver among them) gives up on a GCS
+            # that has not answered for this long (Ray's default, 60 s): on a loaded 2-CPU machine a
+            # job's driver once did, while the head's GCS was starved, and the job failed.
+            "RAY_gcs_rpc_server_reconnect_timeout_s": "300"}
+
+
+def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*RAY, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def dashboard_get(address: str, path: str) -> dict | None:
+    """GET ``path`` from the head's dashboard with the cluster's token (where `ray start` keeps it,
+    as `ray job` does with RAY_AUTH_MODE=token); None while the dashboard does not answer.
+
+    The tests poll through this rather than the `ray` CLI: each CLI call is a Python process that
+    imports Ray, about a second of CPU, and a job polled every two seconds that way took half a
+    core of this 2-core machine from the training it waits on."""
+    try:
+        token = os.environ.get("RAY_AUTH_TOKEN") or open(
+            os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")).read().strip()
+        request = urllib.request.Request(address + path, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)
+    except (OSError, ValueError):  # no token yet, not listening yet, an HTTP error, a half answer
+        return None
+
+
+def wait_for_job_server(head: subprocess.Popen, address: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while dashboard_get(address, "/api/jobs/") is None:
+        assert head.poll() is None, "ray start --head exited early; see head.log"
+        assert time.monotonic() < deadline, f"the head's job server did not come up in {timeout_s:g} s"
+        time.sleep(0.5)
+
+
+def head_temp_dir() -> str:
+    """A --temp-dir of the head's own, short (Ray's socket paths under it must stay under 108 bytes)."""
+    return tempfile.mkdtemp(prefix="raytf-e2e-")
 
 
 def names_the_head(port: int) -> bool:
     """Whether the machine's default record of its current Ray head names a head on ``port``."""
     current = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
     return os.path.exists(current) and open(current).read().strip().endswith(f":{port}")
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory, wheel_python):
+    ports = dict(zip(("gcs", "dashboard", "client", "agent"), free_ports(4)))
+    log = open(tmp_path_factory.mktemp("head") / "head.log", "w")
+    temp_dir = head_temp_dir()
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # `ray start` turns token authentication on only where a token exists (a ray.init() that
+    # started a local cluster made one); on a fresh machine none does yet: make it, as Ray says.
+    generated = ray_cli("get-auth-token", "--generate", env=env)
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    process = subprocess.Popen(
+        [
+            wheel_python, "-m", "ray.scripts.scripts",  # raytf from its wheel (conftest.py)
+            "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+            "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(ports["dashboard"]),
+            "--ray-client-server-port", str(ports["client"]),
+            # Room for two jobs of two 1-CPU workers at once: the tests submit pairs of jobs together.
+            "--dashboard-agent-listen-port", str(ports["agent"]), "--num-cpus", "4", "--temp-dir", temp_dir,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=activated({**HEAD_ENV, "RAY_AUTH_MODE": "token"}, wheel_python),
+    )
+    address = f"http://127.0.0.1:{ports['dashboard']}"
+    try:
+        wait_for_job_server(process, address)
+        yield address, env, ports["gcs"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def submit_no_wait(head, tmp_path, script: str, *args: str) -> str:
@@ -100,7 +194,7 @@ def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path):
 
 
 def test_the_job_server_still_requires_ray_auth_token_and_no_bare_ray_init_finds_the_head(head):
-    address, env, gcs_port = head[:3]
+    address, env, gcs_port = head
     assert not names_the_head(gcs_port)  # a user's bare ray.init() on this machine never joins it
     anonymous = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
     listed = ray_cli("job", "list", "--address", address, env=anonymous)
@@ -159,10 +253,9 @@ def test_raytf_launch_runs_under_ray_job_submit(head, tmp_path, wheel_python):
 def test_submitted_parameter_server_jobs_train(head, tmp_path):
     """The custom-loop and the Keras parameter-server jobs, submitted together, one worker each
     (besides the chief, the parameter servers, and the custom loop's evaluator)."""
-    # One parameter server for the custom loop, two for Keras (whose kernel is split across them).
     jobs = {script: [script, "--epochs", "2", "--rows", "4096", "--steps-per-epoch", "40", "--num-workers", "1",
-                     "--num-ps", str(num_ps), "--name", "ps", "--storage-path", str(tmp_path / script / "results")]
-            for script, num_ps in (("train_ps_custom_loop.py", 1), ("train_ps_keras.py", 2))}
+                     "--name", "ps", "--storage-path", str(tmp_path / script / "results")]
+            for script in ("train_ps_custom_loop.py", "train_ps_keras.py")}
     for script, (logs, printed_) in submit_together(head, tmp_path, jobs).items():
         metrics = printed_["final_metrics"]
         assert metrics["epoch"] == 1 and metrics["loss"] > 0, script
