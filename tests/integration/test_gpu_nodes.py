@@ -23,8 +23,10 @@ def gpu_nodes(cluster):
         cluster.remove_node(node)
 
 
-@pytest.mark.parametrize("workers, gpus", [(3, 1), (2, 2)])  # 3 x 1: two ranks on one node, one on the other
-def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_leaks, workers, gpus):
+def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_leaks):
+    """3 workers of 1 GPU: two ranks on one node, one on the other (workers of 2 GPUs each: the warm
+    standby test below, whose group holds every GPU of both nodes)."""
+    workers, gpus = 3, 1
     result = raytf.Trainer(
         workloads.gpu_worker, config={"out_dir": str(tmp_path)},
         scaling=raytf.ScalingConfig(num_workers=workers, gpus_per_worker=gpus, cpus_per_worker=1),
@@ -58,20 +60,21 @@ def test_gpu_workers_get_gpu_nodes_and_their_own_gpus(gpu_nodes, tmp_path, no_le
 
 def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_handed(gpu_nodes, tmp_path, no_leaks,
                                                                                    monkeypatch):
-    """GPU workers get warm standbys by default (FailureConfig.warm_standby="auto"), started with
-    the attempt's workers: rank 1 fails before any step or report, once they are up (were they
-    started only once the attempt trained, it would wait for ever). A standby reserves no GPU (Ray
-    assigns it none); the retry runs in it, seeing exactly the GPU that its bundle's worker had
-    before (CUDA_VISIBLE_DEVICES). Standby 1's TensorFlow has listed its devices first (as
-    train_fn's modules may when imported), so it cannot take a GPU: its bundle starts a cold
-    worker instead, with a warning, and no attempt is lost to it."""
+    """Two workers of 2 GPUs each, one per node. GPU workers get warm standbys by default
+    (FailureConfig.warm_standby="auto"), started with the attempt's workers: rank 1 fails before
+    any step or report, once they are up (were they started only once the attempt trained, it
+    would wait for ever). A standby reserves no GPU (Ray assigns it none); the retry runs in it,
+    seeing exactly the GPUs that its bundle's worker had before (CUDA_VISIBLE_DEVICES). Standby
+    1's TensorFlow has listed its devices first (as train_fn's modules may when imported), so it
+    cannot take GPUs: its bundle starts a cold worker instead, with a warning, and no attempt is
+    lost to it. The retry trains: one TF_CONFIG task per worker, however many GPUs it holds."""
     from raytf._internal.driver import warm
 
     monkeypatch.setattr(warm, "_WARM_AFTER_S", 3600.0)  # no standby for a silent loop's sake
     result = raytf.Trainer(
         workloads.exit_after_warm_up,
         config={"out_dir": str(tmp_path), "warm_standbys": 2, "standbys_at_start": True, "devices_in_standby": True},
-        scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=1, cpus_per_worker=1),
+        scaling=raytf.ScalingConfig(num_workers=2, gpus_per_worker=2, cpus_per_worker=1),
         run=raytf.RunConfig(name="warm-gpu", storage_path=str(tmp_path / "results"), verbose=0,
                             failure_config=raytf.FailureConfig(max_failures=1)),
         tensorflow=raytf.TensorflowConfig(communication="ring"),
@@ -83,13 +86,20 @@ def test_warm_standbys_of_gpu_workers_take_the_gpus_of_the_bundles_they_are_hand
 
     first = [info(0, r) for r in range(2)]
     retry = [info(1, r) for r in range(2)]
-    for before in first:
-        assert len(before["ray_gpu_ids"]) == 1 and before["cuda_visible_devices"] == before["ray_gpu_ids"][0]
+    for before in first:  # each sees the 2 GPUs Ray assigned to it and no other
+        assert len(before["ray_gpu_ids"]) == 2 and before["cuda_visible_devices"] == ",".join(before["ray_gpu_ids"])
+    assert len({b["node_id"] for b in first}) == 2
     assert all(after["pid"] not in {b["pid"] for b in first} for after in retry)
     [standby] = [a for a in retry if ":standby:" in a["actor"]]
-    [cold] = [a for a in retry if ":standby:" not in a["actor"]]  # standby 1 could not take its GPU
+    [cold] = [a for a in retry if ":standby:" not in a["actor"]]  # standby 1 could not take its GPUs
     assert standby["ray_gpu_ids"] == []  # a standby reserves no GPU of its own
-    assert len(cold["ray_gpu_ids"]) == 1 and cold["cuda_visible_devices"] == cold["ray_gpu_ids"][0]
-    # The same GPUs on the same nodes, one per rank.
+    assert len(cold["ray_gpu_ids"]) == 2 and cold["cuda_visible_devices"] == ",".join(cold["ray_gpu_ids"])
+    # The same GPUs on the same nodes, two per rank.
     assert sorted((a["node_id"], a["cuda_visible_devices"]) for a in retry) == sorted(
         (b["node_id"], b["cuda_visible_devices"]) for b in first)
+    # The retry trained (small_train): 2 TF_CONFIG tasks, each worker's 2 GPUs its own replicas.
+    trained = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank, seen in enumerate(trained):
+        assert len(seen["tf_config"]["cluster"]["worker"]) == 2
+        assert seen["tf_config"]["task"] == {"type": "worker", "index": rank}
+        assert len(seen["cuda_visible_devices"].split(",")) == 2 and seen["local_world_size"] == 1
