@@ -125,6 +125,24 @@ def test_every_example_the_docs_quote_is_run_by_a_test():
         assert f'example("{example.stem}")' in runner, f"docs/examples/{example.name} is not run"
 
 
+def test_the_readmes_cpu_figures_are_the_newest_cpu_quick_invocations():
+    """The README cannot render a record at build time as the site does: its CPU W1 figures name
+    `cpu_quick.jsonl`, and this test holds them to that record's newest invocation (a new
+    `python -m bench cpu-quick` fails it until the README says what the new run measured)."""
+    import json
+
+    lines = [json.loads(line) for line in (ROOT / "bench" / "results" / "cpu_quick.jsonl").read_text().splitlines()]
+    newest = lines[-1]["invocation"]
+    ratios = {line["step"]: line["result"]["ratios"] for line in lines
+              if line["invocation"] == newest and "ratios" in line["result"]}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    [said] = [part for part in readme.split("- **") if "`cpu_quick.jsonl`" in part]
+    for figure in (ratios["w1_spe8"]["raytf/ray_train"], ratios["w1_spe8"]["raytf_keras3/ray_train"],
+                   ratios["w1_spe1"]["raytf/ray_train"], ratios["w1_spe8"]["raytf/plain_mwms"],
+                   ratios["w1_spe1"]["raytf/plain_mwms"], ratios["w1_spe8"]["raytf_keras3/plain_mwms"]):
+        assert f"{figure:.2f}x" in said, (figure, said)
+
+
 def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_into_the_site():
     readme = (ROOT / "README.md").read_text()
     first = next(i for i, line in enumerate(readme.splitlines()) if FENCE.match(line))
