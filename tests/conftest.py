@@ -64,6 +64,7 @@ _TOOK: dict[str, float] = {}
 _OUTCOMES: dict[str, int] = {}
 # CPU-seconds per test of the tiers that start processes, with --suite-record (tests/cpu.py).
 _CPU_AT_START: dict[str, float] = {}
+_CPU_OF: dict[str, float] = {}  # node id -> its CPU-seconds, as reported (in the controller, by the workers)
 _PROCESS_TIERS = ("integration", "e2e")
 _TREE_CPU = None
 
@@ -89,9 +90,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for name, value in report.user_properties:
         if name == "cpu_s":
             _CPU_OF[report.nodeid] = value
-
-
-_CPU_OF: dict[str, float] = {}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
