@@ -1372,6 +1372,8 @@ def communication_update(config: dict) -> None:
        (``raytf.keras.fit`` or tf-keras ``model.fit``) on 2,048 rows per worker.
     4. With ``local_sgd`` (a name): :func:`local_sgd_update` under that name, in the same
        processes (the run's options are the same; a run of its own would start a group again).
+    5. With ``also_fused``: 1. and 2. again, the strategy's all-reduces fused into one
+       (``bytes_per_pack=0``), rank 0's weights in ``<name>-fused.npz``.
 
     Rank 0 saves 1's and 2's weights (``<name>.npz``) and writes ``<name>.json``: the
     strategy's ``bytes_per_pack``, 3's epoch losses, the variables' dtypes, and the sum of
@@ -1387,42 +1389,64 @@ def communication_update(config: dict) -> None:
     ctx = raytf.get_context()
     strategy = raytf.strategy()
     x, y = make_data(64, seed=10 + ctx.world_rank)
-    with strategy.scope():
-        init = keras.initializers.GlorotUniform(seed=0)
-        model = keras.Sequential([keras.Input((32,))] + [
-            keras.layers.Dense(16, activation="relu", kernel_initializer=init) for _ in range(6)
-        ] + [keras.layers.Dense(4, kernel_initializer=init)])
-        optimizer = keras.optimizers.SGD(0.1)
-        w = tf.Variable(np.random.default_rng(1).standard_normal((32, 4)).astype("float32") * 0.1,
-                        aggregation=tf.VariableAggregation.MEAN)
-        b = tf.Variable(tf.zeros(4), aggregation=tf.VariableAggregation.MEAN)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     global_batch = 64 * ctx.world_size
 
-    @tf.function
-    def step(x, y):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=global_batch)
-            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    def three_steps():
+        """1. and 2. from the same seeds: (model, optimizer, w, b, the first kernel before training)."""
+        with strategy.scope():
+            init = keras.initializers.GlorotUniform(seed=0)
+            model = keras.Sequential([keras.Input((32,))] + [
+                keras.layers.Dense(16, activation="relu", kernel_initializer=init) for _ in range(6)
+            ] + [keras.layers.Dense(4, kernel_initializer=init)])
+            optimizer = keras.optimizers.SGD(0.1)
+            w = tf.Variable(np.random.default_rng(1).standard_normal((32, 4)).astype("float32") * 0.1,
+                            aggregation=tf.VariableAggregation.MEAN)
+            b = tf.Variable(tf.zeros(4), aggregation=tf.VariableAggregation.MEAN)
 
-        strategy.run(replica, args=(x, y))
+        @tf.function
+        def step(x, y):
+            def replica(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=global_batch)
+                optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
-    @tf.function
-    def manual_step(x, y):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(loss_fn(y, x @ w + b), global_batch_size=global_batch)
-            grads = raytf.all_reduce_gradients(tape.gradient(loss, [w, b]), [w, b])
-            w.assign_sub(0.5 * grads[0])
-            b.assign_sub(0.5 * grads[1])
+            strategy.run(replica, args=(x, y))
 
-        strategy.run(replica, args=(x, y))
+        @tf.function
+        def manual_step(x, y):
+            def replica(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.nn.compute_average_loss(loss_fn(y, x @ w + b), global_batch_size=global_batch)
+                grads = raytf.all_reduce_gradients(tape.gradient(loss, [w, b]), [w, b])
+                w.assign_sub(0.5 * grads[0])
+                b.assign_sub(0.5 * grads[1])
 
-    initial = model.trainable_variables[0].numpy().copy()
-    for _ in range(3):
-        step(tf.constant(x), tf.constant(y))
-        manual_step(tf.constant(x), tf.constant(y))
+            strategy.run(replica, args=(x, y))
+
+        initial = model.trainable_variables[0].numpy().copy()
+        for _ in range(3):
+            step(tf.constant(x), tf.constant(y))
+            manual_step(tf.constant(x), tf.constant(y))
+        return model, optimizer, w, b, initial
+
+    def save_weights(name, model, w, b, initial):
+        np.savez(os.path.join(config["out_dir"], f"{name}.npz"),
+                 *[v.numpy() for v in model.trainable_variables], w.numpy(), b.numpy(), initial=initial)
+
+    model, optimizer, w, b, initial = three_steps()
+    if config.get("also_fused"):
+        # 1. and 2. again in these processes with the strategy's options switched to one fused
+        # all-reduce (bytes_per_pack=0), read when the steps are traced: <name>-fused.npz.
+        options = strategy.extended._communication_options
+        strategy.extended._communication_options = type(options)(
+            bytes_per_pack=0, timeout_seconds=options.timeout_seconds, implementation=options.implementation)
+        try:
+            fused = three_steps()
+        finally:
+            strategy.extended._communication_options = options
+        if ctx.world_rank == 0:
+            save_weights(f"{config['name']}-fused", fused[0], *fused[2:])
     residual = sum(float(tf.reduce_sum(tf.abs(r.values[0] if hasattr(r, "values") else r)))
                    for table in compression._residuals.values() for r in table.values())
     losses = []
@@ -1431,6 +1455,7 @@ def communication_update(config: dict) -> None:
         fx, fy = make_data(2048, seed=20 + ctx.world_rank)
         data = tf.data.Dataset.from_tensor_slices((fx, fy)).batch(32, drop_remainder=True)
         with strategy.scope():
+            init = keras.initializers.GlorotUniform(seed=0)
             net = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu",
                                                                            kernel_initializer=init),
                                     keras.layers.Dense(4, kernel_initializer=init)])
@@ -1444,8 +1469,7 @@ def communication_update(config: dict) -> None:
         losses = [float(v) for v in history.history["loss"]]
     if ctx.world_rank == 0:
         options = strategy.extended._communication_options
-        np.savez(os.path.join(config["out_dir"], f"{config['name']}.npz"),
-                 *[v.numpy() for v in model.trainable_variables], w.numpy(), b.numpy(), initial=initial)
+        save_weights(config["name"], model, w, b, initial)
         _write(config["out_dir"], f"{config['name']}.json", {
             "bytes_per_pack": options.bytes_per_pack, "losses": losses, "residual": residual,
             "dtypes": sorted({tf.as_dtype(v.dtype).name for v in list(model.trainable_variables) + list(optimizer.variables)

@@ -18,9 +18,9 @@ from tests import workloads
 FIT_EPOCHS = 4
 LOCAL_SGD_STEPS = 7  # averaged inside steps 3 and 6, and at the epoch's end after step 7
 RUNS = {
-    # name: (TensorflowConfig arguments, Keras epochs, the local-SGD run made in the same processes)
+    # name: (TensorflowConfig arguments, Keras epochs, the local-SGD run made in the same processes);
+    # per-variable's processes also make its steps with one fused all-reduce ("fused", also_fused).
     "per-variable": (dict(bytes_per_pack=1, keras="tf_keras"), FIT_EPOCHS, "local-sgd-tf-keras"),
-    "fused": (dict(bytes_per_pack=0, keras="tf_keras"), 0, None),
     "bfloat16-ef": (dict(gradient_compression="bfloat16", error_feedback=True, keras="tf_keras"), FIT_EPOCHS,
                     "local-sgd-bfloat16-ef"),
     "keras3": (dict(keras="keras3"), FIT_EPOCHS, "local-sgd-keras3"),
@@ -43,13 +43,16 @@ def all_runs(cluster, tmp_path_factory):
         result = raytf.Trainer(
             workloads.communication_update,
             config={"out_dir": str(root), "name": name, "fit_epochs": epochs, "local_sgd": local,
-                    "steps": LOCAL_SGD_STEPS},
+                    "steps": LOCAL_SGD_STEPS, "also_fused": name == "per-variable"},
             scaling=raytf.ScalingConfig(num_workers=2),
             tensorflow=raytf.TensorflowConfig(**tensorflow),
             run=raytf.RunConfig(name=name, storage_path=str(root / "runs"), verbose=0),
         ).fit()
         with np.load(root / f"{name}.npz") as weights:
             out[name] = (json.loads((root / f"{name}.json").read_text()), {k: weights[k] for k in weights.files})
+        if name == "per-variable":
+            with np.load(root / f"{name}-fused.npz") as weights:
+                out["fused"] = (None, {k: weights[k] for k in weights.files})
         if local is None:
             continue
         reader = tf.train.load_checkpoint(f"{result.checkpoint.path}/{STATE_PREFIX}")
@@ -72,10 +75,10 @@ def local_sgd_runs(all_runs):
 
 
 def test_fused_and_per_variable_all_reduces_give_the_same_update(runs):
-    """bytes_per_pack reaches the strategy; one concatenated all-reduce (0) and one per variable (1)
-    move the weights identically."""
-    (fused_info, fused), (per_variable_info, per_variable) = runs["fused"], runs["per-variable"]
-    assert fused_info["bytes_per_pack"] == 0 and per_variable_info["bytes_per_pack"] == 1
+    """bytes_per_pack reaches the strategy (1 where set, TensorFlow's 0 by default); one concatenated
+    all-reduce (0) and one per variable (1) move the weights identically."""
+    (_, fused), (per_variable_info, per_variable) = runs["fused"], runs["per-variable"]
+    assert per_variable_info["bytes_per_pack"] == 1 and runs["keras3"][0]["bytes_per_pack"] == 0
     assert len(fused) == 17  # 14 MLP variables, the manual loop's w and b, the first kernel before training
     for key in fused:
         np.testing.assert_allclose(fused[key], per_variable[key], rtol=1e-6, atol=1e-7)

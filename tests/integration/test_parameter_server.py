@@ -58,21 +58,47 @@ def actor_pid(run: str, label: str, regex: bool = False) -> int:
     return found[0].pid
 
 
-def test_ps_training_matches_mwms_and_the_evaluator_scores_committed_checkpoints(cluster, tmp_path, no_leaks):
+def test_ps_training_through_a_lost_and_a_preempted_worker_matches_mwms_and_the_evaluator_scores_checkpoints(
+        cluster, tmp_path, no_leaks):
+    """Chief, 2 workers, a ps and an evaluator. SIGKILL to worker 1 in epoch 1, then SIGTERM (what a
+    spot node's shutdown sends) to worker 0 in epoch 2: each is replaced in place, the run goes on,
+    and only the kill counts against max_failures=1 (a counted preemption would end the run). The
+    model it trains meets MultiWorkerMirroredStrategy's on the same steps, and the evaluator, in a
+    process and role of its own, scores committed checkpoints."""
     config = {"epochs": 3, "steps": 200}
-    result = ps_trainer(tmp_path, "ps", config, evaluators=1).fit()
+    counted = {**config, "mark_epochs": [1, 2], "count_rows": 2048, "per_pass": 1024 // 32}
+    trainer = ps_trainer(tmp_path, "ps-replace", counted, evaluators=1, failures=raytf.FailureConfig(max_failures=1))
+    thread, killed = signal_at_marks(tmp_path, "ps-replace", [(1, "worker-1", signal.SIGKILL),
+                                                              (2, "worker-0", signal.SIGTERM)],
+                                     also=("chief-0",))
+    result = trainer.fit()
+    thread.join(timeout=5)
+    assert len(killed["pids"]) == 2, "the workers were not signalled during the run"
+    assert result.attempts == 1  # no group restart
+    assert [(f.task, f.kind) for f in result.failures] == [("worker 1", raytf.FailureKind.DIED),
+                                                           ("worker 0", raytf.FailureKind.PREEMPTED)]
     training = [h for h in result.history if "evaluated_checkpoint" not in h]
     evaluated = [h for h in result.history if "evaluated_checkpoint" in h]
-    assert [h["epoch"] for h in training] == [0, 1, 2] and result.attempts == 1
-    # Every scheduled step ran once: each trained one batch of 32 rows, counted on the ps.
-    assert [h["rows"] for h in training] == [h["scheduled"] * 32 for h in training]
+    assert [h["epoch"] for h in training] == [0, 1, 2]
+    # The chief was never restarted: its process ran train_fn to the end.
+    chief = read(tmp_path, "chief.json")
+    assert chief["pid"] == killed["others"]["chief-0"]
+    # No lost work beyond the steps in flight on the dead worker (at most one), which the coordinator reran.
+    last = training[-1]
+    assert last["scheduled"] * 32 <= last["rows"] <= (last["scheduled"] + 2) * 32
+    # The replacements took the workers' slots (their own actors, the same bundles and task indexes).
+    names = {a.name for a in actors(("class_name", "=", "TrainWorker"))}
+    assert {"raytf:ps-replace:0:worker-1:1", "raytf:ps-replace:0:worker-0:1"} <= names
+    # Each worker was lost once: at most one step of each trained and not committed (the stated bound).
+    assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=2, per_pass=counted["per_pass"], batch=32,
+                                   lost_commits={0: 1, 1: 1})
+
     # The evaluator scored committed checkpoints (always the last), in its own process and role.
     committed = {h["checkpoint"] for h in training}
     assert evaluated and {h["evaluated_checkpoint"] for h in evaluated} <= committed
     assert evaluated[-1]["evaluated_checkpoint"] == training[-1]["checkpoint"]
     assert {h["eval_task"] for h in evaluated} == {"evaluator"}
     assert result.metrics["epoch"] == 2  # result.metrics: the chief's last report, not the evaluator's
-    chief = read(tmp_path, "chief.json")
     assert chief["task_type"] == "chief" and chief["tf_config"]["task"] == {"type": "chief", "index": 0}
     assert {k: len(v) for k, v in chief["tf_config"]["cluster"].items()} == {"chief": 1, "worker": 2, "ps": 1}
     assert chief["variable_devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
@@ -109,36 +135,6 @@ def signal_at_marks(tmp_path, run, signals, also=(), delay_s=0.0):
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread, seen
-
-
-def test_a_lost_worker_is_replaced_in_place_and_a_preempted_one_costs_no_failure(cluster, tmp_path, no_leaks):
-    """SIGKILL to worker 1 in epoch 1, then SIGTERM (what a spot node's shutdown sends) to worker 0 in
-    epoch 2: each is replaced in place, the run goes on, and only the kill counts against
-    max_failures=1 (a counted preemption would end the run)."""
-    config = {"epochs": 4, "steps": 400, "mark_epochs": [1, 2], "count_rows": 2048, "per_pass": 1024 // 32}
-    trainer = ps_trainer(tmp_path, "ps-replace", config, failures=raytf.FailureConfig(max_failures=1))
-    thread, killed = signal_at_marks(tmp_path, "ps-replace", [(1, "worker-1", signal.SIGKILL),
-                                                              (2, "worker-0", signal.SIGTERM)],
-                                     also=("chief-0",))
-    result = trainer.fit()
-    thread.join(timeout=5)
-    assert len(killed["pids"]) == 2, "the workers were not signalled during the run"
-    assert result.attempts == 1  # no group restart
-    assert [(f.task, f.kind) for f in result.failures] == [("worker 1", raytf.FailureKind.DIED),
-                                                           ("worker 0", raytf.FailureKind.PREEMPTED)]
-    training = [h for h in result.history]
-    assert [h["epoch"] for h in training] == [0, 1, 2, 3]
-    # The chief was never restarted: its process ran train_fn to the end.
-    assert read(tmp_path, "chief.json")["pid"] == killed["others"]["chief-0"]
-    # No lost work beyond the steps in flight on the dead worker (at most one), which the coordinator reran.
-    last = training[-1]
-    assert last["scheduled"] * 32 <= last["rows"] <= (last["scheduled"] + 2) * 32
-    # The replacements took the workers' slots (their own actors, the same bundles and task indexes).
-    names = {a.name for a in actors(("class_name", "=", "TrainWorker"))}
-    assert {"raytf:ps-replace:0:worker-1:1", "raytf:ps-replace:0:worker-0:1"} <= names
-    # Each worker was lost once: at most one step of each trained and not committed (the stated bound).
-    assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=2, per_pass=config["per_pass"], batch=32,
-                                   lost_commits={0: 1, 1: 1})
 
 
 def assert_every_row_once_per_pass(accounts, workers, per_pass, batch, passes=2, lost_commits=None):
