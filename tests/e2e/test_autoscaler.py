@@ -119,7 +119,7 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     results = tmp_path / "results"
     job_id = submit_no_wait(
         autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
-        "--rows", "16384", "--epochs", "4", "--name", "autoscaled", "--storage-path", str(results),
+        "--rows", "32768", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
     )
     deadline = time.monotonic() + 300
 
@@ -141,14 +141,14 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     status, logs = wait_for_job(autoscaling_head[:2], job_id, timeout_s=600)
     assert status == "succeeded", logs[-4000:]
     # The README's job printed its result and where its run lives.
-    assert printed(logs)["final_metrics"]["epoch"] == 3 and printed(logs)["path"] == str(results / "autoscaled")
+    assert printed(logs)["final_metrics"]["epoch"] == 5 and printed(logs)["path"] == str(results / "autoscaled")
     assert "starting 2 workers" in logs
     after = [n for n in nodes(address) if n["state"] == "ALIVE"]
     assert not any(n["node_id"] == lost for n in after)
     before = {g["node_id"] for g in gpu_nodes}
     assert any(n["resources_total"].get("GPU") and n["node_id"] not in before for n in after)  # replaced
     history = json.loads((results / "autoscaled" / "history.json").read_text())
-    assert [h["epoch"] for h in history] == list(range(4))
+    assert [h["epoch"] for h in history] == list(range(6))
     resumed = [h for h in history if h["attempt"] == 1]
     assert resumed, "the run did not restart after the node was lost"
     committed_before = max(h["epoch"] for h in history if h["attempt"] == 0)
