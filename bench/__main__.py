@@ -56,7 +56,10 @@ SUITES: dict[str, tuple[Step, ...]] = {
     "cpu-full": (
         W1_SPE1, W1_SPE8,
         Step("keras_paths", "keras_paths.py", ("--repeats", "3")),
-        Step("w2", "w2.py"),
+        # W2's configurations the docs discuss, three runs each, on half of W2's rows (~25 min here).
+        Step("w2", "w2.py", ("--repeats", "3", "--rows", "4096", "--configs", "plain_mwms,raytf,raytf_per_variable,"
+                             "raytf_bfloat16_ef,raytf_float16_ef,raytf_accumulate4,raytf_local_sgd4,"
+                             "raytf_bfloat16_ef_local_sgd4")),
         Step("ps", "ps.py", ("--steps-per-execution", "8")),
         Step("recovery", "recovery.py"),
         Step("startup", "startup.py"),

@@ -1,8 +1,8 @@
 """Benchmark workload W2, communication-bound: W1's data, a model of 20M parameters.
 
-    python bench/w2.py [--configs plain_mwms,raytf,...] [--repeats 1]
+    python bench/w2.py [--configs plain_mwms,raytf,...] [--repeats 1] [--rows 8192]
 
-W2: the first 8,192 rows of W1's data (bench/w1.py), MLP 784-4096-4096-10
+W2: the first 8,192 rows (``--rows``) of W1's data (bench/w1.py), MLP 784-4096-4096-10
 (20,037,642 float32 parameters, 80 MB of gradients per step), Adam 1e-3,
 global batch 64 (32 per worker), 2 epochs, 2 workers with 1 CPU and 1 thread
 each, tf-keras ``model.fit``, every system training on the same rows in the
@@ -35,7 +35,8 @@ sys.path.insert(0, HERE)
 import throughput  # noqa: E402
 import w1  # noqa: E402
 
-ROWS = 8_192
+# --rows, passed on to the plain processes and Ray's workers in the environment (main sets it).
+ROWS = int(os.environ.get("RAYTF_BENCH_W2_ROWS", 8_192))
 HIDDEN = 4096
 WORKER_BATCH = 32
 GLOBAL_BATCH = w1.WORKERS * WORKER_BATCH
@@ -130,9 +131,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(["plain_mwms", *CONFIGS]))
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=ROWS, help="W2's rows: 2 epochs of rows / 64 steps each")
     parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
     args = parser.parse_args()
     configs = args.configs.split(",")
+    if args.rows < 2 * GLOBAL_BATCH:
+        parser.error(f"--rows {args.rows}: at least {2 * GLOBAL_BATCH} (two steps of the global batch)")
+    global ROWS, STEPS_PER_EPOCH
+    os.environ["RAYTF_BENCH_W2_ROWS"] = str(args.rows)  # before Ray starts: its workers inherit it
+    ROWS, STEPS_PER_EPOCH = args.rows, args.rows // GLOBAL_BATCH
     unknown = [c for c in configs if c != "plain_mwms" and c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from plain_mwms, {', '.join(CONFIGS)}")
@@ -157,7 +164,7 @@ def main() -> None:
                 runs[config].append(outcome)
                 print(json.dumps({"config": config, "repeat": repeat, **outcome}), flush=True)
     median = {c: {k: statistics.median(r[k] for r in rs) for k in ("samples_per_s", "loss")} for c, rs in runs.items()}
-    summary = {"parameters": PARAMETERS, "median": {c: {k: round(v, 4) for k, v in m.items()} for c, m in median.items()}}
+    summary = {"parameters": PARAMETERS, "rows": ROWS, "epochs": EPOCHS, "median": {c: {k: round(v, 4) for k, v in m.items()} for c, m in median.items()}}
     for anchor in ("plain_mwms", "raytf"):
         if anchor in median:
             summary[f"vs_{anchor}"] = {
