@@ -128,6 +128,7 @@ def run_plain(workdir: str) -> dict:
 
 
 def main() -> None:
+    global ROWS, STEPS_PER_EPOCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(["plain_mwms", *CONFIGS]))
     parser.add_argument("--repeats", type=int, default=1)
@@ -137,7 +138,6 @@ def main() -> None:
     configs = args.configs.split(",")
     if args.rows < 2 * GLOBAL_BATCH:
         parser.error(f"--rows {args.rows}: at least {2 * GLOBAL_BATCH} (two steps of the global batch)")
-    global ROWS, STEPS_PER_EPOCH
     os.environ["RAYTF_BENCH_W2_ROWS"] = str(args.rows)  # before Ray starts: its workers inherit it
     ROWS, STEPS_PER_EPOCH = args.rows, args.rows // GLOBAL_BATCH
     unknown = [c for c in configs if c != "plain_mwms" and c not in CONFIGS]
