@@ -43,12 +43,52 @@ INGEST_PATHS = {
     "ray_to_tf": "Ray `DataIterator.to_tf`",
 }
 
+# What each configuration of bench/w2.py is, as a table row says it.
+W2_CONFIGS = {
+    "plain_mwms": "plain MultiWorkerMirroredStrategy, float32",
+    "raytf": "raytf, float32 (one fused all-reduce, TensorFlow's default)",
+    "raytf_per_variable": "raytf, `bytes_per_pack=1` (one all-reduce per variable)",
+    "raytf_packs_4mb": "raytf, `bytes_per_pack=4 MiB`",
+    "raytf_bfloat16": "raytf, `gradient_compression=\"bfloat16\"`",
+    "raytf_bfloat16_ef": "raytf, bfloat16 + `error_feedback=True`",
+    "raytf_float16_ef": "raytf, float16 + `error_feedback=True`",
+    "raytf_accumulate4": "raytf, `accumulate_gradients(model, steps=4)`",
+    "raytf_bfloat16_ef_accumulate4": "raytf, bfloat16 + error feedback + `accumulate_gradients(steps=4)`",
+    "raytf_local_sgd2": "raytf, `local_sgd(model, steps=2)`",
+    "raytf_local_sgd4": "raytf, `local_sgd(model, steps=4)`",
+    "raytf_bfloat16_ef_local_sgd4": "raytf, bfloat16 + error feedback + `local_sgd(steps=4)`",
+    "raytf_float16_ef_local_sgd4": "raytf, float16 + error feedback + `local_sgd(steps=4)`",
+}
+
+
+def _w2_config(result: dict):
+    if "config" not in result:
+        return None
+    megabytes = result["allreduce_bytes_per_sample"] / 1e6
+    return f"{W2_CONFIGS.get(result['config'], result['config'])}; {megabytes:.2f} MB all-reduced per sample"
+
+
+def _phases(runs: list[dict]) -> str:
+    """bench/startup.py's runs of one system: each phase's median seconds."""
+    keys = [k for k in runs[0].get("phases", {}) if k not in ("attempt", "total")]
+    return ", ".join(f"{k.replace('_', ' ')} {statistics.median(r['phases'][k] for r in runs):.2f}" for k in keys)
+
+
 # Steps whose runs are grouped by something other than ``system``: (the row a result belongs to, or
 # None for a line that is no run, and the figure a row shows).
 GROUPS = {
     "keras_paths": (_keras_path, "samples_per_s"),
     "ingest": (lambda r: INGEST_PATHS.get(r.get("path", "")), "rows_per_s"),
+    "w2": (_w2_config, "samples_per_s"),
+    "startup": (lambda r: r.get("system"), "to_first_step_s"),
 }
+# What a step's figure is called in its table's header (samples/s where not named here); the steps
+# whose figure is a time (lower is better).
+UNITS = {"to_first_step_s": "seconds to the first step"}
+# A last column some steps add, from the runs of each row.
+DETAILS = {"startup": ("phases, median s", _phases)}
+# Steps whose table starts from an anchor's row, each row's ratio to it (the row's label).
+ANCHORED = {"w2": W2_CONFIGS["plain_mwms"]}
 
 
 def newest_invocation(root: str, record: str, step: str = "") -> list[dict]:
@@ -122,7 +162,11 @@ ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": 
 
 
 # A system's name where a step's table means something narrower by it than W1's throughput does.
-STEP_SYSTEMS = {"recovery": {"raytf": "raytf, cold restart (the default)"}}
+STEP_SYSTEMS = {
+    "recovery": {"raytf": "raytf, cold restart (the default)"},
+    "startup": {"raytf": "raytf `Trainer(...).fit()`",
+                "plain_mwms": "plain MultiWorkerMirroredStrategy, two processes spawned with TF_CONFIG by hand"},
+}
 
 
 def _cell(value, kind: str = "n", names: Optional[dict] = None) -> str:
@@ -180,7 +224,7 @@ def bench_table(root: str, record: str, step: str) -> str:
     if step in COLUMNS:
         return columns_table(lines, record, step)
     label, metric = GROUPS.get(step, (lambda r: r.get("system"), "samples_per_s"))
-    unit = metric.replace("_per_s", "/s")
+    unit = UNITS.get(metric, metric.replace("_per_s", "/s"))
     runs: dict[str, list[dict]] = {}
     for line in lines:
         result = line["result"]
@@ -189,20 +233,26 @@ def bench_table(root: str, record: str, step: str) -> str:
     if not runs:
         raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}")
     median = {system: statistics.median(r[metric] for r in rs) for system, rs in runs.items()}
-    ours = "raytf" if "raytf" in median else next(iter(median))
-    # raytf's row first; each row's ratio is raytf's samples/s over that row's, as the header says.
+    anchor = next((s for s in median if step in ANCHORED and s.startswith(ANCHORED[step] + ";")), None)
+    ours = anchor or ("raytf" if "raytf" in median else next(iter(median)))
+    # raytf's row first, each row's ratio raytf's samples/s over that row's; or, where the step has an
+    # anchor (ANCHORED), the anchor's row first, each row's ratio its samples/s over the anchor's.
     losses = any("loss" in r for rs in runs.values() for r in rs)
-    out = [f"| system | {unit}, median (range) | runs |{' final loss |' if losses else ''} "
-           f"first row's {unit} ÷ this row's |",
-           "| --- | ---: | ---: |" + (" ---: |" if losses else "") + " ---: |"]
+    header = f"this row's {unit} ÷ the first row's" if anchor else f"first row's {unit} ÷ this row's"
+    detail = DETAILS.get(step)
+    out = [f"| system | {unit}, median (range) | runs |{' final loss |' if losses else ''} {header} |"
+           + (f" {detail[0]} |" if detail else ""),
+           "| --- | ---: | ---: |" + (" ---: |" if losses else "") + " ---: |" + (" --- |" if detail else "")]
     for system, rs in sorted(runs.items(), key=lambda kv: kv[0] != ours):
         speeds = [r[metric] for r in rs]
         # A line that is already a median (bench/ingest.py's) says of how many runs; it has no range here.
         spread = _number(median[system]) + (f" ({_number(min(speeds))}-{_number(max(speeds))})" if len(rs) > 1 else "")
         count = sum(r.get("samples", 1) for r in rs)
         loss = statistics.median(r["loss"] for r in rs if "loss" in r) if any("loss" in r for r in rs) else None
-        ratio = "1.00" if system == ours else f"{median[ours] / median[system]:.2f}×"
+        ratio = "1.00" if system == ours else f"{(median[system] / median[ours]) if anchor else (median[ours] / median[system]):.2f}×"
         shown = f" {'' if loss is None else f'{loss:.3f}'} |" if losses else ""
-        out.append(f"| {SYSTEMS.get(system, system)} | {spread} | {count} |{shown} {ratio} |")
+        named = STEP_SYSTEMS.get(step, {}).get(system) or SYSTEMS.get(system, system)
+        out.append(f"| {named} | {spread} | {count} |{shown} {ratio} |"
+                   + (f" {detail[1](rs)} |" if detail else ""))
     out += ["", _source(lines[0], record)]
     return "\n".join(out) + "\n"

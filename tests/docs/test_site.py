@@ -198,12 +198,13 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     assert "test_0`" in slowest and "used 11.1 CPU-minutes" in costly
 
 
-TRACED = ("bench/results/", "<!-- raytf:bench:", '!!! warning "No kept record"')
+TRACED = ("bench/results/", "<!-- raytf:bench:")
 
 
-def test_every_benchmark_table_names_its_record_is_rendered_from_one_or_says_it_has_none():
+def test_every_benchmark_table_names_its_record_or_is_rendered_from_one():
     """A table of figures on a benchmark page sits in a section that names the record of its run
-    (a file in bench/results/), is rendered from one (a raytf:bench marker), or is marked as having none."""
+    (a file in bench/results/) or is rendered from one (a raytf:bench marker): none is typed from a
+    run whose JSON was not kept."""
     untraced = []
     for page in sorted((DOCS / "benchmarks").glob("*.md")):
         for section in re.split(r"^#+ ", page.read_text(), flags=re.M):
@@ -255,6 +256,42 @@ def test_a_benchmark_table_is_the_newest_invocation_of_its_record_with_where_it_
     table = records.bench_table(str(tmp_path), "cpu_quick", "control_plane")
     assert "| 1,024 | 3.4 | 3.38% | 10 | 49, 49 | 1 | 4.6 |" in table and "invocation `later`" in table
     assert "33,000" in records.bench_table(str(tmp_path), "cpu_quick", "w1_spe1")  # still the older invocation's
+
+
+def test_w2s_table_starts_from_plain_mwms_and_the_start_up_table_shows_each_systems_phases(tmp_path, monkeypatch):
+    """W2's rows are configurations, each against the anchor (plain MWMS) and labelled with the bytes
+    it all-reduces per sample; start-up's figure is seconds, with each system's phases, medians."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import records
+
+    environment = {"commit": "abc1234", "date": "2026-11-28T05:00:00+00:00",
+                   "machine": {"system": "Linux", "cpu": "Some CPU", "cores": 2, "memory_gib": 24, "python": "3.11.7"},
+                   "versions": {"tensorflow": "2.21.0"}}
+
+    def line(step, result):
+        return {"invocation": "one", "suite": "cpu-full", "step": step, "command": f"python bench/{step}.py",
+                "environment": environment, "result": result}
+
+    lines = [line("w2", {"config": c, "samples_per_s": v, "loss": 0.5, "allreduce_bytes_per_sample": b})
+             for c, b, speeds in (("raytf_bfloat16_ef", 625_000, (190, 200, 210)), ("plain_mwms", 1_250_000, (90, 100, 110)))
+             for v in speeds]
+    lines.append(line("w2", {"parameters": 20_037_642, "median": {}}))  # the summary: no row
+    lines += [line("startup", {"system": s, "repeat": r, "to_first_step_s": t, "phases": phases})
+              for s, phases in (("plain_mwms", {"import": 2.0, "connect": 0.1}),
+                                ("raytf", {"attempt": 0, "actors": 0.8, "first_report": 0.2}))
+              for r, t in enumerate((3.0, 3.4, 3.2) if s == "raytf" else (2.0, 2.2, 2.4))]
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "cpu_full.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    table = records.bench_table(str(tmp_path), "cpu_full", "w2").splitlines()
+    assert "this row's samples/s ÷ the first row's" in table[0]
+    assert table[2] == "| plain MultiWorkerMirroredStrategy, float32; 1.25 MB all-reduced per sample | 100 (90-110) | 3 | 0.500 | 1.00 |"
+    assert table[3].endswith("; 0.62 MB all-reduced per sample | 200 (190-210) | 3 | 0.500 | 2.00× |")
+    table = records.bench_table(str(tmp_path), "cpu_full", "startup")
+    assert "| seconds to the first step, median (range) |" in table and "phases, median s |" in table
+    assert "| 3.2 (3-3.4) | 3 | 1.00 | actors 0.80, first report 0.20 |" in table
+    assert "| 2.2 (2-2.4) | 3 | 1.45× | import 2.00, connect 0.10 |" in table
 
 
 def test_every_chart_reads_the_records_its_section_names():
