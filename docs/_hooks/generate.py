@@ -31,6 +31,7 @@ MARKERS = {
 }
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
 BENCH = re.compile(r"<!-- raytf:bench:(\w+):(\w+) -->")
+KEPT = re.compile(r"<!-- raytf:kept:(\w+):(\w+) -->")  # a bench's output file kept as printed
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 - MkDocs' hook signature
@@ -38,6 +39,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
         if marker in markdown:
             markdown = markdown.replace(marker, make(ROOT))
     markdown = BENCH.sub(lambda found: records.bench_table(ROOT, found.group(1), found.group(2)), markdown)
+    markdown = KEPT.sub(lambda found: records.kept_table(ROOT, found.group(1), found.group(2)), markdown)
     return ERRORS.sub(lambda found: reference.errors_markdown(ROOT, found.group(1)), markdown)
 
 

@@ -157,12 +157,43 @@ COLUMNS = {
         ("resume_components_s.first_step", "first step", "n"),
     ],
 }
+W3 = [  # bench/w3.py's runs: what each checkpoint cost the training
+    ("system", "system", "n"),
+    ("storage", "storage", "n"),
+    ("blocked_s", "each checkpoint blocks rank 0, s", "n"),
+    ("blocked_mean_s", "their mean, s", "n"),
+    ("steps_per_s", "steps/s with checkpoints", "n"),
+    ("steps_per_s_without", "steps/s without", "n"),
+]
+COLUMNS.update({
+    "w3": W3,
+    "w3_env": W3[:1] + [("worker_env", "worker environment", "n")] + W3[2:],  # runs that differ by it
+    "w3_restores": [  # bench/w3.py --restores: a restart's restore of the checkpoint
+        ("system", "system", "n"),
+        ("storage", "storage", "n"),
+        ("restore_s", "restore, s", "n"),
+        ("steps_per_s", "steps/s after", "n"),
+    ],
+})
 # Which result lines of such a step are rows (the others: another part, the summary).
-ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault")}
+ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
+        **{step: lambda result: "system" in result for step in ("w3", "w3_env", "w3_restores")}}
 
 
 # A system's name where a step's table means something narrower by it than W1's throughput does.
+W3_SYSTEMS = {
+    "raytf_async": 'raytf, `upload="async"` (the default)',
+    "raytf_sync": 'raytf, `upload="sync"`',
+    "ray_train_async": "Ray Train, `checkpoint_upload_mode` ASYNC",
+    "ray_train_sync": "Ray Train, `checkpoint_upload_mode` SYNC",
+    "raytf_memory": "raytf, from its copy in memory (the default)",
+    "raytf_storage": "raytf, from storage (`restore_from_memory=False`)",
+    "ray_train": "Ray Train, `get_checkpoint().as_directory()`",
+    "local": "local directory",
+    "s3": "loopback S3 (moto)",
+}
 STEP_SYSTEMS = {
+    "w3": W3_SYSTEMS, "w3_env": W3_SYSTEMS, "w3_restores": W3_SYSTEMS,
     "recovery": {"raytf": "raytf, cold restart (the default)"},
     "startup": {"raytf": "raytf `Trainer(...).fit()`",
                 "plain_mwms": "plain MultiWorkerMirroredStrategy, two processes spawned with TF_CONFIG by hand"},
@@ -170,6 +201,8 @@ STEP_SYSTEMS = {
 
 
 def _cell(value, kind: str = "n", names: Optional[dict] = None) -> str:
+    if isinstance(value, dict):  # settings: a worker environment
+        return ", ".join(f"`{k}={v}`" for k, v in value.items()) or "raytf's defaults"
     if isinstance(value, str):
         return (names or {}).get(value, SYSTEMS.get(value, value))
     if isinstance(value, list):
@@ -180,6 +213,8 @@ def _cell(value, kind: str = "n", names: Optional[dict] = None) -> str:
 
 
 def _source(first: dict, record: str) -> str:
+    if "kept" in first:
+        return f"`{first['kept']}`, one line per run as the bench printed it (the machine: above)."
     environment = first["environment"]
     machine, versions = environment["machine"], environment["versions"]
     libraries = ", ".join(f"{name} {version}" for name, version in versions.items() if version)
@@ -205,7 +240,8 @@ def columns_table(lines: list[dict], record: str, step: str) -> str:
     if not rows:
         raise ValueError(f"docs: the newest invocation of {record} has no rows of step {step!r}")
     out = ["| " + " | ".join(header for _, header, _ in columns) + " |",
-           "| " + " | ".join("---:" for _ in columns) + " |"]
+           "| " + " | ".join("---" if i == 0 and isinstance(_get(rows[0], key), str) else "---:"
+                             for i, (key, _, _) in enumerate(columns)) + " |"]
     names = STEP_SYSTEMS.get(step)
     out += ["| " + " | ".join(_cell(_get(row, key), kind, names) for key, _, kind in columns) + " |" for row in rows]
     return "\n".join(out + ["", _source(lines[0], record)]) + "\n"
@@ -215,12 +251,30 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def bench_table(root: str, record: str, step: str) -> str:
-    """The table of ``step`` in the newest invocation of ``record``, with where it comes from."""
-    try:
-        lines = newest_invocation(root, record, step)
-    except ValueError:
-        raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}") from None
+def kept_lines(root: str, name: str) -> list[dict]:
+    """The lines of ``bench/results/<name>.jsonl``, a bench's output kept as it printed it (before
+    ``python -m bench`` wrapped each line with its invocation and environment), wrapped as a
+    record's lines are; the page's text says where it ran."""
+    path = os.path.join(root, "bench", "results", f"{name}.jsonl")
+    if not os.path.exists(path):
+        raise ValueError(f"docs: no kept benchmark output {path}")
+    return [{"kept": f"bench/results/{name}.jsonl", "result": json.loads(line)} for line in open(path) if line.strip()]
+
+
+def kept_table(root: str, name: str, step: str) -> str:
+    """``<!-- raytf:kept:<name>:<step> -->``: the table of a kept output file, grouped and shown as
+    ``step``'s runs are (``w1``: by system; ``w2``: by configuration, from the anchor)."""
+    return bench_table(root, name, step, lines=kept_lines(root, name))
+
+
+def bench_table(root: str, record: str, step: str, lines: Optional[list[dict]] = None) -> str:
+    """The table of ``step`` in the newest invocation of ``record`` (or of ``lines``, a kept
+    file's: kept_table), with where it comes from."""
+    if lines is None:
+        try:
+            lines = newest_invocation(root, record, step)
+        except ValueError:
+            raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}") from None
     if step in COLUMNS:
         return columns_table(lines, record, step)
     label, metric = GROUPS.get(step, (lambda r: r.get("system"), "samples_per_s"))

@@ -198,7 +198,7 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     assert "test_0`" in slowest and "used 11.1 CPU-minutes" in costly
 
 
-TRACED = ("bench/results/", "<!-- raytf:bench:")
+TRACED = ("bench/results/", "<!-- raytf:bench:", "<!-- raytf:kept:")
 
 
 def test_every_benchmark_table_names_its_record_or_is_rendered_from_one():
@@ -292,6 +292,30 @@ def test_w2s_table_starts_from_plain_mwms_and_the_start_up_table_shows_each_syst
     assert "| seconds to the first step, median (range) |" in table and "phases, median s |" in table
     assert "| 3.2 (3-3.4) | 3 | 1.00 | actors 0.80, first report 0.20 |" in table
     assert "| 2.2 (2-2.4) | 3 | 1.45× | import 2.00, connect 0.10 |" in table
+
+
+def test_a_kept_output_file_renders_as_its_benches_runs(tmp_path, monkeypatch):
+    """``<!-- raytf:kept:<file>:<step> -->``: a bench's output kept as it printed it (no environment
+    around each line) renders as that step's runs, naming the file; a summary line is no row."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import records
+
+    runs = [{"system": "raytf_async", "storage": "local", "worker_env": {}, "blocked_s": [0.11, 0.9],
+             "blocked_mean_s": 0.505, "steps_per_s": 5.58, "steps_per_s_without": 9.27},
+            {"system": "ray_train_async", "storage": "local", "worker_env": {"TF_ENABLE_ONEDNN_OPTS": "0"},
+             "blocked_s": [1.88, 1.62], "blocked_mean_s": 1.75, "steps_per_s": 4.58, "steps_per_s_without": 9.34},
+            {"summary": "w3", "raytf_async_local_blocked_mean_s": 0.505}]
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "w3_kept.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    table = records.kept_table(str(tmp_path), "w3_kept", "w3_env").splitlines()
+    assert table[2] == '| raytf, `upload="async"` (the default) | raytf\'s defaults | 0.11, 0.9 | 0.505 | 5.58 | 9.27 |'
+    assert table[3].startswith("| Ray Train, `checkpoint_upload_mode` ASYNC | `TF_ENABLE_ONEDNN_OPTS=0` | 1.88, 1.62 |")
+    assert len([line for line in table if line.startswith("| ")]) == 4  # the header, its rule, two runs
+    assert "`bench/results/w3_kept.jsonl`, one line per run as the bench printed it" in table[-1]
+    with pytest.raises(ValueError, match="no kept benchmark output"):
+        records.kept_table(str(tmp_path), "missing", "w3")
 
 
 def test_every_chart_reads_the_records_its_section_names():

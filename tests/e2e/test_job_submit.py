@@ -205,7 +205,8 @@ def test_the_job_server_still_requires_ray_auth_token_and_no_bare_ray_init_finds
 def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head, tmp_path):
     address, env = head[:2]
     results = tmp_path / "results"
-    common = ["--name", "digits", "--storage-path", str(results)]
+    # One worker each time: what is shown is the job's resume by name (two-worker jobs: the tests above).
+    common = ["--name", "digits", "--storage-path", str(results), "--num-workers", "1"]
     first = submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", "500", *common)
     index = results / "digits" / "checkpoints" / "index.json"
     deadline = time.monotonic() + 240

@@ -67,13 +67,14 @@ def test_a_kill_right_after_a_commit_on_s3_resumes_from_that_checkpoint_read_fro
     """upload="sync": report returns once the checkpoint is committed (the default, "async", returns
     once it is in host memory; test_a_kill_during_a_checkpoint_save_... shows what an upload cut
     short by the chief's death leaves). Synchronous uploads of a directory keep no copy in memory,
-    so the restart reads the checkpoint back from S3 (the loopback server)."""
+    so the restart reads the checkpoint back from S3 (the loopback server). One worker: only the
+    chief's report commits, as with two (the test above)."""
     import pyarrow.fs as pafs
 
     result = raytf.Trainer(
         workloads.checkpointed_train,
         config={"epochs": 4, "kill_after": 1},
-        scaling=raytf.ScalingConfig(num_workers=2),
+        scaling=raytf.ScalingConfig(num_workers=1),
         run=raytf.RunConfig(
             name="on-s3", storage_path="raytf-test/runs", storage_filesystem=s3_filesystem, verbose=0,
             failure_config=raytf.FailureConfig(max_failures=1), checkpoint_config=raytf.CheckpointConfig(upload="sync"),
