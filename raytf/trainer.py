@@ -375,7 +375,8 @@ class Trainer:
             )
 
     def _group_text(self) -> str:
-        return f"{self._workers_text()} workers x {self.scaling._bundle()} ({self.scaling.placement})"
+        workers = self._workers_text()
+        return f"{workers} worker{'' if workers == '1' else 's'} x {self.scaling._bundle()} ({self.scaling.placement})"
 
     def _fit_holding(
         self,

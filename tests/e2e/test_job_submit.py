@@ -177,9 +177,11 @@ def submit_together(head, tmp_path, jobs: dict[str, list[str]]) -> dict[str, tup
     return out
 
 
-def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path):
-    """Keras 3 (with two micro-batches a step) and tf-keras, submitted together."""
-    jobs = {name: [script, "--epochs", "2", "--rows", "4096", "--name", "keras",
+def test_submitted_keras_jobs_train(head, tmp_path):
+    """Keras 3 on two workers (with two micro-batches a step) and tf-keras on one, submitted
+    together (both Keras paths on two workers, and more: tests/integration/test_keras.py)."""
+    workers = {"keras3": 2, "tf_keras": 1}
+    jobs = {name: [script, "--epochs", "2", "--rows", "4096", "--name", "keras", "--num-workers", str(workers[name]),
                    "--storage-path", str(tmp_path / name / "results"), *extra]
             for name, script, extra in (("keras3", "train_keras3.py", ["--micro-batches", "2"]),
                                         ("tf_keras", "train_tf_keras.py", []))}
@@ -190,7 +192,7 @@ def test_submitted_keras_jobs_train_on_two_workers(head, tmp_path):
         # ReportCallback checkpointed every epoch; CheckpointConfig(num_to_keep=2) kept both.
         index = json.loads((tmp_path / name / "results" / "keras" / "checkpoints" / "index.json").read_text())
         assert [c["epoch"] for c in index["checkpoints"]] == [0, 1], name
-        assert "starting 2 workers" in logs, name
+        assert f"starting {workers[name]} worker{'s' if workers[name] > 1 else ''} x" in logs, name
 
 
 def test_the_job_server_still_requires_ray_auth_token_and_no_bare_ray_init_finds_the_head(head):

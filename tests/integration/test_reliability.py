@@ -131,7 +131,7 @@ ray.init(address={address!r})  # a namespace of its own, as every plain ray.init
 raytf.Trainer(
     workloads.slow_directory_checkpoints,
     config={{"out_dir": {out!r}, "epochs": 1000, "epoch_s": 0.3, "owner": "first"}},
-    scaling=raytf.ScalingConfig(num_workers=2),
+    scaling=raytf.ScalingConfig(num_workers=1),  # the lease is the driver's: one worker shows it
     run=raytf.RunConfig(name="shared", storage_path={storage!r}, verbose=0),
 ).fit()
 """
@@ -155,7 +155,7 @@ def test_a_second_driver_in_another_namespace_is_refused_until_the_first_is_gone
             return raytf.Trainer(
                 workloads.slow_directory_checkpoints,
                 config={"out_dir": str(tmp_path), "epochs": epochs, "owner": "second"},
-                scaling=raytf.ScalingConfig(num_workers=2),
+                scaling=raytf.ScalingConfig(num_workers=1),
                 run=raytf.RunConfig(name="shared", storage_path=str(storage), verbose=0),
             )
 
