@@ -133,7 +133,7 @@ def test_ctrl_c_stops_every_actor_and_removes_the_placement_group(tmp_path, clus
     threading.Thread(target=press_ctrl_c, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            trainer(workloads.report_until_stopped, tmp_path, "ctrl-c").fit()
+            trainer(workloads.report_until_stopped, tmp_path, "ctrl-c", num_workers=1).fit()
         assert signal.getsignal(signal.SIGINT) is inherited_handler
     finally:
         signal.signal(signal.SIGINT, original)
