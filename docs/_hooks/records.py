@@ -74,6 +74,25 @@ def _phases(runs: list[dict]) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {statistics.median(r['phases'][k] for r in runs):.2f}" for k in keys)
 
 
+# What each path of bench/tfrecord_ingest.py is, as a table row says it.
+FILE_PATHS = {
+    "tf_tfrecord_dataset": "TensorFlow: `TFRecordDataset` + `batch` + `parse_example` + `prefetch`",
+    "tf_tfrecord_parallel": "TensorFlow: the same with `num_parallel_reads` and `num_parallel_calls` AUTOTUNE",
+    "tf_tfrecord_shuffled": "TensorFlow's shuffled recipe: files shuffled, `interleave`, `shuffle(8192)`, then as above",
+    "raytf_tfrecord_files": "`raytf.data.tfrecord_files`, each worker reading its chunks",
+    "raytf_tfrecord_files_shuffled": "`raytf.data.tfrecord_files`, `shuffle=True` (chunks reordered, rows permuted "
+                                     "in windows of 8,192)",
+    "raytf_parquet_files": "`raytf.data.parquet_files`",
+    "raytf_parquet_files_shuffled": "`raytf.data.parquet_files`, `shuffle=True`",
+    "raytf_read_rows_per_s": "`raytf.data.read_tfrecords` (Ray Data): its first read of the files",
+    "raytf_planned_cached": "`raytf.data.read_tfrecords` (Ray Data, materialized), every epoch after the first "
+                            "read, `cache=True`",
+    "raytf_planned_streaming": "the same, `cache=False`",
+    "ray_to_tf": "Ray Data's own `read_tfrecords` + `to_tf` (each Example parsed in Python)",
+    "raytf_count_rows_per_s": "the driver counting the records (once per run, reading headers)",
+}
+
+
 # Steps whose runs are grouped by something other than ``system``: (the row a result belongs to, or
 # None for a line that is no run, and the figure a row shows).
 GROUPS = {
@@ -81,6 +100,7 @@ GROUPS = {
     "ingest": (lambda r: INGEST_PATHS.get(r.get("path", "")), "rows_per_s"),
     "w2": (_w2_config, "samples_per_s"),
     "startup": (lambda r: r.get("system"), "to_first_step_s"),
+    "file_ingest": (lambda r: FILE_PATHS.get(r.get("path", "")), "rows_per_s"),
 }
 # What a step's figure is called in its table's header (samples/s where not named here); the steps
 # whose figure is a time (lower is better).
@@ -88,7 +108,7 @@ UNITS = {"to_first_step_s": "seconds to the first step"}
 # A last column some steps add, from the runs of each row.
 DETAILS = {"startup": ("phases, median s", _phases)}
 # Steps whose table starts from an anchor's row, each row's ratio to it (the row's label).
-ANCHORED = {"w2": W2_CONFIGS["plain_mwms"]}
+ANCHORED = {"w2": W2_CONFIGS["plain_mwms"], "file_ingest": FILE_PATHS["tf_tfrecord_dataset"]}
 
 
 def newest_invocation(root: str, record: str, step: str = "") -> list[dict]:
@@ -166,6 +186,14 @@ W3 = [  # bench/w3.py's runs: what each checkpoint cost the training
     ("steps_per_s_without", "steps/s without", "n"),
 ]
 COLUMNS.update({
+    "large_files": [  # bench/large_files.py: one epoch over files larger than the object store
+        ("reader", "reader", "n"),
+        ("cache", "`get_dataset_shard(cache=...)` (blank: `True`, the default)", "n"),
+        ("rows_trained_last_epoch", "rows trained", "n"),
+        ("dataset_rows", "of", "n"),
+        ("worker_peak_rss_mb", "each worker's peak memory, MB", "n"),
+        ("rows_per_s", "rows/s", "n"),
+    ],
     "w3": W3,
     "w3_env": W3[:1] + [("worker_env", "worker environment", "n")] + W3[2:],  # runs that differ by it
     "w3_restores": [  # bench/w3.py --restores: a restart's restore of the checkpoint
@@ -177,7 +205,8 @@ COLUMNS.update({
 })
 # Which result lines of such a step are rows (the others: another part, the summary).
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
-        **{step: lambda result: "system" in result for step in ("w3", "w3_env", "w3_restores")}}
+        **{step: lambda result: "system" in result for step in ("w3", "w3_env", "w3_restores")},
+        "large_files": lambda result: "reader" in result}
 
 
 # A system's name where a step's table means something narrower by it than W1's throughput does.
@@ -193,6 +222,8 @@ W3_SYSTEMS = {
     "s3": "loopback S3 (moto)",
 }
 STEP_SYSTEMS = {
+    "large_files": {"files": "`raytf.data.tfrecord_files` (each worker reads its chunks)",
+                    "ray-data": "`raytf.data.read_tfrecords` (Ray Data, materialized)"},
     "w3": W3_SYSTEMS, "w3_env": W3_SYSTEMS, "w3_restores": W3_SYSTEMS,
     "recovery": {"raytf": "raytf, cold restart (the default)"},
     "startup": {"raytf": "raytf `Trainer(...).fit()`",
@@ -201,6 +232,8 @@ STEP_SYSTEMS = {
 
 
 def _cell(value, kind: str = "n", names: Optional[dict] = None) -> str:
+    if isinstance(value, bool):  # a setting
+        return f"`{value}`"
     if isinstance(value, dict):  # settings: a worker environment
         return ", ".join(f"`{k}={v}`" for k, v in value.items()) or "raytf's defaults"
     if isinstance(value, str):
@@ -287,7 +320,8 @@ def bench_table(root: str, record: str, step: str, lines: Optional[list[dict]] =
     if not runs:
         raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}")
     median = {system: statistics.median(r[metric] for r in rs) for system, rs in runs.items()}
-    anchor = next((s for s in median if step in ANCHORED and s.startswith(ANCHORED[step] + ";")), None)
+    anchor = next((s for s in median if step in ANCHORED and (s == ANCHORED[step] or s.startswith(ANCHORED[step] + ";"))),
+                  None)
     ours = anchor or ("raytf" if "raytf" in median else next(iter(median)))
     # raytf's row first, each row's ratio raytf's samples/s over that row's; or, where the step has an
     # anchor (ANCHORED), the anchor's row first, each row's ratio its samples/s over the anchor's.
