@@ -186,6 +186,16 @@ W3 = [  # bench/w3.py's runs: what each checkpoint cost the training
     ("steps_per_s_without", "steps/s without", "n"),
 ]
 COLUMNS.update({
+    "ps_faults": [  # bench/ps.py's runs with a worker killed
+        ("system", "a worker killed", "n"),
+        ("first_step_after_kill_s", "training goes on after, s (the other worker)", "n"),
+        ("resume_s", "training goes on after, s (the group restarted)", "n"),
+        ("replaced_s", "the replacement serves after, s", "n"),
+        ("retries", "group restarts", "n"),
+        ("steps_redone", "steps redone", "n"),
+        ("steps", "steps run", "n"),
+        ("scheduled", "steps scheduled", "n"),
+    ],
     "large_files": [  # bench/large_files.py: one epoch over files larger than the object store
         ("reader", "reader", "n"),
         ("cache", "`get_dataset_shard(cache=...)` (blank: `True`, the default)", "n"),
@@ -206,7 +216,7 @@ COLUMNS.update({
 # Which result lines of such a step are rows (the others: another part, the summary).
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
         **{step: lambda result: "system" in result for step in ("w3", "w3_env", "w3_restores")},
-        "large_files": lambda result: "reader" in result}
+        "large_files": lambda result: "reader" in result, "ps_faults": lambda result: bool(result.get("fault"))}
 
 
 # A system's name where a step's table means something narrower by it than W1's throughput does.
@@ -221,7 +231,10 @@ W3_SYSTEMS = {
     "local": "local directory",
     "s3": "loopback S3 (moto)",
 }
+PS_SYSTEMS = {"mwms": "`Trainer` (MWMS, ring all-reduce)", "raytf": "`Trainer` (MWMS, ring all-reduce)",
+              "ps": "`ParameterServerTrainer`"}
 STEP_SYSTEMS = {
+    "ps": PS_SYSTEMS, "ps_faults": PS_SYSTEMS,
     "large_files": {"files": "`raytf.data.tfrecord_files` (each worker reads its chunks)",
                     "ray-data": "`raytf.data.read_tfrecords` (Ray Data, materialized)"},
     "w3": W3_SYSTEMS, "w3_env": W3_SYSTEMS, "w3_restores": W3_SYSTEMS,
@@ -291,7 +304,9 @@ def kept_lines(root: str, name: str) -> list[dict]:
     path = os.path.join(root, "bench", "results", f"{name}.jsonl")
     if not os.path.exists(path):
         raise ValueError(f"docs: no kept benchmark output {path}")
-    return [{"kept": f"bench/results/{name}.jsonl", "result": json.loads(line)} for line in open(path) if line.strip()]
+    # Only the JSON lines: some kept files hold a line Ray printed between the bench's own.
+    return [{"kept": f"bench/results/{name}.jsonl", "result": json.loads(line)} for line in open(path)
+            if line.startswith("{")]
 
 
 def kept_table(root: str, name: str, step: str) -> str:

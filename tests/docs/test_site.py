@@ -296,7 +296,8 @@ def test_w2s_table_starts_from_plain_mwms_and_the_start_up_table_shows_each_syst
 
 def test_a_kept_output_file_renders_as_its_benches_runs(tmp_path, monkeypatch):
     """``<!-- raytf:kept:<file>:<step> -->``: a bench's output kept as it printed it (no environment
-    around each line) renders as that step's runs, naming the file; a summary line is no row."""
+    around each line) renders as that step's runs, naming the file; a summary line is no row, and a
+    line Ray printed into the file is skipped."""
     import json
 
     monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
@@ -308,7 +309,9 @@ def test_a_kept_output_file_renders_as_its_benches_runs(tmp_path, monkeypatch):
              "blocked_s": [1.88, 1.62], "blocked_mean_s": 1.75, "steps_per_s": 4.58, "steps_per_s_without": 9.34},
             {"summary": "w3", "raytf_async_local_blocked_mean_s": 0.505}]
     (tmp_path / "bench" / "results").mkdir(parents=True)
-    (tmp_path / "bench" / "results" / "w3_kept.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    lines = [json.dumps(r) + "\n" for r in runs]
+    lines.insert(1, "(raylet) A worker died or was killed while executing a task\n")  # Ray's, between the bench's
+    (tmp_path / "bench" / "results" / "w3_kept.jsonl").write_text("".join(lines))
     table = records.kept_table(str(tmp_path), "w3_kept", "w3_env").splitlines()
     assert table[2] == '| raytf, `upload="async"` (the default) | raytf\'s defaults | 0.11, 0.9 | 0.505 | 5.58 | 9.27 |'
     assert table[3].startswith("| Ray Train, `checkpoint_upload_mode` ASYNC | `TF_ENABLE_ONEDNN_OPTS=0` | 1.88, 1.62 |")
