@@ -186,6 +186,14 @@ W3 = [  # bench/w3.py's runs: what each checkpoint cost the training
     ("steps_per_s_without", "steps/s without", "n"),
 ]
 COLUMNS.update({
+    "w3_ps": [  # bench/w3_ps.py: the table over parameter servers
+        ("writer", "who writes the servers' parts", "n"),
+        ("num_ps", "parameter servers", "n"),
+        ("every", "a checkpoint every N steps", "n"),
+        ("blocked_s", "each checkpoint blocks the chief, s", "n"),
+        ("commit_s", "each one's commit, s", "n"),
+        ("steps_per_s", "steps/s with checkpoints", "n"),
+    ],
     "ps_faults": [  # bench/ps.py's runs with a worker killed
         ("system", "a worker killed", "n"),
         ("first_step_after_kill_s", "training goes on after, s (the other worker)", "n"),
@@ -216,7 +224,8 @@ COLUMNS.update({
 # Which result lines of such a step are rows (the others: another part, the summary).
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
         **{step: lambda result: "system" in result for step in ("w3", "w3_env", "w3_restores")},
-        "large_files": lambda result: "reader" in result, "ps_faults": lambda result: bool(result.get("fault"))}
+        "large_files": lambda result: "reader" in result, "ps_faults": lambda result: bool(result.get("fault")),
+        "w3_ps": lambda result: "writer" in result}
 
 
 # A system's name where a step's table means something narrower by it than W1's throughput does.
@@ -234,6 +243,7 @@ W3_SYSTEMS = {
 PS_SYSTEMS = {"mwms": "`Trainer` (MWMS, ring all-reduce)", "raytf": "`Trainer` (MWMS, ring all-reduce)",
               "ps": "`ParameterServerTrainer`"}
 STEP_SYSTEMS = {
+    "w3_ps": {"chief": "the chief", "servers": "each server its own"},
     "ps": PS_SYSTEMS, "ps_faults": PS_SYSTEMS,
     "large_files": {"files": "`raytf.data.tfrecord_files` (each worker reads its chunks)",
                     "ray-data": "`raytf.data.read_tfrecords` (Ray Data, materialized)"},
