@@ -24,6 +24,7 @@ from tests.ports import free_ports
 import yaml
 
 from tests.e2e.conftest import activated
+from tests.hidden import hiding
 from tests.e2e.test_job_submit import (
     HEAD_ENV, REPO, dashboard_get, head_temp_dir, job_status, printed, ray_cli, submit_no_wait,
     wait_for_job, wait_for_job_server,
@@ -93,7 +94,7 @@ def autoscaling_head(tmp_path, wheel_python):
          "--num-gpus", "0", "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1",
          "--dashboard-port", str(ports["dashboard"]), "--ray-client-server-port", str(ports["client"]),
          "--dashboard-agent-listen-port", str(ports["agent"]), "--temp-dir", temp_dir],
-        stdout=log, stderr=subprocess.STDOUT, env=activated(env, wheel_python),
+        stdout=log, stderr=subprocess.STDOUT, env=activated(hiding(tmp_path / "hidden", env), wheel_python),
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
     wait_for_job_server(head, address)

@@ -25,6 +25,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.conftest import activated
+from tests.hidden import TEST_ONLY, hiding
 from tests.ports import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,7 +103,10 @@ def head(tmp_path_factory, wheel_python):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=activated({**HEAD_ENV, "RAY_AUTH_MODE": "token"}, wheel_python),
+        # Its processes go without the test-only packages (tests/hidden.py) but scikit-learn and
+        # SciPy, which the digits job loads its data with.
+        env=activated(hiding(tmp_path_factory.mktemp("hidden"), {**HEAD_ENV, "RAY_AUTH_MODE": "token"},
+                             tuple(name for name in TEST_ONLY if name not in ("sklearn", "scipy"))), wheel_python),
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
     try:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.hidden import hiding
 from tests.ports import free_port
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -64,25 +65,12 @@ def cluster(tmp_path_factory):
     c.shutdown()
 
 
-# What the test extras install for other tiers and no integration test's Ray process uses: TensorFlow's
-# import loads each of them where installed (Keras's scikit-learn wrapper, its image gallery's
-# matplotlib, its notebook check's IPython, and SciPy, which only scikit-learn needs here, through
-# TensorFlow's own legacy Keras), together a third of a worker's ``import tensorflow`` on this
-# machine, paid by each of the suite's 250 or so worker processes. A user's cluster without them
-# starts its workers as these do.
-_HIDDEN = ("sklearn", "matplotlib", "mpl_toolkits", "IPython", "scipy")
-
-
 @contextlib.contextmanager
 def _without_test_only_packages(directory):
-    """Ray processes started meanwhile cannot import the packages of ``_HIDDEN`` (the scikit-learn
-    digits job, which needs one, runs on a head of its own)."""
-    for name in _HIDDEN:
-        (directory / name).mkdir()
-        (directory / name / "__init__.py").write_text(
-            f'raise ImportError("{name} is hidden from the test cluster (tests/integration/conftest.py)")\n')
+    """Ray processes started meanwhile cannot import the packages of tests/hidden.py (the
+    scikit-learn digits job, which needs one, runs on an end-to-end head)."""
     before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), before]))
+    os.environ["PYTHONPATH"] = hiding(directory, dict(os.environ))["PYTHONPATH"]
     try:
         yield
     finally:
