@@ -65,9 +65,9 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("startup", "startup.py"),
         Step("ingest", "ingest.py"),
         Step("file_ingest", "tfrecord_ingest.py", ("--files", "16", "--rows", "32768")),
-        Step("large_files", "large_files.py", ("--gib", "4", "--object-store-gib", "2", "--ray-data")),
-        Step("w3_local", "w3.py", ("--gib", "1", "--storages", "local")),
-        Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5")),
+        Step("large_files", "large_files.py", ("--gib", "4", "--object-store-gib", "2", "--ray-data", "--repeats", "3")),
+        Step("w3_local", "w3.py", ("--gib", "1", "--storages", "local", "--repeats", "3")),
+        Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5", "--repeats", "3")),
         Step("standby_cost", "standby_cost.py"),
         Step("poll_cost", "poll_cost.py", ("--fake", "")),  # its simulated part: control_plane's
         Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),

@@ -2,7 +2,7 @@
 than a worker's memory, trained from through ``raytf.data.tfrecord_files``.
 
     python bench/large_files.py [--gib 4] [--object-store-gib 2] [--dim 1024] [--epochs 1]
-                                [--ray-data | --only-ray-data] [--no-cache]
+                                [--ray-data | --only-ray-data] [--no-cache] [--repeats 3]
 
 Writes ``--gib`` GiB of ``tf.train.Example`` files (``x``: ``--dim`` floats, ``y``: a class),
 starts Ray with an object store of ``--object-store-gib`` GiB, and trains a linear classifier on
@@ -13,7 +13,8 @@ each worker's peak memory, the rows trained per epoch against the dataset's, and
 the same for the Ray Data path (``raytf.data.read_tfrecords``, materialized into the object
 store once per run, so Ray spills what does not fit to disk) with ``--ray-data``, its shards
 cached as tensors (the default) or, with ``--no-cache``, gathered from the blocks a few dozen
-batches at a time.
+batches at a time. ``--repeats N`` trains each path N times over the same files, round by round
+(each line says its ``repeat``).
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ def main() -> None:
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="the Ray Data path with get_dataset_shard(cache=False): batches gathered from the blocks")
     parser.add_argument("--data", help="a directory of files written by an earlier run (kept)")
+    parser.add_argument("--repeats", type=int, default=1, help="each path this many times, round by round")
     args = parser.parse_args()
 
     import ray
@@ -162,9 +164,12 @@ def main() -> None:
             "x": tf.io.FixedLenFeature([args.dim], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)})).rows
         ray.init(num_cpus=3, object_store_memory=int(args.object_store_gib * GIB), include_dashboard=False,
                  log_to_driver=False)
-        for reader in ([] if args.only_ray_data else ["files"]) + (["ray-data"] if args.ray_data or args.only_ray_data
-                                                                    else []):
-            print(json.dumps(run(path, reader, args, os.path.join(scratch, "results"), rows, size)), flush=True)
+        readers = ([] if args.only_ray_data else ["files"]) + (["ray-data"] if args.ray_data or args.only_ray_data
+                                                               else [])
+        for repeat in range(args.repeats):
+            for reader in readers:
+                result = run(path, reader, args, os.path.join(scratch, "results", str(repeat)), rows, size)
+                print(json.dumps({**result, "repeat": repeat}), flush=True)
     finally:
         if args.data is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -3,6 +3,7 @@
     python bench/w3.py [--gib 1] [--steps 60] [--every 20] [--storages local,s3]
                        [--systems raytf_async,raytf_sync,ray_train_async,ray_train_sync]
                        [--gpus-per-worker 0.5] [--table variable|keras] [--worker-env NAME=VALUE ...]
+                       [--repeats 3]
 
 W3: one embedding table of ``--gib`` GiB (float32 rows of 1,024) and a 1,024 x 1 head, trained
 on 2 workers under MultiWorkerMirroredStrategy with SGD on random ids (256 per worker per step;
@@ -28,6 +29,8 @@ Prints one JSON line per run and a summary line:
   the last commit.
 
 Ratios in the summary are raytf's over Ray Train's with the same upload mode and storage.
+``--repeats N`` makes every run N times, round by round (each line says its ``repeat``); the
+summary then gives each figure's median over the N runs.
 
 ``--restores`` measures restarts instead: rank 0 of the first attempt exits right after its
 first checkpoint (``--every`` steps in, synchronous upload, so it is committed), and the next
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -238,6 +242,7 @@ def main() -> None:
     parser.add_argument("--table", choices=["variable", "keras"], default="variable",
                         help="the table: a tf.Variable, or tf.keras's Embedding layer (Keras 3; tf-keras with "
                              "--worker-env TF_USE_LEGACY_KERAS=1), checkpointed as the layer")
+    parser.add_argument("--repeats", type=int, default=1, help="every run this many times, round by round")
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every system's workers (raytf: TensorflowConfig.worker_env, which wins over "
                              "raytf's own settings; Ray Train: the runtime env), e.g. TF_ENABLE_ONEDNN_OPTS=0 for "
@@ -269,53 +274,67 @@ def main() -> None:
                     server.terminate()
         return
     try:
-        for storage, (raytf_storage, ray_storage, _) in storages.items():
-            for system in systems:
-                name, _, upload = system.rpartition("_")
-                options = raytf_storage if name == "raytf" else ray_storage
-                row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps, "every": args.every,
-                       "worker_env": WORKER_ENV, "table": args.table}
-                out = os.path.join(local, "timings.json")
-                config = {"gib": args.gib, "steps": args.steps, "out": out, "table": args.table}
-                without = runners[name]({**config, "every": 0}, options, upload)
-                row.update(runners[name]({**config, "every": args.every}, options, upload))
-                row["steps_per_s_without"] = without.get("steps_per_s")
-                if row.get("blocked_s"):
-                    row["blocked_mean_s"] = sum(row["blocked_s"]) / len(row["blocked_s"])
-                print(json.dumps(row), flush=True)
-                results.append(row)
+        for repeat in range(args.repeats):
+            for storage, (raytf_storage, ray_storage, _) in storages.items():
+                for system in systems:
+                    name, _, upload = system.rpartition("_")
+                    options = raytf_storage if name == "raytf" else ray_storage
+                    row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps,
+                           "every": args.every, "worker_env": WORKER_ENV, "table": args.table, "repeat": repeat}
+                    out = os.path.join(local, "timings.json")
+                    config = {"gib": args.gib, "steps": args.steps, "out": out, "table": args.table}
+                    without = runners[name]({**config, "every": 0}, options, upload)
+                    row.update(runners[name]({**config, "every": args.every}, options, upload))
+                    row["steps_per_s_without"] = without.get("steps_per_s")
+                    if row.get("blocked_s"):
+                        row["blocked_mean_s"] = sum(row["blocked_s"]) / len(row["blocked_s"])
+                    print(json.dumps(row), flush=True)
+                    results.append(row)
     finally:
         for _, _, server in storages.values():
             if server is not None:
                 server.terminate()
-    summary = {"summary": "w3", "gib": args.gib}
-    for row in results:
-        if not row["system"].startswith("raytf_"):
-            continue
-        anchor = next((r for r in results if r["storage"] == row["storage"]
-                       and r["system"] == "ray_train_" + row["system"].split("_")[1]), None)
-        key = f"{row['system']}_{row['storage']}"
-        summary[f"{key}_blocked_mean_s"] = row.get("blocked_mean_s")
-        if anchor and anchor.get("blocked_mean_s") and row.get("blocked_mean_s"):
-            summary[f"{key}_blocked_vs_ray_train"] = row["blocked_mean_s"] / anchor["blocked_mean_s"]
-            summary[f"{key}_steps_per_s_vs_ray_train"] = row["steps_per_s"] / anchor["steps_per_s"]
+    summary = {"summary": "w3", "gib": args.gib, "repeats": args.repeats}
+    for storage in storages:
+        for system in systems:
+            if not system.startswith("raytf_"):
+                continue
+            key = f"{system}_{storage}"
+            ours = _median(results, system, storage, "blocked_mean_s")
+            anchor = _median(results, "ray_train_" + system.split("_")[1], storage, "blocked_mean_s")
+            summary[f"{key}_blocked_mean_s"] = ours
+            if ours and anchor:
+                summary[f"{key}_blocked_vs_ray_train"] = ours / anchor
+                summary[f"{key}_steps_per_s_vs_ray_train"] = (
+                    _median(results, system, storage, "steps_per_s")
+                    / _median(results, "ray_train_" + system.split("_")[1], storage, "steps_per_s"))
     print(json.dumps(summary), flush=True)
+
+
+def _median(rows: list[dict], system: str, storage: str, key: str):
+    """The median of ``key`` over the runs of ``system`` on ``storage``; None where none has it."""
+    values = [r[key] for r in rows if r["system"] == system and r["storage"] == storage and r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def restores(args, storages: dict, local: str) -> None:
     """``--restores``: one crash and restart per system and storage; restore_s of the restart."""
-    summary = {"summary": "w3_restores", "gib": args.gib}
-    for storage, (raytf_storage, ray_storage, _) in storages.items():
-        times = {}
-        for system, run in (("raytf_memory", lambda c: run_raytf(c, raytf_storage, "sync", memory=True)),
-                            ("raytf_storage", lambda c: run_raytf(c, raytf_storage, "sync", memory=False)),
-                            ("ray_train", lambda c: run_ray_train(c, ray_storage, "sync"))):
-            config = {"gib": args.gib, "steps": args.steps, "every": args.every, "crash": True,
-                      "out": os.path.join(local, "timings.json")}
-            row = {"system": system, "storage": storage, "gib": args.gib, **run(config)}
-            row.pop("blocked_s", None)
-            print(json.dumps(row), flush=True)
-            times[system] = row.get("restore_s")
+    summary = {"summary": "w3_restores", "gib": args.gib, "repeats": args.repeats}
+    rows = []
+    for repeat in range(args.repeats):
+        for storage, (raytf_storage, ray_storage, _) in storages.items():
+            for system, run in (("raytf_memory", lambda c: run_raytf(c, raytf_storage, "sync", memory=True)),
+                                ("raytf_storage", lambda c: run_raytf(c, raytf_storage, "sync", memory=False)),
+                                ("ray_train", lambda c: run_ray_train(c, ray_storage, "sync"))):
+                config = {"gib": args.gib, "steps": args.steps, "every": args.every, "crash": True,
+                          "out": os.path.join(local, "timings.json")}
+                row = {"system": system, "storage": storage, "gib": args.gib, "repeat": repeat, **run(config)}
+                row.pop("blocked_s", None)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    for storage in storages:
+        times = {system: _median(rows, system, storage, "restore_s")
+                 for system in ("raytf_memory", "raytf_storage", "ray_train")}
         for system in ("raytf_storage", "ray_train"):
             if times.get(system) and times.get("raytf_memory"):
                 summary[f"{system}_over_raytf_memory_{storage}"] = times[system] / times["raytf_memory"]

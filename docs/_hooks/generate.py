@@ -2,7 +2,8 @@
 
 A page holds a marker where generated text goes (``<!-- raytf:errors:ConfigError -->``,
 ``<!-- raytf:cli -->``, ``<!-- raytf:environment -->``, ``<!-- raytf:hooks -->``, and a benchmark
-table from its record, ``<!-- raytf:bench:cpu_quick:w1_spe1 -->``: records.py); the charts are drawn
+table from its record, ``<!-- raytf:bench:cpu_quick:w1_spe1 -->``, and a figure in prose,
+``<!-- raytf:figure:cpu_w3_restores:system=raytf_memory,storage=s3:restore_s -->``: records.py); the charts are drawn
 by ``bench/charts.py`` from the JSON the benches printed (``bench/results/``) and added to the site
 as ``charts/<name>.svg``. Nothing here imports TensorFlow or Ray (the hooks' table reads raytf's
 registry, plain data), so the site builds in seconds.
@@ -32,6 +33,8 @@ MARKERS = {
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
 BENCH = re.compile(r"<!-- raytf:bench:(\w+):(\w+) -->")
 KEPT = re.compile(r"<!-- raytf:kept:(\w+):(\w+) -->")  # a bench's output file kept as printed
+# One figure in prose (records.figure): <!-- raytf:figure:<file>:<where>:<key>[:<format>[:<mode>]] -->
+FIGURE = re.compile(r"<!-- raytf:figure:(\w+):([^:>]*):([\w./]+)(?::([^:>]*))?(?::(\w+))? -->")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 - MkDocs' hook signature
@@ -40,6 +43,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
             markdown = markdown.replace(marker, make(ROOT))
     markdown = BENCH.sub(lambda found: records.bench_table(ROOT, found.group(1), found.group(2)), markdown)
     markdown = KEPT.sub(lambda found: records.kept_table(ROOT, found.group(1), found.group(2)), markdown)
+    markdown = FIGURE.sub(lambda found: records.figure(ROOT, *(g or "" for g in found.groups())), markdown)
     return ERRORS.sub(lambda found: reference.errors_markdown(ROOT, found.group(1)), markdown)
 
 

@@ -213,6 +213,7 @@ COLUMNS.update({
         ("rows_per_s", "rows/s", "n"),
     ],
     "w3": W3,
+    "w3_local": W3,  # python -m bench cpu-full's step
     "w3_env": W3[:1] + [("worker_env", "worker environment", "n")] + W3[2:],  # runs that differ by it
     "w3_restores": [  # bench/w3.py --restores: a restart's restore of the checkpoint
         ("system", "system", "n"),
@@ -223,7 +224,7 @@ COLUMNS.update({
 })
 # Which result lines of such a step are rows (the others: another part, the summary).
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
-        **{step: lambda result: "system" in result for step in ("w3", "w3_env", "w3_restores")},
+        **{step: lambda result: "system" in result for step in ("w3", "w3_local", "w3_env", "w3_restores")},
         "large_files": lambda result: "reader" in result, "ps_faults": lambda result: bool(result.get("fault")),
         "w3_ps": lambda result: "writer" in result}
 
@@ -247,7 +248,7 @@ STEP_SYSTEMS = {
     "ps": PS_SYSTEMS, "ps_faults": PS_SYSTEMS,
     "large_files": {"files": "`raytf.data.tfrecord_files` (each worker reads its chunks)",
                     "ray-data": "`raytf.data.read_tfrecords` (Ray Data, materialized)"},
-    "w3": W3_SYSTEMS, "w3_env": W3_SYSTEMS, "w3_restores": W3_SYSTEMS,
+    "w3": W3_SYSTEMS, "w3_local": W3_SYSTEMS, "w3_env": W3_SYSTEMS, "w3_restores": W3_SYSTEMS,
     "recovery": {"raytf": "raytf, cold restart (the default)"},
     "startup": {"raytf": "raytf `Trainer(...).fit()`",
                 "plain_mwms": "plain MultiWorkerMirroredStrategy, two processes spawned with TF_CONFIG by hand"},
@@ -288,18 +289,48 @@ def _get(result: dict, key: str):
     return result
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _spread(values: list, kind: str, names: Optional[dict]) -> str:
+    """One cell over a row's runs: a number's median and, where the runs differ, its range; a list
+    of numbers (one per checkpoint, per worker) the same, position by position."""
+    if len(values) == 1 or not values:
+        return _cell(values[0] if values else "", kind, names)
+    if all(_is_number(v) for v in values):
+        low, middle, high = (_cell(v, kind) for v in (min(values), statistics.median(values), max(values)))
+        return middle if low == high else f"{middle} ({low}-{high})"
+    if all(isinstance(v, list) and v and all(_is_number(x) for x in v) for v in values) and len(
+            {len(v) for v in values}) == 1:
+        return ", ".join(_spread([v[i] for v in values], kind, names) for i in range(len(values[0])))
+    return _cell(values[0], kind, names)
+
+
 def columns_table(lines: list[dict], record: str, step: str) -> str:
-    """A step whose lines are rows (``COLUMNS``): each result line with a first column, as printed."""
+    """A step whose lines are rows (``COLUMNS``): each result line with a first column, as printed;
+    where a bench ran each row several times (``--repeats``: lines with the same settings in every
+    column that is not a measure), one row of medians with their ranges, and the runs it is of."""
     columns = COLUMNS[step]
     keep = ROWS.get(step, lambda result: True)
     rows = [line["result"] for line in lines if columns[0][0] in line["result"] and keep(line["result"])]
     if not rows:
         raise ValueError(f"docs: the newest invocation of {record} has no rows of step {step!r}")
-    out = ["| " + " | ".join(header for _, header, _ in columns) + " |",
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        settings = [_get(row, key) for key, _, _ in columns]
+        same = json.dumps([v for v in settings if not _is_number(v) and not isinstance(v, list)], sort_keys=True)
+        groups.setdefault(same, []).append(row)
+    repeated = any(len(runs) > 1 for runs in groups.values())
+    measures = [_is_number(_get(rows[0], key)) or isinstance(_get(rows[0], key), list) for key, _, _ in columns]
+    out = ["| " + " | ".join(header + (", median (range)" if repeated and measure else "")
+                             for (_, header, _), measure in zip(columns, measures)) + (" | runs |" if repeated else " |"),
            "| " + " | ".join("---" if i == 0 and isinstance(_get(rows[0], key), str) else "---:"
-                             for i, (key, _, _) in enumerate(columns)) + " |"]
+                             for i, (key, _, _) in enumerate(columns)) + (" | ---: |" if repeated else " |")]
     names = STEP_SYSTEMS.get(step)
-    out += ["| " + " | ".join(_cell(_get(row, key), kind, names) for key, _, kind in columns) + " |" for row in rows]
+    for runs in groups.values():
+        cells = [_spread([_get(run, key) for run in runs], kind, names) for key, _, kind in columns]
+        out.append("| " + " | ".join(cells) + (f" | {len(runs)} |" if repeated else " |"))
     return "\n".join(out + ["", _source(lines[0], record)]) + "\n"
 
 
@@ -369,3 +400,48 @@ def bench_table(root: str, record: str, step: str, lines: Optional[list[dict]] =
                    + (f" {detail[1](rs)} |" if detail else ""))
     out += ["", _source(lines[0], record)]
     return "\n".join(out) + "\n"
+
+
+def _lines(root: str, name: str, step: str) -> list[dict]:
+    """A record's lines (its newest invocation that ran ``step``), or a kept output file's."""
+    path = os.path.join(root, "bench", "results", f"{name}.jsonl")
+    with open(path) as f:
+        first = f.readline()
+    if first.startswith("{") and "invocation" in json.loads(first):
+        return newest_invocation(root, name, step)
+    return kept_lines(root, name)
+
+
+def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str = "") -> str:
+    """``<!-- raytf:figure:<file>:<where>:<key>[:<format>[:<mode>]] -->``: one figure in a page's
+    prose, read off ``bench/results/<file>.jsonl`` when the site is built, never typed.
+
+    ``where``: ``name=value`` pairs, comma-separated, that pick the result lines (``step=`` picks a
+    record's step; blank: every line with ``key``); ``key``: the field (dotted into nested objects,
+    ``.N`` into a list). ``format``: a format spec (``.2f``, ``.0%``, ``,.0f``), else 3 significant
+    figures; ``mode``: the median of the lines picked (the default), ``range`` (their lowest and
+    highest, ``0.06-0.11``), or ``both`` (``0.08 (0.06-0.11)``)."""
+    pairs = dict(pair.split("=", 1) for pair in where.split(",") if pair)
+    step = pairs.pop("step", "")
+    values = []
+    for line in _lines(root, name, step):
+        result = line["result"]
+        if all(str(_get(result, k)) == v for k, v in pairs.items()):
+            value = result
+            for part in key.split("."):
+                value = value[int(part)] if isinstance(value, list) and part.isdigit() else (
+                    value.get(part) if isinstance(value, dict) else None)
+            if _is_number(value):
+                values.append(value)
+    if not values:
+        raise ValueError(f"docs: no line of bench/results/{name}.jsonl where {where or 'any'} has a number {key!r}")
+
+    def show(value: float) -> str:
+        return format(value, spec) if spec else _number(value)
+
+    low, middle, high = show(min(values)), show(statistics.median(values)), show(max(values))
+    if mode == "range":
+        return middle if low == high else f"{low}-{high}"
+    if mode == "both":
+        return middle if low == high else f"{middle} ({low}-{high})"
+    return middle
