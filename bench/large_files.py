@@ -155,7 +155,7 @@ def main() -> None:
             rows = write(path, args.gib, args.dim, args.files)
             print(json.dumps({"written_rows": rows, "write_s": round(time.perf_counter() - start, 1)}), flush=True)
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        from raytf._internal.data.files import plan_files
+        from raytf._internal.data.formats import plan_files
 
         import raytf.data
         import tensorflow as tf

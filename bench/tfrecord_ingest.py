@@ -95,7 +95,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from raytf._internal.data import read_files
-    from raytf._internal.data.files import plan_files
+    from raytf._internal.data.formats import plan_files
 
     parquet_dir = tempfile.mkdtemp()
     for i, path in enumerate(files):
