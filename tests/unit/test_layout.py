@@ -339,3 +339,39 @@ def test_mypy_finds_nothing_in_raytf():
     """The type check pyproject.toml configures ([tool.mypy]) over raytf/: calls, attributes and
     returns against their annotations (it found a renamed attribute a warning still used)."""
     run_tool("mypy", "--no-incremental")
+
+
+def defined_names(tree) -> set:
+    """The names a module binds at its top level: functions, classes, assignments, imports."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):  # TYPE_CHECKING blocks, optional imports
+            names |= defined_names(ast.Module(body=[*node.body, *getattr(node, "orelse", [])], type_ignores=[]))
+    return names
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (PACKAGE.parent / "bench").glob("*.py")))
+def test_every_raytf_name_a_benchmark_imports_exists(script):
+    """The benchmarks reach raytf's internals to time one stage at a time (bench/ingest.py, ...);
+    a module or name moved by a refactor fails here, not an hour into `python -m bench cpu-full`."""
+    missing = []
+    for node in ast.walk(parse(PACKAGE.parent / "bench" / script)):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "raytf"):
+            continue
+        base = PACKAGE.parent.joinpath(*node.module.split("."))
+        module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if not module.exists():
+            missing.append(node.module)
+            continue
+        names = defined_names(parse(module))
+        missing += [f"{node.module}.{alias.name}" for alias in node.names
+                    if alias.name not in names and not (base / f"{alias.name}.py").exists()
+                    and not (base / alias.name).is_dir()]
+    assert not missing, f"bench/{script} imports what raytf no longer has: {missing}"
