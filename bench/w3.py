@@ -44,8 +44,10 @@ the model: raytf from its copy in host memory (``raytf_memory``, the default
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -257,6 +259,7 @@ def main() -> None:
     cluster_env = {**gpu_env, **WORKER_ENV}
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": cluster_env} if cluster_env else None)
     local = tempfile.mkdtemp(prefix="w3-")
+    atexit.register(shutil.rmtree, local, True)  # every run's checkpoints: GiBs each
     storages = {}
     if "local" in args.storages.split(","):
         storages["local"] = ({"storage_path": local}, {"storage_path": local}, None)
