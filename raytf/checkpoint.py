@@ -129,11 +129,21 @@ class Checkpoint:
         return f"Checkpoint(path={self.path!r}, epoch={self.epoch}, step={self.step})"
 
 
+_RESTORE_PREFIX = "raytf-restore-"  # then the process id: a gone process's copies are swept away
+
+
 def _kept_copy(checkpoint: Checkpoint) -> str:
-    """A local copy of a remote checkpoint that lives as long as the process (for deferred restores)."""
+    """A local copy of a remote checkpoint that lives as long as the process (for deferred
+    restores: TensorFlow reads a variable's value when the variable is made). raytf ends a
+    worker by killing it, so no exit hook runs there: each copy is named by its process, and the
+    next copy made on the node removes those whose process is gone (the size of a checkpoint each,
+    in the node's temporary directory)."""
     import atexit
 
-    scratch = tempfile.mkdtemp(prefix="raytf-restore-")
+    from raytf._internal.checkpoint import snapshot
+
+    snapshot.sweep(tempfile.gettempdir(), _RESTORE_PREFIX)
+    scratch = tempfile.mkdtemp(prefix=f"{_RESTORE_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, scratch, True)
     return checkpoint.to_directory(scratch)
 

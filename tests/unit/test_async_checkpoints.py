@@ -252,6 +252,36 @@ def test_snapshots_of_processes_that_died_are_swept_away_and_live_ones_kept(tmp_
         [f"{_snapshot.PREFIX}{os.getpid()}-abc", "unrelated"])
 
 
+def test_a_restores_local_copy_of_a_remote_checkpoint_is_named_by_its_process_and_swept_once_it_is_gone(
+        tmp_path, monkeypatch):
+    """A worker raytf stops is killed, so its exit hook never removes the local copy a restore from
+    storage made (the checkpoint's size, in the node's temporary directory): the next copy on the
+    node removes those of processes that are gone, and keeps live ones'."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from raytf import checkpoint as _checkpoint
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = temp / f"raytf-restore-{int(dead.stdout)}-abc"
+    left.mkdir()
+    (left / "state.data").write_bytes(b"x" * 1024)
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "weights.txt").write_text("w")
+    copy = _checkpoint._kept_copy(raytf.Checkpoint(str(source), pafs.LocalFileSystem()))
+    assert not left.exists()
+    assert os.path.basename(copy).startswith(f"raytf-restore-{os.getpid()}-")
+    with open(os.path.join(copy, "weights.txt")) as f:
+        assert f.read() == "w"
+    _checkpoint._kept_copy(raytf.Checkpoint(str(source), pafs.LocalFileSystem()))
+    assert os.path.exists(copy)  # this process's own copy stays while it lives
+
+
 def test_an_upload_that_storage_lost_part_of_is_found_before_the_commit_and_tried_again(tmp_path, monkeypatch, caplog):
     from raytf._internal.checkpoint import saver as _saver
 

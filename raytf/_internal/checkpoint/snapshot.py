@@ -152,15 +152,16 @@ def ready(directory: str) -> None:
     )
 
 
-def sweep(root: str) -> None:
+def sweep(root: str, prefix: str = PREFIX) -> None:
     """Remove the snapshots in ``root`` of worker processes that died with a checkpoint in flight
-    (a crash leaves them behind, holding memory until the node reboots)."""
+    (a crash leaves them behind, holding memory until the node reboots); with ``prefix``, any
+    directory named ``<prefix><pid>-...`` whose process is gone."""
     try:
-        names = [n for n in os.listdir(root) if n.startswith(PREFIX)]
+        names = [n for n in os.listdir(root) if n.startswith(prefix)]
     except OSError:
         return
     for name in names:
-        pid = name[len(PREFIX) :].partition("-")[0]
+        pid = name[len(prefix) :].partition("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
