@@ -168,7 +168,10 @@ def _ray_train_train(config):
     mode = CheckpointUploadMode[config["upload"].upper()]
 
     def save(step, loss, trackables):
-        directory = tempfile.mkdtemp()
+        # Under the bench's own scratch directory, which it removes (Ray Train keeps rank 1's
+        # unreported copies, a GiB each, in the system's temporary directory otherwise).
+        os.makedirs(config["scratch"], exist_ok=True)
+        directory = tempfile.mkdtemp(dir=config["scratch"])
         tf.train.Checkpoint(**trackables).write(os.path.join(directory, "state"))  # every rank
         checkpoint = train.Checkpoint.from_directory(directory) if rank == 0 else None
         train.report({"step": step, "loss": loss}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
@@ -188,8 +191,9 @@ def run_ray_train(config: dict, storage: dict, upload: str, memory: bool = False
     from ray.train.tensorflow import TensorflowTrainer
 
     start = time.perf_counter()
+    scratch = os.path.join(os.path.dirname(config["out"]), f"ray-train-local-{time.time_ns()}")
     result = TensorflowTrainer(
-        _ray_train_train, train_loop_config={**config, "upload": upload},
+        _ray_train_train, train_loop_config={**config, "upload": upload, "scratch": scratch},
         scaling_config=ScalingConfig(num_workers=2, use_gpu=w1.GPUS_PER_WORKER > 0,
                                      resources_per_worker={"GPU": w1.GPUS_PER_WORKER} if w1.GPUS_PER_WORKER else None),
         run_config=RunConfig(name=f"w3-ray-train-{upload}-{config['every']}-{time.time_ns()}",
@@ -197,6 +201,7 @@ def run_ray_train(config: dict, storage: dict, upload: str, memory: bool = False
                              failure_config=FailureConfig(max_failures=1), **storage),
     ).fit()
     fit = time.perf_counter() - start
+    shutil.rmtree(scratch, ignore_errors=True)
     if result.error is not None:
         return {"failed": repr(result.error)[:300], "fit_s": fit}
     return {**_timings(config), "fit_s": fit}

@@ -140,9 +140,9 @@ def _kept_copy(checkpoint: Checkpoint) -> str:
     in the node's temporary directory)."""
     import atexit
 
-    from raytf._internal.checkpoint import snapshot
+    from raytf._internal.checkpoint.files import sweep_dead
 
-    snapshot.sweep(tempfile.gettempdir(), _RESTORE_PREFIX)
+    sweep_dead(tempfile.gettempdir(), _RESTORE_PREFIX)
     scratch = tempfile.mkdtemp(prefix=f"{_RESTORE_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, scratch, True)
     return checkpoint.to_directory(scratch)

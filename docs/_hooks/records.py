@@ -211,6 +211,7 @@ COLUMNS.update({
         ("dataset_rows", "of", "n"),
         ("worker_peak_rss_mb", "each worker's peak memory, MB", "n"),
         ("rows_per_s", "rows/s", "n"),
+        ("fit_wall_s", "`fit()` wall, s (the Ray Data path's includes reading the files into the object store)", "n"),
     ],
     "w3": W3,
     "w3_local": W3,  # python -m bench cpu-full's step
@@ -256,6 +257,8 @@ STEP_SYSTEMS = {
 
 
 def _cell(value, kind: str = "n", names: Optional[dict] = None) -> str:
+    if value is None:  # a setting that does not apply to the row
+        return ""
     if isinstance(value, bool):  # a setting
         return f"`{value}`"
     if isinstance(value, dict):  # settings: a worker environment
@@ -309,18 +312,20 @@ def _spread(values: list, kind: str, names: Optional[dict]) -> str:
 
 def columns_table(lines: list[dict], record: str, step: str) -> str:
     """A step whose lines are rows (``COLUMNS``): each result line with a first column, as printed;
-    where a bench ran each row several times (``--repeats``: lines with the same settings in every
-    column that is not a measure), one row of medians with their ranges, and the runs it is of."""
+    where a bench ran each row several times (``--repeats``: lines that say their ``repeat``, with
+    the same settings in every column that is not a measure), one row of medians with their
+    ranges, and the runs it is of."""
     columns = COLUMNS[step]
     keep = ROWS.get(step, lambda result: True)
     rows = [line["result"] for line in lines if columns[0][0] in line["result"] and keep(line["result"])]
     if not rows:
         raise ValueError(f"docs: the newest invocation of {record} has no rows of step {step!r}")
     groups: dict[str, list[dict]] = {}
-    for row in rows:
+    for i, row in enumerate(rows):
         settings = [_get(row, key) for key, _, _ in columns]
+        # A run the bench made again (its line says which ``repeat``) joins the row of its settings.
         same = json.dumps([v for v in settings if not _is_number(v) and not isinstance(v, list)], sort_keys=True)
-        groups.setdefault(same, []).append(row)
+        groups.setdefault(same if "repeat" in row else f"line {i}", []).append(row)
     repeated = any(len(runs) > 1 for runs in groups.values())
     measures = [_is_number(_get(rows[0], key)) or isinstance(_get(rows[0], key), list) for key, _, _ in columns]
     out = ["| " + " | ".join(header + (", median (range)" if repeated and measure else "")
@@ -418,21 +423,34 @@ def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str
 
     ``where``: ``name=value`` pairs, comma-separated, that pick the result lines (``step=`` picks a
     record's step; blank: every line with ``key``); ``key``: the field (dotted into nested objects,
-    ``.N`` into a list). ``format``: a format spec (``.2f``, ``.0%``, ``,.0f``), else 3 significant
+    ``.N`` into a list, ``.*`` every number of a list), or ``a|b``, each line's ``a`` over its
+    ``b``; ``name~=text`` picks lines whose field contains the text. ``format``: a format spec (``.2f``, ``.0%``, ``,.0f``), else 3 significant
     figures; ``mode``: the median of the lines picked (the default), ``range`` (their lowest and
     highest, ``0.06-0.11``), or ``both`` (``0.08 (0.06-0.11)``)."""
     pairs = dict(pair.split("=", 1) for pair in where.split(",") if pair)
     step = pairs.pop("step", "")
+    # "name~=text": the field contains the text (a measure's label: bench/gpu_host_path.py's lines).
+    contains = {name[:-1]: pairs.pop(name) for name in list(pairs) if name.endswith("~")}
+    def read(result: dict, path: str):
+        value = result
+        for part in path.split("."):
+            value = value[int(part)] if isinstance(value, list) and part.isdigit() else (
+                value if isinstance(value, list) and part == "*" else (
+                    value.get(part) if isinstance(value, dict) else None))
+        return value
+
     values = []
     for line in _lines(root, name, step):
         result = line["result"]
-        if all(str(_get(result, k)) == v for k, v in pairs.items()):
-            value = result
-            for part in key.split("."):
-                value = value[int(part)] if isinstance(value, list) and part.isdigit() else (
-                    value.get(part) if isinstance(value, dict) else None)
-            if _is_number(value):
-                values.append(value)
+        if all(str(_get(result, k)) == v for k, v in pairs.items()) and all(
+                text in str(_get(result, k)) for k, text in contains.items()):
+            if key.endswith(".*"):  # every number of a list: each run a bench made in one line
+                values += [v for v in read(result, key[:-2]) or [] if _is_number(v)]
+                continue
+            # "a|b": the line's a over its b (a run's speed with checkpoints over its speed without).
+            parts = [read(result, path) for path in key.split("|")]
+            if all(_is_number(p) for p in parts) and all(parts[1:]):
+                values.append(parts[0] / parts[1] if len(parts) == 2 else parts[0])
     if not values:
         raise ValueError(f"docs: no line of bench/results/{name}.jsonl where {where or 'any'} has a number {key!r}")
 

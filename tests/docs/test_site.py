@@ -125,22 +125,56 @@ def test_every_example_the_docs_quote_is_run_by_a_test():
         assert f'example("{example.stem}")' in runner, f"docs/examples/{example.name} is not run"
 
 
-def test_the_readmes_cpu_figures_are_the_newest_cpu_quick_invocations():
-    """The README cannot render a record at build time as the site does: its CPU W1 figures name
-    `cpu_quick.jsonl`, and this test holds them to that record's newest invocation (a new
-    `python -m bench cpu-quick` fails it until the README says what the new run measured)."""
-    import json
+# A benchmark result typed in prose: a decimal with a unit or a ratio's x, or a rate of rows or samples.
+TYPED_FIGURE = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?:-\d[\d,]*\.\d+)? ?(?:x\b|×| s\b| GiB\b| MiB\b)|\d[\d,]{3,} (?:rows|samples)/s")
 
-    lines = [json.loads(line) for line in (ROOT / "bench" / "results" / "cpu_quick.jsonl").read_text().splitlines()]
-    newest = lines[-1]["invocation"]
-    ratios = {line["step"]: line["result"]["ratios"] for line in lines
-              if line["invocation"] == newest and "ratios" in line["result"]}
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    [said] = [part for part in readme.split("- **") if "`cpu_quick.jsonl`" in part]
-    for figure in (ratios["w1_spe8"]["raytf/ray_train"], ratios["w1_spe8"]["raytf_keras3/ray_train"],
-                   ratios["w1_spe1"]["raytf/ray_train"], ratios["w1_spe8"]["raytf/plain_mwms"],
-                   ratios["w1_spe1"]["raytf/plain_mwms"], ratios["w1_spe8"]["raytf_keras3/plain_mwms"]):
-        assert f"{figure:.2f}x" in said, (figure, said)
+
+# How a figure reads before its marker: a median and its range, a range, or one value.
+FIGURE_TYPED = r"(\d[\d,.]* \(\d[\d,.]*-\d[\d,.]*\)|\d[\d,.]*-\d[\d,.]*|\d[\d,.]*)"
+
+
+def readme_figures(readme: str):
+    """(the figure typed before each raytf:figure marker, what the marker's record gives) in the README."""
+    sys.path.insert(0, str(DOCS / "_hooks"))
+    try:
+        import generate
+        import records
+    finally:
+        sys.path.remove(str(DOCS / "_hooks"))
+    for found in generate.FIGURE.finditer(readme):
+        typed = re.search(FIGURE_TYPED + r"(?:x|×)?$", readme[:found.start()])
+        yield (typed.group(1) if typed else ""), records.figure(str(ROOT), *(g or "" for g in found.groups()))
+
+
+def test_every_figure_in_the_readme_is_what_its_record_says():
+    """The README cannot be rendered at build time as the site is: each benchmark figure in it is
+    typed with a ``<!-- raytf:figure:... -->`` marker right after it, naming the record and the
+    value (docs/_hooks/records.py: figure), and this test holds the figure to that record (a new
+    run fails it until the README says what the run measured). A figure with no marker fails it."""
+    readme = (ROOT / "README.md").read_text()
+    checked = list(readme_figures(readme))
+    assert len(checked) >= 8, checked
+    assert all(typed == expected for typed, expected in checked), [c for c in checked if c[0] != c[1]]
+    unmarked = unmarked_figures(readme)
+    assert not unmarked, f"README figures with no raytf:figure marker naming their record: {unmarked}"
+
+
+def unmarked_figures(text: str) -> list[str]:
+    """The typed benchmark figures of ``text`` that no raytf:figure marker follows (code blocks and
+    tables aside: a table on a page is rendered from a record, test_every_benchmark_table_...)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(FIGURE_TYPED + r"(?:x|×)?<!-- raytf:figure:[^>]*-->", "", text)
+    return [m.group(0) for line in text.splitlines() if not line.lstrip().startswith("|")
+            for m in TYPED_FIGURE.finditer(line)]
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if p.name != "changelog.md"], ids=lambda p: str(p.relative_to(DOCS)))
+def test_no_page_types_a_benchmark_figure(page):
+    """A page's benchmark figures are rendered from records (a table's ``raytf:bench`` or
+    ``raytf:kept`` marker, a sentence's ``raytf:figure``), never typed, so that none outlives the
+    run it came from. A program's output quoted in code is not a figure; the changelog (not
+    checked) says what each release changed in the words of its day."""
+    assert not unmarked_figures(re.sub(r"`[^`]+`", "", page.read_text())), page
 
 
 def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_into_the_site():
@@ -319,6 +353,42 @@ def test_a_kept_output_file_renders_as_its_benches_runs(tmp_path, monkeypatch):
     assert "`bench/results/w3_kept.jsonl`, one line per run as the bench printed it" in table[-1]
     with pytest.raises(ValueError, match="no kept benchmark output"):
         records.kept_table(str(tmp_path), "missing", "w3")
+
+
+def test_a_figure_in_prose_is_read_off_its_record_when_the_site_is_built(tmp_path, monkeypatch):
+    """``<!-- raytf:figure:<file>:<where>:<key>[:<format>[:<mode>]] -->`` renders one figure of a
+    record's newest invocation (or of a kept file): the lines ``where`` picks, their median, range
+    or both; a list's runs (``.*``); a ratio of two fields (``a|b``); a missing one fails the build."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import generate
+    import records
+
+    def line(invocation, result):
+        return {"invocation": invocation, "suite": "cpu-full", "step": "w3_local", "command": "python bench/w3.py",
+                "environment": {}, "result": result}
+
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    record = [line("old", {"system": "raytf_async", "blocked_s": [9.0]})]
+    record += [line("new", {"system": "raytf_async", "blocked_s": [b, 0.9], "steps_per_s": 6.0, "steps_per_s_without": 8.0})
+               for b in (0.07, 0.11, 0.06)]
+    record.append(line("new", {"system": "ray_train_async", "blocked_s": [1.8, 1.9]}))
+    (results / "cpu_full.jsonl").write_text("".join(json.dumps(x) + "\n" for x in record))
+    (results / "kept.jsonl").write_text(json.dumps({"measure": "copy, fresh buffer (pause)", "seconds": [0.8, 0.7]}) + "\n")
+
+    def render(marker):
+        return generate.FIGURE.sub(lambda f: records.figure(str(tmp_path), *(g or "" for g in f.groups())), marker)
+
+    pick = "cpu_full:step=w3_local,system=raytf_async"
+    assert render(f"<!-- raytf:figure:{pick}:blocked_s.0:.2f -->") == "0.07"
+    assert render(f"<!-- raytf:figure:{pick}:blocked_s.0:.2f:range -->") == "0.06-0.11"
+    assert render(f"<!-- raytf:figure:{pick}:blocked_s.0:.2f:both -->") == "0.07 (0.06-0.11)"
+    assert render(f"<!-- raytf:figure:{pick}:steps_per_s|steps_per_s_without:.2f -->") == "0.75"
+    assert render("<!-- raytf:figure:kept:measure~=fresh buffer:seconds.*:.1f:range --> s") == "0.7-0.8 s"
+    with pytest.raises(ValueError, match="no line"):
+        render(f"<!-- raytf:figure:{pick}:restore_s -->")
 
 
 def test_every_chart_reads_the_records_its_section_names():

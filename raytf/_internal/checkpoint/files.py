@@ -237,3 +237,28 @@ def seq_of_name(name: Any) -> Optional[int]:
     """The number in a checkpoint's name, or None for a name that is not one of raytf's."""
     match = _NAME.fullmatch(name) if isinstance(name, str) else None
     return int(match.group(1)) if match else None
+
+
+def sweep_dead(root: str, prefix: str) -> None:
+    """Remove each directory in ``root`` named ``<prefix><pid>-...`` whose process is gone: what a
+    worker that was killed (raytf ends the workers it stops that way) left behind."""
+    import shutil
+
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import pyarrow.fs as pafs
 
 from raytf._internal.checkpoint import state as _state
-from raytf._internal.checkpoint.files import check_links
+from raytf._internal.checkpoint.files import check_links, sweep_dead
 from raytf._internal.storage import copy_files
 from raytf.errors import CheckpointError
 
@@ -152,28 +152,10 @@ def ready(directory: str) -> None:
     )
 
 
-def sweep(root: str, prefix: str = PREFIX) -> None:
+def sweep(root: str) -> None:
     """Remove the snapshots in ``root`` of worker processes that died with a checkpoint in flight
-    (a crash leaves them behind, holding memory until the node reboots); with ``prefix``, any
-    directory named ``<prefix><pid>-...`` whose process is gone."""
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(prefix)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(prefix) :].partition("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    (a crash leaves them behind, holding memory until the node reboots)."""
+    sweep_dead(root, PREFIX)
 
 
 def _copy_directory(checkpoint: Any, directory: str) -> None:
