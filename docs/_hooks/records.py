@@ -284,12 +284,23 @@ def _source(first: dict, record: str) -> str:
 
 
 def _get(result: dict, key: str):
-    """``result[key]``, a dotted key reaching into nested objects; "" where it is missing."""
+    """``result[key]``, a dotted key reaching into nested objects (``.N`` into a list); "" where it
+    is missing."""
+    value: object = result
     for part in key.split("."):
-        if not isinstance(result, dict) or part not in result:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
             return ""
-        result = result[part]
-    return result
+    return value
+
+
+def _median_and_range(values: list, show) -> str:
+    """``values``' median shown, and their range where what is shown of them differs."""
+    low, middle, high = (show(v) for v in (min(values), statistics.median(values), max(values)))
+    return middle if low == high else f"{middle} ({low}-{high})"
 
 
 def _is_number(value) -> bool:
@@ -302,8 +313,7 @@ def _spread(values: list, kind: str, names: Optional[dict]) -> str:
     if len(values) == 1 or not values:
         return _cell(values[0] if values else "", kind, names)
     if all(_is_number(v) for v in values):
-        low, middle, high = (_cell(v, kind) for v in (min(values), statistics.median(values), max(values)))
-        return middle if low == high else f"{middle} ({low}-{high})"
+        return _median_and_range(values, lambda v: _cell(v, kind))
     if all(isinstance(v, list) and v and all(_is_number(x) for x in v) for v in values) and len(
             {len(v) for v in values}) == 1:
         return ", ".join(_spread([v[i] for v in values], kind, names) for i in range(len(values[0])))
@@ -431,24 +441,17 @@ def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str
     step = pairs.pop("step", "")
     # "name~=text": the field contains the text (a measure's label: bench/gpu_host_path.py's lines).
     contains = {name[:-1]: pairs.pop(name) for name in list(pairs) if name.endswith("~")}
-    def read(result: dict, path: str):
-        value = result
-        for part in path.split("."):
-            value = value[int(part)] if isinstance(value, list) and part.isdigit() else (
-                value if isinstance(value, list) and part == "*" else (
-                    value.get(part) if isinstance(value, dict) else None))
-        return value
-
     values = []
     for line in _lines(root, name, step):
         result = line["result"]
         if all(str(_get(result, k)) == v for k, v in pairs.items()) and all(
                 text in str(_get(result, k)) for k, text in contains.items()):
             if key.endswith(".*"):  # every number of a list: each run a bench made in one line
-                values += [v for v in read(result, key[:-2]) or [] if _is_number(v)]
+                listed = _get(result, key[:-2])
+                values += [v for v in listed if _is_number(v)] if isinstance(listed, list) else []
                 continue
             # "a|b": the line's a over its b (a run's speed with checkpoints over its speed without).
-            parts = [read(result, path) for path in key.split("|")]
+            parts = [_get(result, path) for path in key.split("|")]
             if all(_is_number(p) for p in parts) and all(parts[1:]):
                 values.append(parts[0] / parts[1] if len(parts) == 2 else parts[0])
     if not values:
@@ -457,9 +460,9 @@ def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str
     def show(value: float) -> str:
         return format(value, spec) if spec else _number(value)
 
-    low, middle, high = show(min(values)), show(statistics.median(values)), show(max(values))
     if mode == "range":
-        return middle if low == high else f"{low}-{high}"
+        low, high = show(min(values)), show(max(values))
+        return low if low == high else f"{low}-{high}"
     if mode == "both":
-        return middle if low == high else f"{middle} ({low}-{high})"
-    return middle
+        return _median_and_range(values, show)
+    return show(statistics.median(values))
