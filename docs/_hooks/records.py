@@ -297,6 +297,19 @@ def _get(result: dict, key: str):
     return value
 
 
+def _round_ratios(results: list, key: str) -> list:
+    """``field@by=a/b`` over ``results``: per round (the ``repeat`` a bench gives each run of a
+    system, round by round), ``a``'s ``field`` over ``b``'s."""
+    field, _, pair = key.partition("@")
+    by, _, systems = pair.partition("=")
+    a, _, b = systems.partition("/")
+    rounds: dict = {}
+    for result in results:
+        if _is_number(result.get("repeat")) and _is_number(_get(result, field)):
+            rounds.setdefault(result["repeat"], {})[str(_get(result, by))] = _get(result, field)
+    return [r[a] / r[b] for _, r in sorted(rounds.items()) if a in r and b in r and r[b]]
+
+
 def _median_and_range(values: list, show) -> str:
     """``values``' median shown, and their range where what is shown of them differs."""
     low, middle, high = (show(v) for v in (min(values), statistics.median(values), max(values)))
@@ -434,26 +447,28 @@ def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str
     ``where``: ``name=value`` pairs, comma-separated, that pick the result lines (``step=`` picks a
     record's step; blank: every line with ``key``); ``key``: the field (dotted into nested objects,
     ``.N`` into a list, ``.*`` every number of a list), or ``a|b``, each line's ``a`` over its
-    ``b``; ``name~=text`` picks lines whose field contains the text. ``format``: a format spec (``.2f``, ``.0%``, ``,.0f``), else 3 significant
+    ``b``, or ``field@by=a/b``, round by round (the lines of one ``repeat``), the ``field`` of the
+    line whose ``by`` is ``a`` over that of the line whose ``by`` is ``b`` (two systems of one
+    invocation, each ratio from runs made minutes apart); ``name~=text`` picks lines whose field contains the text. ``format``: a format spec (``.2f``, ``.0%``, ``,.0f``), else 3 significant
     figures; ``mode``: the median of the lines picked (the default), ``range`` (their lowest and
     highest, ``0.06-0.11``), or ``both`` (``0.08 (0.06-0.11)``)."""
     pairs = dict(pair.split("=", 1) for pair in where.split(",") if pair)
     step = pairs.pop("step", "")
     # "name~=text": the field contains the text (a measure's label: bench/gpu_host_path.py's lines).
     contains = {name[:-1]: pairs.pop(name) for name in list(pairs) if name.endswith("~")}
-    values = []
-    for line in _lines(root, name, step):
-        result = line["result"]
-        if all(str(_get(result, k)) == v for k, v in pairs.items()) and all(
-                text in str(_get(result, k)) for k, text in contains.items()):
-            if key.endswith(".*"):  # every number of a list: each run a bench made in one line
-                listed = _get(result, key[:-2])
-                values += [v for v in listed if _is_number(v)] if isinstance(listed, list) else []
-                continue
-            # "a|b": the line's a over its b (a run's speed with checkpoints over its speed without).
-            parts = [_get(result, path) for path in key.split("|")]
-            if all(_is_number(p) for p in parts) and all(parts[1:]):
-                values.append(parts[0] / parts[1] if len(parts) == 2 else parts[0])
+    picked = [line["result"] for line in _lines(root, name, step)
+              if all(str(_get(line["result"], k)) == v for k, v in pairs.items())
+              and all(text in str(_get(line["result"], k)) for k, text in contains.items())]
+    values = _round_ratios(picked, key) if "@" in key else []
+    for result in picked if "@" not in key else []:
+        if key.endswith(".*"):  # every number of a list: each run a bench made in one line
+            listed = _get(result, key[:-2])
+            values += [v for v in listed if _is_number(v)] if isinstance(listed, list) else []
+            continue
+        # "a|b": the line's a over its b (a run's speed with checkpoints over its speed without).
+        parts = [_get(result, path) for path in key.split("|")]
+        if all(_is_number(p) for p in parts) and all(parts[1:]):
+            values.append(parts[0] / parts[1] if len(parts) == 2 else parts[0])
     if not values:
         raise ValueError(f"docs: no line of bench/results/{name}.jsonl where {where or 'any'} has a number {key!r}")
 

@@ -358,7 +358,8 @@ def test_a_kept_output_file_renders_as_its_benches_runs(tmp_path, monkeypatch):
 def test_a_figure_in_prose_is_read_off_its_record_when_the_site_is_built(tmp_path, monkeypatch):
     """``<!-- raytf:figure:<file>:<where>:<key>[:<format>[:<mode>]] -->`` renders one figure of a
     record's newest invocation (or of a kept file): the lines ``where`` picks, their median, range
-    or both; a list's runs (``.*``); a ratio of two fields (``a|b``); a missing one fails the build."""
+    or both; a list's runs (``.*``); a ratio of two fields (``a|b``); two systems' ratio round by
+    round (``field@by=a/b``); a missing one fails the build."""
     import json
 
     monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
@@ -375,6 +376,9 @@ def test_a_figure_in_prose_is_read_off_its_record_when_the_site_is_built(tmp_pat
     record += [line("new", {"system": "raytf_async", "blocked_s": [b, 0.9], "steps_per_s": 6.0, "steps_per_s_without": 8.0})
                for b in (0.07, 0.11, 0.06)]
     record.append(line("new", {"system": "ray_train_async", "blocked_s": [1.8, 1.9]}))
+    # Two systems run round by round, as bench/throughput.py runs them: per round 1.2, 1.5 and 1.25.
+    record += [line("new", {"system": system, "repeat": r, "samples_per_s": speed})
+               for r, pair in enumerate(((120, 100), (300, 200), (250, 200))) for system, speed in zip(("a", "b"), pair)]
     (results / "cpu_full.jsonl").write_text("".join(json.dumps(x) + "\n" for x in record))
     (results / "kept.jsonl").write_text(json.dumps({"measure": "copy, fresh buffer (pause)", "seconds": [0.8, 0.7]}) + "\n")
 
@@ -387,6 +391,9 @@ def test_a_figure_in_prose_is_read_off_its_record_when_the_site_is_built(tmp_pat
     assert render(f"<!-- raytf:figure:{pick}:blocked_s.0:.2f:both -->") == "0.07 (0.06-0.11)"
     assert render(f"<!-- raytf:figure:{pick}:steps_per_s|steps_per_s_without:.2f -->") == "0.75"
     assert render("<!-- raytf:figure:kept:measure~=fresh buffer:seconds.*:.1f:range --> s") == "0.7-0.8 s"
+    # The median of the rounds' ratios, and their range.
+    assert render("<!-- raytf:figure:cpu_full:step=w3_local:samples_per_s@system=a/b:.2f:both -->x") == "1.25 (1.20-1.50)x"
+    assert render("<!-- raytf:figure:cpu_full:step=w3_local:samples_per_s@system=b/a:.2f:range -->") == "0.67-0.83"
     with pytest.raises(ValueError, match="no line"):
         render(f"<!-- raytf:figure:{pick}:restore_s -->")
 
