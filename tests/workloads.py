@@ -442,25 +442,31 @@ def checkpointed_train(config: dict) -> None:
         shutil.rmtree(directory)  # as report returned: with asynchronous uploads, raytf uploads its own copy
 
 
-def lose_rank_1_three_ways(config: dict) -> None:
-    """Rank 1 is lost once each way a worker goes: on attempt 0 it stops its own process (SIGSTOP:
-    alive, but silent), on attempt 1 it exits, on attempt 2 it records its actor's name in
-    ``rank1_attempt2.json`` and reports until the test kills the actor with ``ray.kill``. Attempt 3
-    trains small_train."""
+def lose_rank_1_every_way(config: dict) -> None:
+    """Rank 1 is lost once each way a worker goes. On attempt 0 it never joins: its config holds
+    a StallOnce (``stall``), whose unpickling hangs. On attempt 1 it stops its own process
+    (SIGSTOP: alive, but silent); on attempt 2 it exits; on attempt 3 rank 0 fails with the error a
+    collective raises when a peer is unreachable; on attempt 4 rank 1 records its actor's name in
+    ``rank1_attempt4.json`` and reports until the test kills the actor with ``ray.kill``. Whatever
+    else runs trains small_train."""
     import signal
 
     import ray
+    import tensorflow as tf
 
     ctx = raytf.get_context()
-    if ctx.world_rank == 1 and ctx.attempt < 3:
+    if ctx.attempt == 3 and ctx.world_rank == 0:
         raytf.report({"epoch": -1})
-        if ctx.attempt == 2:
-            _write(config["out_dir"], "rank1_attempt2.json", {"actor_name": ray.get_runtime_context().get_actor_name()})
+        raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer 1 is unreachable")
+    if ctx.world_rank == 1 and ctx.attempt in (1, 2, 4):
+        raytf.report({"epoch": -1})
+        if ctx.attempt == 4:
+            _write(config["out_dir"], "rank1_attempt4.json", {"actor_name": ray.get_runtime_context().get_actor_name()})
             for step in range(600):  # until the test's ray.kill (at most a minute)
                 raytf.report({"epoch": -1, "step": step})
                 time.sleep(0.1)
         time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGSTOP) if ctx.attempt == 0 else os._exit(1)
+        os.kill(os.getpid(), signal.SIGSTOP) if ctx.attempt == 1 else os._exit(1)
     small_train(config)
 
 
@@ -594,18 +600,6 @@ def _unpickle_stall(marker: str, rank: int) -> "StallOnce":
         open(marker, "w").close()
         time.sleep(600)
     return StallOnce(marker, rank)
-
-
-def collective_error_on_attempt(config: dict) -> None:
-    """Rank 0 fails attempt ``error_attempt`` with the error a collective raises when a peer is
-    unreachable; the other attempts train small_train."""
-    import tensorflow as tf
-
-    ctx = raytf.get_context()
-    if ctx.attempt == config["error_attempt"] and ctx.world_rank == 0:
-        raytf.report({"epoch": -1})
-        raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: peer 1 is unreachable")
-    small_train(config)
 
 
 def keras_train(config: dict) -> None:
