@@ -5,6 +5,7 @@
     python -m bench cpu-full              # every CPU benchmark the docs quote (an hour or more)
     python -m bench gpu                   # the GPU benchmarks (one machine with a GPU)
     python -m bench cpu-full --steps w2   # some of a suite's steps, by name (into the suite's record)
+    python -m bench reproduces cpu-quick  # did its newest run land in the ranges the README states?
 
 A suite runs its benchmark scripts (``bench/*.py``, each comparing raytf with its anchors in one
 invocation) one after the other, and appends every JSON line they print to
@@ -165,9 +166,26 @@ def run(suite: str, out: str, only: Optional[list[str]] = None) -> None:
           f"(invocation {invocation['id']})", file=sys.stderr)
 
 
+def reproduces(suite: str) -> bool:
+    """Each README figure that states a range from ``suite``'s record, against the record's newest
+    invocation: its median inside the range the invocation before it gave (what the README stated
+    when the newest run began), one JSON line each. True where every one is."""
+    sys.path.insert(0, os.path.join(ROOT, "docs", "_hooks"))
+    import records  # docs/_hooks/records.py: what renders the README's figures renders them here
+
+    with open(os.path.join(ROOT, "README.md")) as f:
+        checked = records.reproduced(ROOT, suite.replace("-", "_"), f.read())
+    if not checked:
+        raise SystemExit(f"bench: the README states no range from {suite}'s record")
+    for figure in checked:
+        print(json.dumps(figure))
+    return all(figure["within"] for figure in checked)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("suite", choices=[*SUITES, "list"])
+    parser.add_argument("suite", choices=[*SUITES, "list", "reproduces"])
+    parser.add_argument("of", nargs="?", choices=list(SUITES), help="reproduces: the suite whose newest run to check")
     parser.add_argument("--out", help="the record to append to (default: bench/results/<suite>.jsonl)")
     parser.add_argument("--steps", help="run only these steps of the suite, by name (comma-separated)")
     args = parser.parse_args(argv)
@@ -177,6 +195,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             for step in steps:
                 print(f"  {step.name}: python bench/{step.script} {' '.join(step.args)}".rstrip())
         return
+    if args.suite == "reproduces":
+        if not args.of:
+            parser.error("reproduces: name the suite, e.g. python -m bench reproduces cpu-quick")
+        raise SystemExit(0 if reproduces(args.of) else 1)
     out = args.out or os.path.join(HERE, "results", f"{args.suite.replace('-', '_')}.jsonl")
     run(args.suite, out, args.steps.split(",") if args.steps else None)
 

@@ -34,7 +34,7 @@ ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")
 BENCH = re.compile(r"<!-- raytf:bench:(\w+):(\w+) -->")
 KEPT = re.compile(r"<!-- raytf:kept:(\w+):(\w+) -->")  # a bench's output file kept as printed
 # One figure in prose (records.figure): <!-- raytf:figure:<file>:<where>:<key>[:<format>[:<mode>]] -->
-FIGURE = re.compile(r"<!-- raytf:figure:(\w+):([^:>]*):([\w./|*@=]+)(?::([^:>]*))?(?::(\w+))? -->")
+FIGURE = records.FIGURE
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 - MkDocs' hook signature

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 from typing import Optional
 
@@ -111,9 +112,10 @@ DETAILS = {"startup": ("phases, median s", _phases)}
 ANCHORED = {"w2": W2_CONFIGS["plain_mwms"], "file_ingest": FILE_PATHS["tf_tfrecord_dataset"]}
 
 
-def newest_invocation(root: str, record: str, step: str = "") -> list[dict]:
+def newest_invocation(root: str, record: str, step: str = "", before: int = 0) -> list[dict]:
     """The lines of the newest invocation in ``bench/results/<record>.jsonl`` (that ran ``step``,
-    where one is named: ``python -m bench <suite> --steps`` runs part of a suite into its record)."""
+    where one is named: ``python -m bench <suite> --steps`` runs part of a suite into its record);
+    ``before``: of the one that many invocations older."""
     path = os.path.join(root, "bench", "results", f"{record}.jsonl")
     if not os.path.exists(path):
         raise ValueError(f"docs: no benchmark record {path} (python -m bench writes it)")
@@ -122,8 +124,11 @@ def newest_invocation(root: str, record: str, step: str = "") -> list[dict]:
         lines = [line for line in lines if line["step"] == step]
     if not lines:
         raise ValueError(f"docs: {path} holds no invocation" + (f" with runs of step {step!r}" if step else ""))
-    newest = lines[-1]["invocation"]
-    return [line for line in lines if line["invocation"] == newest]
+    invocations = list(dict.fromkeys(line["invocation"] for line in lines))
+    if before >= len(invocations):
+        raise ValueError(f"docs: {path} holds {len(invocations)} invocation(s)" + (f" of step {step!r}" if step else ""))
+    chosen = invocations[-1 - before]
+    return [line for line in lines if line["invocation"] == chosen]
 
 
 # Steps whose lines are not samples/s per system: the columns their table shows, (result key,
@@ -430,14 +435,19 @@ def bench_table(root: str, record: str, step: str, lines: Optional[list[dict]] =
     return "\n".join(out) + "\n"
 
 
-def _lines(root: str, name: str, step: str) -> list[dict]:
-    """A record's lines (its newest invocation that ran ``step``), or a kept output file's."""
+def _lines(root: str, name: str, step: str, before: int = 0) -> list[dict]:
+    """A record's lines (its newest invocation that ran ``step``, or ``before`` older), or a kept
+    output file's."""
     path = os.path.join(root, "bench", "results", f"{name}.jsonl")
     with open(path) as f:
         first = f.readline()
     if first.startswith("{") and "invocation" in json.loads(first):
-        return newest_invocation(root, name, step)
+        return newest_invocation(root, name, step, before)
     return kept_lines(root, name)
+
+
+# One figure in prose (figure): <!-- raytf:figure:<file>:<where>:<key>[:<format>[:<mode>]] -->
+FIGURE = re.compile(r"<!-- raytf:figure:(\w+):([^:>]*):([\w./|*@=]+)(?::([^:>]*))?(?::(\w+))? -->")
 
 
 def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str = "") -> str:
@@ -452,11 +462,27 @@ def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str
     invocation, each ratio from runs made minutes apart); ``name~=text`` picks lines whose field contains the text. ``format``: a format spec (``.2f``, ``.0%``, ``,.0f``), else 3 significant
     figures; ``mode``: the median of the lines picked (the default), ``range`` (their lowest and
     highest, ``0.06-0.11``), or ``both`` (``0.08 (0.06-0.11)``)."""
+    values = figure_values(root, name, where, key)
+
+    def show(value: float) -> str:
+        return format(value, spec) if spec else _number(value)
+
+    if mode == "range":
+        low, high = show(min(values)), show(max(values))
+        return low if low == high else f"{low}-{high}"
+    if mode == "both":
+        return _median_and_range(values, show)
+    return show(statistics.median(values))
+
+
+def figure_values(root: str, name: str, where: str, key: str, before: int = 0) -> list:
+    """The numbers a figure marker's ``where`` and ``key`` pick (figure), from the newest
+    invocation or the one ``before`` older."""
     pairs = dict(pair.split("=", 1) for pair in where.split(",") if pair)
     step = pairs.pop("step", "")
     # "name~=text": the field contains the text (a measure's label: bench/gpu_host_path.py's lines).
     contains = {name[:-1]: pairs.pop(name) for name in list(pairs) if name.endswith("~")}
-    picked = [line["result"] for line in _lines(root, name, step)
+    picked = [line["result"] for line in _lines(root, name, step, before)
               if all(str(_get(line["result"], k)) == v for k, v in pairs.items())
               and all(text in str(_get(line["result"], k)) for k, text in contains.items())]
     values = _round_ratios(picked, key) if "@" in key else []
@@ -471,13 +497,21 @@ def figure(root: str, name: str, where: str, key: str, spec: str = "", mode: str
             values.append(parts[0] / parts[1] if len(parts) == 2 else parts[0])
     if not values:
         raise ValueError(f"docs: no line of bench/results/{name}.jsonl where {where or 'any'} has a number {key!r}")
+    return values
 
-    def show(value: float) -> str:
-        return format(value, spec) if spec else _number(value)
 
-    if mode == "range":
-        low, high = show(min(values)), show(max(values))
-        return low if low == high else f"{low}-{high}"
-    if mode == "both":
-        return _median_and_range(values, show)
-    return show(statistics.median(values))
+def reproduced(root: str, record: str, markdown: str) -> list[dict]:
+    """Each figure of ``markdown`` that states a range from ``record`` (a FIGURE marker of mode
+    ``both`` or ``range``), read off the record's invocation before the newest (what
+    the page stated) and off the newest (a run since): whether the newest median falls in the range
+    stated."""
+    checked = []
+    for found in FIGURE.finditer(markdown):
+        name, where, key, spec, mode = (g or "" for g in found.groups())
+        if name != record or mode not in ("both", "range"):
+            continue
+        stated, now = figure_values(root, name, where, key, before=1), figure_values(root, name, where, key)
+        median = statistics.median(now)
+        checked.append({"figure": f"{where}:{key}", "stated_range": [min(stated), max(stated)],
+                        "median_now": median, "within": min(stated) <= median <= max(stated)})
+    return checked

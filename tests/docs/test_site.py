@@ -398,6 +398,35 @@ def test_a_figure_in_prose_is_read_off_its_record_when_the_site_is_built(tmp_pat
         render(f"<!-- raytf:figure:{pick}:restore_s -->")
 
 
+def test_a_new_run_is_checked_against_the_ranges_the_page_stated_from_the_run_before(tmp_path, monkeypatch):
+    """``python -m bench reproduces <suite>`` (records.reproduced): each figure that states a range
+    from the record, read off the invocation before the newest (what the page stated), holds the
+    newest invocation's median, or says it does not; a figure without a range is not checked."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import records
+
+    def rounds(invocation, ratios):
+        return [{"invocation": invocation, "suite": "cpu-quick", "step": "w1", "command": "", "environment": {},
+                 "result": {"system": system, "repeat": r, "samples_per_s": speed}}
+                for r, ratio in enumerate(ratios) for system, speed in (("raytf", 100 * ratio), ("ray_train", 100))]
+
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    record = results / "cpu_quick.jsonl"
+    stated = "<!-- raytf:figure:cpu_quick:step=w1:samples_per_s@system=raytf/ray_train:.2f:both -->"
+    page = f"1.3 (1.2-1.5){stated} and 1.3<!-- raytf:figure:cpu_quick:step=w1:samples_per_s@system=raytf/ray_train:.2f -->"
+    record.write_text("".join(json.dumps(x) + "\n" for x in rounds("before", (1.2, 1.3, 1.5)) + rounds("new", (1.0, 1.4, 1.45))))
+    [checked] = records.reproduced(str(tmp_path), "cpu_quick", page)
+    assert checked["stated_range"] == pytest.approx([1.2, 1.5]) and checked["median_now"] == pytest.approx(1.4)
+    assert checked["within"]
+    record.write_text("".join(json.dumps(x) + "\n" for x in rounds("before", (1.2, 1.3, 1.5)) + rounds("new", (1.0, 1.1, 1.6))))
+    [checked] = records.reproduced(str(tmp_path), "cpu_quick", page)
+    assert checked["median_now"] == pytest.approx(1.1) and not checked["within"]
+    assert records.reproduced(str(tmp_path), "cpu_full", page) == []
+
+
 def test_every_chart_reads_the_records_its_section_names():
     """A chart on a page (``charts/<name>.svg``, drawn by bench/charts.py) reads only records the
     section around it names, so a chart cannot show another run than its table."""
