@@ -69,6 +69,9 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("large_files", "large_files.py", ("--gib", "4", "--object-store-gib", "2", "--ray-data", "--repeats", "3")),
         Step("w3_local", "w3.py", ("--gib", "1", "--storages", "local", "--repeats", "3")),
         Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5", "--repeats", "3")),
+        # W3's checkpoints to the loopback S3 server, raytf against both of Ray Train's report modes.
+        Step("w3_s3", "w3.py", ("--gib", "1", "--storages", "s3", "--systems", "raytf_async,ray_train_async,ray_train_sync",
+                                "--repeats", "3")),
         Step("standby_cost", "standby_cost.py"),
         Step("poll_cost", "poll_cost.py", ("--fake", "")),  # its simulated part: control_plane's
         Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),
