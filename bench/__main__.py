@@ -70,6 +70,14 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("w3_local", "w3.py", ("--gib", "1", "--storages", "local", "--repeats", "3")),
         Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5", "--repeats", "3")),
         # W3's checkpoints to the loopback S3 server, raytf against both of Ray Train's report modes.
+        # A checkpoint of W3's table as a Keras 3 and a tf-keras Embedding layer, and over two parameter servers.
+        Step("w3_layers", "w3.py", ("--gib", "1", "--steps", "180", "--every", "60", "--storages", "local", "--systems",
+                                    "raytf_async", "--table", "keras", "--repeats", "3")),
+        Step("w3_layers_tf_keras", "w3.py", ("--gib", "1", "--steps", "180", "--every", "60", "--storages", "local",
+                                             "--systems", "raytf_async", "--table", "keras", "--worker-env",
+                                             "TF_USE_LEGACY_KERAS=1", "--repeats", "3")),
+        Step("w3_ps", "w3_ps.py", ("--gib", "1", "--num-ps", "2", "--steps", "60", "--every", "20", "--writers", "chief",
+                                   "--repeats", "3")),
         Step("w3_s3", "w3.py", ("--gib", "1", "--storages", "s3", "--systems", "raytf_async,ray_train_async,ray_train_sync",
                                 "--repeats", "3")),
         Step("standby_cost", "standby_cost.py"),

@@ -1,12 +1,14 @@
 """W3 on parameter servers: a large table partitioned over the servers, checkpointed while training.
 
     python bench/w3_ps.py [--gib 1] [--num-ps 2] [--steps 60] [--every 20] [--writers chief,servers]
+                          [--repeats 3]
 
 A ``ParameterServerTrainer`` with ``--num-ps`` parameter servers (half a CPU each), one worker
 and the chief: W3's table (``--gib`` GiB of float32 rows of 1,024, ``FixedShardsPartitioner``
 over the servers) and head, SGD on random ids scheduled through the ``ClusterCoordinator``, a
 ``Checkpoint.from_state`` of both every ``--every`` steps (asynchronous, the default). Storage
-is a local directory. One run per writer:
+is a local directory (removed when the bench exits). One run per writer (``--repeats``: each
+that many times, round by round, every line saying its ``repeat``):
 
 - ``chief``: raytf's way. ``report`` copies each part on its own server (a host copy there,
   no bytes moved) and returns; the chief's background thread writes the files, every server
@@ -26,8 +28,10 @@ chief's.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -122,21 +126,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--writers", default="chief,servers")
+    parser.add_argument("--repeats", type=int, default=1, help="every run this many times, round by round")
     args = parser.parse_args()
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False)
     workdir = tempfile.mkdtemp(prefix="w3-ps-")
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)  # each run's checkpoints: GiBs
     rows = []
-    for writer in args.writers.split(","):
-        row = run({"writer": writer, "gib": args.gib, "num_ps": args.num_ps, "steps": args.steps,
-                   "every": args.every}, workdir)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    summary = {"summary": "w3_ps", "gib": args.gib, "num_ps": args.num_ps}
-    for row in rows:
-        summary[f"{row['writer']}_blocked_mean_s"] = sum(row["blocked_s"]) / max(1, len(row["blocked_s"]))
-        summary[f"{row['writer']}_commit_mean_s"] = sum(row["commit_s"]) / max(1, len(row["commit_s"]))
+    for repeat in range(args.repeats):
+        for writer in args.writers.split(","):
+            row = run({"writer": writer, "gib": args.gib, "num_ps": args.num_ps, "steps": args.steps,
+                       "every": args.every}, workdir)
+            row = {**row, "repeat": repeat} if args.repeats > 1 else row
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    summary = {"summary": "w3_ps", "gib": args.gib, "num_ps": args.num_ps, "repeats": args.repeats}
+    for writer in args.writers.split(","):  # over every run of the writer
+        mine = [row for row in rows if row["writer"] == writer]
+        blocked = [b for row in mine for b in row["blocked_s"]]
+        commits = [c for row in mine for c in row["commit_s"]]
+        summary[f"{writer}_blocked_mean_s"] = sum(blocked) / max(1, len(blocked))
+        summary[f"{writer}_commit_mean_s"] = sum(commits) / max(1, len(commits))
     if "chief_commit_mean_s" in summary and "servers_commit_mean_s" in summary:
         summary["servers_commit_vs_chief"] = summary["servers_commit_mean_s"] / summary["chief_commit_mean_s"]
     print(json.dumps(summary), flush=True)
