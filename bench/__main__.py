@@ -80,7 +80,7 @@ SUITES: dict[str, tuple[Step, ...]] = {
                                    "--repeats", "3")),
         Step("w3_s3", "w3.py", ("--gib", "1", "--storages", "s3", "--systems", "raytf_async,ray_train_async,ray_train_sync",
                                 "--repeats", "3")),
-        Step("standby_cost", "standby_cost.py"),
+        Step("standby_cost", "standby_cost.py", ("--repeats", "3")),
         Step("poll_cost", "poll_cost.py", ("--fake", "")),  # its simulated part: control_plane's
         Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),
         Step("restart_scaling", "restart_scaling.py", ("--workers", "2,4,8")),

@@ -1,9 +1,10 @@
 """What warm standbys cost (``FailureConfig(warm_standby=True)``): memory, CPU, and a fault-free run's time.
 
-    python bench/standby_cost.py [--epochs 3] [--gpus-per-worker 0]
+    python bench/standby_cost.py [--epochs 3] [--gpus-per-worker 0] [--repeats 3]
 
 Runs W1 as ``bench/recovery.py`` does (tf-keras ``model.fit``, 2 workers, a checkpoint per epoch)
-without a fault, once without standbys and once with, in one invocation, and samples every
+without a fault, once without standbys and once with, in one invocation (``--repeats``: that pair
+that many times, round by round, every line saying its ``repeat``), and samples every
 worker process (``ray::TrainWorker``) from ``/proc`` every 0.2 s (Linux). Prints one JSON line per
 run and a summary:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -101,6 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=w1.EPOCHS)
     parser.add_argument("--gpus-per-worker", type=float, default=0, help=w1.GPU_FLAG_HELP)
+    parser.add_argument("--repeats", type=int, default=1, help="the pair of runs this many times, round by round")
     args = parser.parse_args()
     w1.use_gpus(args.gpus_per_worker)
     w1.EPOCHS = args.epochs
@@ -113,13 +116,17 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False,
              include_dashboard=False)
     dataset = w1.ray_dataset()
+    ratios = []
     with tempfile.TemporaryDirectory() as workdir:
-        cold = run(dataset, workdir, warm=False)
-        print(json.dumps(cold), flush=True)
-        warm = run(dataset, workdir, warm=True)
-        print(json.dumps(warm), flush=True)
-    print(json.dumps({"summary": "standby_cost", "wall_with_standbys_vs_without": round(warm["wall_s"] / cold["wall_s"], 2),
-                      **{k: warm.get(k) for k in ("standby_rss_mb", "standby_cpu_s", "standby_ready_s", "worker_rss_mb")}}))
+        for repeat in range(args.repeats):
+            pair = {}
+            for warm in (False, True):
+                pair[warm] = run(dataset, workdir, warm=warm)
+                print(json.dumps({**pair[warm], "repeat": repeat} if args.repeats > 1 else pair[warm]), flush=True)
+            ratios.append(pair[True]["wall_s"] / pair[False]["wall_s"])
+    print(json.dumps({"summary": "standby_cost", "wall_with_standbys_vs_without": round(statistics.median(ratios), 2),
+                      "repeats": args.repeats, **{k: pair[True].get(k) for k in
+                                                  ("standby_rss_mb", "standby_cpu_s", "standby_ready_s", "worker_rss_mb")}}))
 
 
 if __name__ == "__main__":
