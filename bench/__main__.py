@@ -84,7 +84,7 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("poll_cost", "poll_cost.py", ("--fake", "")),  # its simulated part: control_plane's
         Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),
         Step("restart_scaling", "restart_scaling.py", ("--workers", "2,4,8")),
-        Step("growth", "growth.py"),
+        Step("growth", "growth.py", ("--repeats", "3")),
     ),
     "gpu": (
         Step("w1_gpu", "throughput.py", ("--gpus-per-worker", "0.5", "--systems",

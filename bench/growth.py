@@ -1,6 +1,6 @@
 """An elastic group growing back while it trains: from a node joining to training on it.
 
-    python bench/growth.py [--epochs 6] [--join-after 8]
+    python bench/growth.py [--epochs 6] [--join-after 8] [--repeats 3]
 
 W1 (Keras 3 through ``raytf.keras.fit`` with ``ReportCallback(preemption_check_every=10)``,
 per-worker batch 128) with ``ScalingConfig(num_workers=(2, 3))`` on a ``ray.cluster_utils``
@@ -9,7 +9,8 @@ seconds into training a third node joins. Prints one JSON line: ``join_to_first_
 the node joining to the grown group's first step (``join_to_preemption_s``: to the driver asking
 the group to checkpoint; ``preemption_to_first_step_s``: the checkpoint, the restart, the
 resume), the sizes the attempts ran at, and whether a rank of the grown group ran on the new
-node. Ray Train V2 looks for capacity every 60 s and restarts from storage; the goal here is
+node (``--repeats``: that many runs, each on a cluster of its own, every line saying its
+``repeat``). Ray Train V2 looks for capacity every 60 s and restarts from storage; the goal here is
 10 s plus one checkpoint interval.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -61,8 +63,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--join-after", type=float, default=8.0)
+    parser.add_argument("--repeats", type=int, default=1, help="this many runs, one after the other")
     args = parser.parse_args()
+    for repeat in range(args.repeats):
+        line = measure(args)
+        print(json.dumps({**line, "repeat": repeat} if args.repeats > 1 else line), flush=True)
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """One run on a cluster of its own: what the line of the module's docstring says."""
     import ray
     from ray import cloudpickle
     from ray.cluster_utils import Cluster
@@ -102,7 +111,7 @@ def main() -> None:
                 firsts[(int(attempt), int(rank))] = json.load(f)
     grown = max(a for a, _ in firsts)
     preempted = [f for f in result.failures if f.kind == "preempted"]
-    print(json.dumps({
+    line = {
         "sizes": [firsts[(a, 0)]["world_size"] for a in sorted({a for a, _ in firsts})],
         "join_to_first_step_s": round(firsts[(grown, 0)]["time"] - joined_at, 2),
         "join_to_preemption_s": round(preempted[0].time - joined_at, 2) if preempted else None,
@@ -110,11 +119,13 @@ def main() -> None:
         "grown_uses_joined_node": any(v["node"] == joined.node_id for (a, _), v in firsts.items() if a == grown),
         "join_after_s": args.join_after,
         "startup_of_grown_attempt": result.startup[-1] if result.startup else None,
-    }))
+    }
     ray.shutdown()
     for node in [*nodes, joined]:
         cluster.remove_node(node)
     cluster.shutdown()
+    shutil.rmtree(out, ignore_errors=True)
+    return line
 
 
 if __name__ == "__main__":
