@@ -120,9 +120,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
             pair = {}
-            for warm in (False, True):
-                pair[warm] = run(dataset, workdir, warm=warm)
+            for warm in (False, True):  # each round a directory of its own: a run of the same name would resume
+                pair[warm] = run(dataset, tempfile.mkdtemp(dir=workdir, prefix=f"round{repeat}-"), warm=warm)
                 print(json.dumps({**pair[warm], "repeat": repeat} if args.repeats > 1 else pair[warm]), flush=True)
+            if not pair[True].get("standby_rss_mb"):  # nothing measured: say so rather than print it
+                raise SystemExit("standby_cost: no standby appeared in the run with standbys")
             ratios.append(pair[True]["wall_s"] / pair[False]["wall_s"])
     print(json.dumps({"summary": "standby_cost", "wall_with_standbys_vs_without": round(statistics.median(ratios), 2),
                       "repeats": args.repeats, **{k: pair[True].get(k) for k in
