@@ -6,9 +6,9 @@ W1 (Keras 3 through ``raytf.keras.fit`` with ``ReportCallback(preemption_check_e
 per-worker batch 128) with ``ScalingConfig(num_workers=(2, 3))`` on a ``ray.cluster_utils``
 cluster whose two worker nodes each hold one worker: the group starts with 2. ``--join-after``
 seconds into training a third node joins. Prints one JSON line: ``join_to_first_step_s``, from
-the node joining to the grown group's first step (``join_to_preemption_s``: to the driver asking
-the group to checkpoint; ``preemption_to_first_step_s``: the checkpoint, the restart, the
-resume), the sizes the attempts ran at, and whether a rank of the grown group ran on the new
+the node joining to the grown group's first step (``join_to_resize_s``: to the driver asking
+the group to checkpoint and grow, the failure of kind ``resized`` the result records;
+``resize_to_first_step_s``: the checkpoint, the restart, the resume), the sizes the attempts ran at, and whether a rank of the grown group ran on the new
 node (``--repeats``: that many runs, each on a cluster of its own, every line saying its
 ``repeat``). Ray Train V2 looks for capacity every 60 s and restarts from storage; the goal here is
 10 s plus one checkpoint interval.
@@ -113,12 +113,13 @@ def measure(args: argparse.Namespace) -> dict:
     grown = max(a for a, _ in firsts)
     if grown == 0:  # a line of negative seconds would read as a measurement
         raise SystemExit(f"growth: training ended before the node joined ({args.join_after:g} s in); raise --epochs")
-    preempted = [f for f in result.failures if f.kind == "preempted"]
+    # A growth is a resize of its own (raytf counts it apart from preemptions and failures).
+    [resized] = [f for f in result.failures if f.kind == "resized"]
     line = {
         "sizes": [firsts[(a, 0)]["world_size"] for a in sorted({a for a, _ in firsts})],
         "join_to_first_step_s": round(firsts[(grown, 0)]["time"] - joined_at, 2),
-        "join_to_preemption_s": round(preempted[0].time - joined_at, 2) if preempted else None,
-        "preemption_to_first_step_s": round(firsts[(grown, 0)]["time"] - preempted[0].time, 2) if preempted else None,
+        "join_to_resize_s": round(resized.time - joined_at, 2),
+        "resize_to_first_step_s": round(firsts[(grown, 0)]["time"] - resized.time, 2),
         "grown_uses_joined_node": any(v["node"] == joined.node_id for (a, _), v in firsts.items() if a == grown),
         "join_after_s": args.join_after,
         "startup_of_grown_attempt": result.startup[-1] if result.startup else None,
