@@ -37,6 +37,15 @@ def lines(results: str, name: str) -> list[dict]:
     return out
 
 
+def _medians(found: list[dict], systems: dict, value: Callable[[dict], Optional[float]]) -> dict:
+    """Per system of ``systems`` (in its order), the median of ``value`` over its runs in ``found``."""
+    runs: dict = {}
+    for r in found:
+        if r.get("system") in systems and value(r) is not None:
+            runs.setdefault(r["system"], []).append(value(r))
+    return {system: statistics.median(runs[system]) for system in systems if system in runs}
+
+
 def newest_step(results: str, record: str, step: str) -> list[dict]:
     """What ``step`` printed in the newest invocation of a ``python -m bench`` record that ran it."""
     ran = [line for line in lines(results, record) if line.get("step") == step]
@@ -111,13 +120,9 @@ def w3_pause(results: str) -> Optional[bytes]:
         if r.get("system") in names and "blocked_s" in r:
             label, colour = names[r["system"]]
             rows.append((f"{label}, local", r["blocked_mean_s"], colour))
-    firsts: dict = {}  # S3: each run's first checkpoint, the median of three runs
-    for r in newest_step(results, "cpu_full.jsonl", "w3_s3"):
-        if r.get("system") in names and r.get("blocked_s"):
-            firsts.setdefault(r["system"], []).append(r["blocked_s"][0])
-    for system, blocked in firsts.items():
-        label, colour = names[system]
-        rows.append((f"{label}, S3", statistics.median(blocked), colour))
+    # S3: each run's first checkpoint, the median of three runs.
+    firsts = _medians(newest_step(results, "cpu_full.jsonl", "w3_s3"), names, lambda r: (r.get("blocked_s") or [None])[0])
+    rows += [(f"{names[system][0]}, S3", median, names[system][1]) for system, median in firsts.items()]
     if not rows:
         return None
     return _bars("Training blocked by one 1 GiB checkpoint, W3 (bench/w3.py)", "seconds", rows,
@@ -127,12 +132,9 @@ def w3_pause(results: str) -> Optional[bytes]:
 def w3_restore(results: str) -> Optional[bytes]:
     names = {"raytf_memory": ("raytf, from memory (default)", RAYTF), "raytf_storage": ("raytf, from storage", RAYTF),
              "ray_train": ("Ray Train, from storage", ANCHOR)}
-    runs: dict = {}
-    for r in newest_step(results, "cpu_full.jsonl", "w3_restores"):
-        if r.get("system") in names and r.get("storage") == "s3" and "restore_s" in r:
-            runs.setdefault(r["system"], []).append(r["restore_s"])
-    rows = [(label, statistics.median(runs[system]), colour) for system, (label, colour) in names.items()
-            if system in runs]
+    s3 = [r for r in newest_step(results, "cpu_full.jsonl", "w3_restores") if r.get("storage") == "s3"]
+    medians = _medians(s3, names, lambda r: r.get("restore_s"))
+    rows = [(names[system][0], median, names[system][1]) for system, median in medians.items()]
     if not rows:
         return None
     return _bars("Restoring 1 GiB after a restart, loopback S3, W3 (bench/w3.py --restores)", "seconds", rows,

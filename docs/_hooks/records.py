@@ -219,10 +219,7 @@ COLUMNS.update({
         ("fit_wall_s", "`fit()` wall, s (the Ray Data path's includes reading the files into the object store)", "n"),
     ],
     "w3": W3,
-    "w3_local": W3,  # python -m bench cpu-full's steps
-    "w3_s3": W3,
-    "w3_layers": W3,
-    "w3_layers_tf_keras": W3,
+    **{step: W3 for step in ("w3_local", "w3_s3", "w3_layers", "w3_layers_tf_keras")},  # cpu-full's steps
     "w3_env": W3[:1] + [("worker_env", "worker environment", "n")] + W3[2:],  # runs that differ by it
     "w3_restores": [  # bench/w3.py --restores: a restart's restore of the checkpoint
         ("system", "system", "n"),
@@ -231,9 +228,11 @@ COLUMNS.update({
         ("steps_per_s", "steps/s after", "n"),
     ],
 })
+# The steps whose lines are bench/w3.py's, one per system's run.
+W3_STEPS = ("w3", "w3_local", "w3_s3", "w3_layers", "w3_layers_tf_keras", "w3_env", "w3_restores")
 # Which result lines of such a step are rows (the others: another part, the summary).
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
-        **{step: lambda result: "system" in result for step in ("w3", "w3_local", "w3_s3", "w3_layers", "w3_layers_tf_keras", "w3_env", "w3_restores")},
+        **{step: lambda result: "system" in result for step in W3_STEPS},
         "large_files": lambda result: "reader" in result, "ps_faults": lambda result: bool(result.get("fault")),
         "w3_ps": lambda result: "writer" in result}
 
@@ -257,7 +256,7 @@ STEP_SYSTEMS = {
     "ps": PS_SYSTEMS, "ps_faults": PS_SYSTEMS,
     "large_files": {"files": "`raytf.data.tfrecord_files` (each worker reads its chunks)",
                     "ray-data": "`raytf.data.read_tfrecords` (Ray Data, materialized)"},
-    "w3": W3_SYSTEMS, "w3_local": W3_SYSTEMS, "w3_s3": W3_SYSTEMS, "w3_layers": W3_SYSTEMS, "w3_layers_tf_keras": W3_SYSTEMS, "w3_env": W3_SYSTEMS, "w3_restores": W3_SYSTEMS,
+    **{step: W3_SYSTEMS for step in W3_STEPS},
     "recovery": {"raytf": "raytf, cold restart (the default)"},
     "startup": {"raytf": "raytf `Trainer(...).fit()`",
                 "plain_mwms": "plain MultiWorkerMirroredStrategy, two processes spawned with TF_CONFIG by hand"},
