@@ -159,7 +159,10 @@ class FailureConfig:
     that long while another rank's ``train_fn`` returned, or sat in its own
     code outside TensorFlow as long, the attempt fails naming the latter
     (``"returned_early"``, raised like an exception; ``"stalled"``, retried
-    like a lost worker). ``None`` turns it off.
+    like a lost worker). In parameter-server training it also bounds how long
+    the chief's coordinator may reconnect to a lost task (TensorFlow redials its
+    address with no timeout, every step waiting): past it the attempt fails
+    as ``"stalled"``. ``None`` turns it off.
 
     ``warm_standby`` makes restarts start warm: raytf starts one standby
     process per worker on the same node, which imports TensorFlow and loads

@@ -61,7 +61,9 @@ class FailureKind(str, enum.Enum):
     UNRESPONSIVE = "unresponsive"  # it stopped answering the driver
     NOT_STARTED = "not_started"  # it never joined the group (start timeout)
     RETURNED_EARLY = "returned_early"  # train_fn returned while its peers waited for it in a collective
-    STALLED = "stalled"  # it sat in its own code while its peers waited for it (hang_timeout_s)
+    # It sat in its own code while its peers waited for it, or (parameter servers) the chief's
+    # coordinator reconnected to a lost task without end (hang_timeout_s).
+    STALLED = "stalled"
     PREEMPTED = "preempted"  # its node was drained or it got SIGTERM: not counted against max_failures
     # An elastic group (ScalingConfig.num_workers=(min, max)) below max found room for the rest and
     # stopped to grow: counted against neither max_failures nor max_preemptions.

@@ -213,6 +213,9 @@ class WorkerStatus:
     preempt_reason: Optional[str] = None  # set once this worker was asked to stop for a preemption
     activity: Optional[Activity] = None
     progress: Optional[Progress] = None
+    # A parameter-server chief's: how long its ClusterCoordinator has been reconnecting to the
+    # cluster after a step failed on a lost task, continuously as sampled at each poll; None while not.
+    reconnecting_s: Optional[float] = None
 
     @property
     def finished(self) -> bool:

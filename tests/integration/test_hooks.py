@@ -27,7 +27,6 @@ def test_every_hook_behaves_as_raytf_uses_it_with_the_installed_libraries(cluste
         assert reports[hook.name]["behaviour"] == ("ok" if hook.behaves else "none"), hook.name
     # Those only a cluster of workers can show, each shown by a test that trains through it.
     assert {h.name for h in hooks.all_hooks() if h.behaves is None} == {
-        "tensorflow.coordinator_server_def",  # test_parameter_server: a lost worker replaced in place
         "keras.model_fit",  # test_keras: Keras 3's own model.fit on two workers, killed and resumed
         "tf_keras.fit_data_handler",  # test_exactly_once: tf-keras's fit resumed mid-epoch
         "tf_keras.multi_step_train_function",  # test_parameter_server: tf-keras model.fit, a lost worker

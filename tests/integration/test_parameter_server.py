@@ -114,7 +114,7 @@ def test_ps_training_through_a_lost_and_a_preempted_worker_matches_mwms_and_the_
     assert abs(chief["eval_loss"] - reference.metrics["eval_loss"]) <= LOSS_TOLERANCE
 
 
-def signal_at_marks(tmp_path, run, signals, also=(), delay_s=0.0):
+def signal_at_marks(tmp_path, run, signals, also=(), delay_s=0.0, timeout_s=180):
     """In a thread: once the workload marks epoch ``e`` as scheduled, send ``signum`` to the process
     of run ``run``'s actor ``label``, for each ``(e, label, signum)`` of ``signals`` in turn. Returns
     the thread and what it saw: ``pids``, the signalled processes, and ``others``, the pids of the
@@ -123,7 +123,7 @@ def signal_at_marks(tmp_path, run, signals, also=(), delay_s=0.0):
 
     def send():
         for epoch, label, signum in signals:
-            wait_for((tmp_path / "out" / f"mark-{epoch}.json").exists, timeout_s=180,
+            wait_for((tmp_path / "out" / f"mark-{epoch}.json").exists, timeout_s=timeout_s,
                      message=f"epoch {epoch} to be scheduled")
             pid = actor_pid(run, label)
             time.sleep(delay_s)
@@ -281,14 +281,19 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
     comes back at another port: raytf then points it there and training goes on, no restart (seen
     once in a fresh-clone run). On TensorFlow 2.16 the chief's reconnect may also hold its process so
     that it answers nothing, the retarget included: after FailureConfig.worker_timeout_s the group
-    then restarts as in the first case (seen once on the oldest versions). Then, in epoch 2 of
-    whichever attempt, ps 0 is killed: the group restarts from the last checkpoint, the rows counter
-    and each worker's stream (made inside a dataset function) going on from where its model stood."""
+    then restarts as in the first case (seen once on the oldest versions). And where the chief
+    answers but its coordinator's reconnect never ends (seen once on the oldest versions: the run
+    held for ten minutes), FailureConfig.hang_timeout_s fails the attempt as stalled and the group
+    restarts. Then, in epoch 2 of whichever attempt, ps 0 is killed: the group restarts from the last
+    checkpoint, the rows counter and each worker's stream (made inside a dataset function) going on
+    from where its model stood."""
     config = {"epochs": 4, "steps": 200, "mark_epochs": [1, 2], "mark_any_attempt": True, "count_rows": 2048,
               "per_pass": 1024 // 32, "dataset_fn": True}
     # One more failure than the losses: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the two losses.
-    trainer = ps_trainer(tmp_path, "ps-moved", config, failures=raytf.FailureConfig(max_failures=4))
+    # A reconnect that has not ended in 90 s is wedged (a replacement starts in well under that here).
+    trainer = ps_trainer(tmp_path, "ps-moved", config,
+                         failures=raytf.FailureConfig(max_failures=4, hang_timeout_s=90))
     taken = {}
 
     def kill_and_take_the_port():
@@ -303,7 +308,7 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
 
     thread = threading.Thread(target=kill_and_take_the_port, daemon=True)
     thread.start()
-    ps_thread, ps_killed = signal_at_marks(tmp_path, "ps-moved", [(2, "ps-0", signal.SIGKILL)])
+    ps_thread, ps_killed = signal_at_marks(tmp_path, "ps-moved", [(2, "ps-0", signal.SIGKILL)], timeout_s=400)
     try:
         result = trainer.fit()
     finally:
@@ -317,9 +322,11 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
     failures = [(f.task, f.kind) for f in result.failures]
     assert failures[0] == ("worker 1", raytf.FailureKind.DIED), failures
     assert ("ps 0", raytf.FailureKind.DIED) in failures, failures
-    for failure in result.failures:  # a restart after the move: the redial, or a chief held by it
+    for failure in result.failures:  # a restart after the move: the redial, a chief held by it, or a wedged one
         if failure.kind == raytf.FailureKind.NOT_STARTED:
             assert "redialed its old address" in failure.message or "FailureConfig.worker_timeout_s" in failure.message
+        if failure.kind == raytf.FailureKind.STALLED:
+            assert failure.task == "chief 0" and "FailureConfig.hang_timeout_s=90" in failure.message, failure
     # Each restart that trained resumed from a checkpoint: the rows counter went on from the
     # committed state, not from zero.
     restarts = [[h for h in result.history if h["attempt"] == a] for a in range(1, result.attempts)]

@@ -146,6 +146,30 @@ def test_a_collective_error_points_at_the_rank_that_stopped_taking_part():
     assert kinds == [(0, FailureKind.COLLECTIVE), (1, FailureKind.RETURNED_EARLY)]
 
 
+def test_a_parameter_server_coordinator_reconnecting_past_the_timeout_is_stalled_and_a_reconnect_that_ends_is_not():
+    clock = Clock()
+    w = watch(clock, workers=1, hang_timeout_s=None, reconnect_timeout_s=60.0)
+    w.heard(0, status(0, Phase.TRAINING, reconnecting_s=10.0))
+    clock.now = 40.0  # 10 s when heard, 40 s later: 50 s of reconnecting
+    assert w.round(None).failures == ()
+    w.heard(0, status(0, Phase.TRAINING))  # reconnected: the count starts again at the next one
+    clock.now = 200.0
+    assert w.round(None).failures == ()
+    w.heard(0, status(0, Phase.TRAINING, reconnecting_s=1.0))
+    clock.now = 258.5
+    assert w.round(None).failures == ()
+    clock.now = 261.0  # heard at 200 with 1 s, not heard since (a chief that answers no more is worker_timeout_s's)
+    [stalled] = w.round(None).failures
+    assert (stalled.rank, stalled.kind, stalled.node_ip) == (0, FailureKind.STALLED, "10.0.0.0")
+    assert "reconnecting to the cluster for 62 s (FailureConfig.hang_timeout_s=60)" in stalled.message
+    w.replaced(0, "10.0.0.2")  # a new actor for the rank: nothing carried over
+    assert w.round(None).failures == ()
+    # Without a reconnect timeout (a mirrored group, or hang_timeout_s=None) nothing is ever found.
+    off = watch(clock, workers=1, reconnect_timeout_s=None)
+    off.heard(0, status(0, Phase.TRAINING, reconnecting_s=10_000.0))
+    assert off.round(None).failures == ()
+
+
 def test_the_start_up_breakdown_times_each_phase_from_the_slowest_worker():
     clock = Clock()
     w = watch(clock)

@@ -294,10 +294,27 @@ class ChiefPayload:
     def __init__(self) -> None:
         self.session: Optional[WorkerSession] = None
         self._coordinator: Any = None
+        self._reconnecting_since: Optional[float] = None
 
     @property
     def preempted(self) -> bool:
         return self.session is not None and self.session.preempted
+
+    def reconnecting_s(self) -> Optional[float]:
+        """How long the coordinator has been reconnecting to the cluster, as seen at each poll (the
+        driver ends a reconnect that outlasts FailureConfig.hang_timeout_s: TensorFlow redials a lost
+        task's address with no timeout); None while it is not."""
+        if self._coordinator is None:
+            return None
+        from raytf._internal.hooks import tensorflow as tf_hooks
+
+        if not tf_hooks.coordinator_recovering(self._coordinator):
+            self._reconnecting_since = None
+            return None
+        now = time.monotonic()
+        if self._reconnecting_since is None:
+            self._reconnecting_since = now
+        return now - self._reconnecting_since
 
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         from raytf._internal.worker import ps as _ps

@@ -34,9 +34,11 @@ def coordinator_server_def(coordinator: Any) -> Any:
 
 
 def coordinator_recovering(coordinator: Any) -> bool:
-    """Whether the coordinator's failure handler has begun reconnecting to the cluster (a step
-    failed on a lost worker): from then on it redials the addresses it read, whatever raytf writes."""
-    return coordinator._cluster.failure_handler._cluster_due_for_update_or_finish.is_set()  # noqa: SLF001
+    """Whether the coordinator's failure handler is reconnecting to the cluster (a step failed on
+    a lost worker, and it redials the addresses it read, whatever raytf writes, until every task
+    answers). A stopped handler (the coordinator shut down, or a parameter server lost) is not."""
+    handler = coordinator._cluster.failure_handler  # noqa: SLF001
+    return handler._should_preemption_thread_run and handler._cluster_due_for_update_or_finish.is_set()  # noqa: SLF001
 
 
 def devices_listed() -> bool:
@@ -138,6 +140,62 @@ def _probe_server_def() -> None:
     handler = cc.WorkerPreemptionHandler.__init__.__code__.co_names
     assert "_server_def" in handler, "no handler _server_def"
     assert "_cluster_due_for_update_or_finish" in handler, "no handler _cluster_due_for_update_or_finish"
+    assert "_should_preemption_thread_run" in handler, "no handler _should_preemption_thread_run"
+
+
+# A coordinator whose one worker is killed and never comes back, in a process of its own (it
+# redials for ever, and its threads would hold an exit): the reconnect is seen, and it redials the
+# address in the ServerDef raytf writes. Prints "ok" and leaves at once.
+_COORDINATOR_SCRIPT = """
+import json, os, subprocess, sys, time
+import tensorflow as tf
+from raytf._internal.hooks.tensorflow.distribute import coordinator_recovering, coordinator_server_def
+worker, ps, chief = sys.argv[1:4]
+cluster = {"worker": [worker], "ps": [ps], "chief": [chief]}
+serve = "import sys, json, tensorflow as tf; tf.distribute.Server(json.loads(sys.argv[1]), 'worker', 0).join()"
+server = subprocess.Popen([sys.executable, "-c", serve, json.dumps(cluster)])
+try:
+    ps_server = tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    step = tf.function(lambda: tf.constant(1))
+    assert coordinator.fetch(coordinator.schedule(step)) == 1, "no step ran"
+    assert not coordinator_recovering(coordinator), "reconnecting before any loss"
+    [job] = [j for j in coordinator_server_def(coordinator).cluster.job if j.name == "worker"]
+    assert job.tasks[0] == worker, dict(job.tasks)
+    server.kill()
+    server.wait()
+    coordinator.schedule(step)
+    deadline = time.monotonic() + 60
+    while not coordinator_recovering(coordinator):
+        assert time.monotonic() < deadline, "no reconnect seen within 60 s of the worker's loss"
+        time.sleep(0.1)
+    print("ok", flush=True)
+finally:
+    server.kill()
+    os._exit(0)
+"""
+
+
+def _behaves_coordinator() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    addresses = []
+    for _ in range(3):  # held together, so that the three differ
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        addresses.append(sock)
+    ports = [f"127.0.0.1:{s.getsockname()[1]}" for s in addresses]
+    for sock in addresses:
+        sock.close()
+    done = subprocess.run(
+        [sys.executable, "-c", _COORDINATOR_SCRIPT, *ports], capture_output=True, text=True, timeout=240
+    )
+    assert done.stdout.strip().endswith("ok"), (done.stdout + done.stderr)[-1500:]
 
 
 def _probe_devices() -> None:
@@ -200,10 +258,13 @@ HOOKS = [
     Hook(
         "tensorflow.coordinator_server_def",
         "tensorflow",
-        "ClusterCoordinator._cluster.failure_handler._server_def and ._cluster_due_for_update_or_finish",
-        "replacing a lost parameter-server worker in place",
+        "ClusterCoordinator._cluster.failure_handler._server_def, ._cluster_due_for_update_or_finish "
+        "and ._should_preemption_thread_run",
+        "replacing a lost parameter-server worker in place; ending a coordinator's endless reconnect "
+        "(FailureConfig.hang_timeout_s)",
         "ParameterServerTrainer (use raytf.Trainer)",
         _probe_server_def,
+        behaves=_behaves_coordinator,
     ),
     Hook(
         "tensorflow.physical_devices",
