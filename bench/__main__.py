@@ -61,7 +61,7 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("w2", "w2.py", ("--repeats", "3", "--rows", "4096", "--configs", "plain_mwms,raytf,raytf_per_variable,"
                              "raytf_bfloat16_ef,raytf_float16_ef,raytf_accumulate4,raytf_local_sgd4,"
                              "raytf_bfloat16_ef_local_sgd4")),
-        Step("ps", "ps.py", ("--steps-per-execution", "8")),
+        Step("ps", "ps.py", ("--steps-per-execution", "8", "--repeats", "3")),
         Step("recovery", "recovery.py"),
         Step("startup", "startup.py"),
         Step("ingest", "ingest.py"),

@@ -1,6 +1,6 @@
 """Parameter-server training against MultiWorkerMirroredStrategy on W1, in one invocation.
 
-    python bench/ps.py [--steps-per-execution 8]
+    python bench/ps.py [--steps-per-execution 8] [--repeats 3]
 
 Both train W1 (bench/w1.py: the MLP, Adam, tf-keras ``model.fit``, 2 workers
 of 1 CPU, 128 rows per worker batch) on raytf; the parameter-server run adds
@@ -15,6 +15,10 @@ summary:
   TensorFlow server served again, and ``ps.attempts``; against
   ``mwms.resume_s`` from bench/recovery.py's measurement of raytf's Trainer
   (the whole group restarts from the last checkpoint).
+
+``--repeats N`` makes every run N times, round by round (each round in a run directory of its
+own, so that no run resumes another), every line saying its ``repeat`` and whether it had a
+``fault``; each round ends with its summary.
 """
 
 from __future__ import annotations
@@ -182,6 +186,7 @@ def run_ps_recovery(dataset, workdir: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="every run this many times, round by round")
     args = parser.parse_args()
     os.environ["W1_STEPS_PER_EXECUTION"] = str(args.steps_per_execution)
     w1.STEPS_PER_EXECUTION = args.steps_per_execution
@@ -195,24 +200,29 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False,
              include_dashboard=True)
     dataset = w1.ray_dataset()
-    with tempfile.TemporaryDirectory() as workdir:
-        mwms = throughput.run_raytf(dataset, workdir)
-        print(json.dumps({"system": "mwms", **mwms}), flush=True)
-        ps = run_ps(dataset, workdir)
-        print(json.dumps({"system": "ps", **ps}), flush=True)
-        ps_recovery = run_ps_recovery(dataset, workdir)
-        print(json.dumps({"system": "ps", "fault": True, **ps_recovery}), flush=True)
-        mwms_recovery = recovery.measure("raytf", dataset, workdir, recovery.KILL_STEP)
-        print(json.dumps({"system": "mwms", **mwms_recovery}), flush=True)
-    print(json.dumps({"summary": {
-        "samples_per_s": {"mwms": round(mwms["samples_per_s"]), "ps": round(ps["samples_per_s"])},
-        "ps/mwms": round(ps["samples_per_s"] / mwms["samples_per_s"], 3),
-        "recovery": {
-            "ps": {k: ps_recovery[k] for k in ("first_step_after_kill_s", "replaced_s", "attempts", "chunk_s_median")},
-            "mwms": {"resume_s": mwms_recovery.get("resume_s"), "attempts": mwms_recovery.get("retries", 0) + 1,
-                     "steps_redone": mwms_recovery.get("steps_redone")},
-        },
-    }}))
+    with tempfile.TemporaryDirectory() as root:
+        for repeat in range(args.repeats):
+            workdir = os.path.join(root, f"round-{repeat}")
+            os.makedirs(workdir)
+            round_ = {"repeat": repeat} if args.repeats > 1 else {}
+            mwms = throughput.run_raytf(dataset, workdir)
+            print(json.dumps({**round_, "system": "mwms", "fault": False, **mwms}), flush=True)
+            ps = run_ps(dataset, workdir)
+            print(json.dumps({**round_, "system": "ps", "fault": False, **ps}), flush=True)
+            ps_recovery = run_ps_recovery(dataset, workdir)
+            print(json.dumps({**round_, "system": "ps", "fault": True, **ps_recovery}), flush=True)
+            mwms_recovery = recovery.measure("raytf", dataset, workdir, recovery.KILL_STEP)
+            print(json.dumps({**round_, **mwms_recovery, "system": "mwms"}), flush=True)
+            print(json.dumps({**round_, "summary": {
+                "samples_per_s": {"mwms": round(mwms["samples_per_s"]), "ps": round(ps["samples_per_s"])},
+                "ps/mwms": round(ps["samples_per_s"] / mwms["samples_per_s"], 3),
+                "recovery": {
+                    "ps": {k: ps_recovery[k] for k in ("first_step_after_kill_s", "replaced_s", "attempts",
+                                                       "chunk_s_median")},
+                    "mwms": {"resume_s": mwms_recovery.get("resume_s"), "attempts": mwms_recovery.get("retries", 0) + 1,
+                             "steps_redone": mwms_recovery.get("steps_redone")},
+                },
+            }}), flush=True)
 
 
 if __name__ == "__main__":

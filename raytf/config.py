@@ -178,9 +178,10 @@ class FailureConfig:
     ``"auto"`` (the default) gives GPU workers standbys, started with the
     attempt's own workers so that a failure in its first seconds already
     restarts warm, and CPU workers none: a standby loads at the lowest CPU
-    priority, but on a node whose cores the workers use that still takes from
-    them (measured: a fault-free W1 run 1.21x as long on a 2-core node), while a GPU node's cores are mostly idle and its cold
-    restart is long (16.5 s against 3.0 s warm on an H100 node). ``True``
+    priority, but on a node whose cores the workers use it holds memory and
+    takes its import's CPU every attempt, while a GPU node's cores are mostly
+    idle and its cold restart is long (what standbys cost and save, measured
+    on both: the Benchmarks pages, recovery). ``True``
     gives CPU workers standbys too, started once the attempt trains (its first
     step or report), so that they never slow its start; ``False`` none.
     A GPU worker's standby takes the GPUs of the bundle it is handed
