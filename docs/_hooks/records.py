@@ -391,12 +391,16 @@ def kept_table(root: str, name: str, step: str) -> str:
     return bench_table(root, name, step, lines=kept_lines(root, name))
 
 
+# Tables that show another part of a step's lines (a view: the table's name -> the step it reads).
+VIEWS = {"ps_faults": "ps"}
+
+
 def bench_table(root: str, record: str, step: str, lines: Optional[list[dict]] = None) -> str:
     """The table of ``step`` in the newest invocation of ``record`` (or of ``lines``, a kept
     file's: kept_table), with where it comes from."""
     if lines is None:
         try:
-            lines = newest_invocation(root, record, step)
+            lines = newest_invocation(root, record, VIEWS.get(step, step))
         except ValueError:
             raise ValueError(f"docs: the newest invocation of {record} has no runs of step {step!r}") from None
     if step in COLUMNS:
