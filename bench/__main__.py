@@ -70,6 +70,9 @@ SUITES: dict[str, tuple[Step, ...]] = {
                                                    "--ray-data-epochs", "1")),
         Step("large_files", "large_files.py", ("--gib", "4", "--object-store-gib", "2", "--ray-data", "--repeats", "3")),
         Step("w3_local", "w3.py", ("--gib", "1", "--storages", "local", "--repeats", "3")),
+        # Checkpoints at the interval a large model is saved at (every 300 steps, about 30 s here).
+        Step("w3_local_every300", "w3.py", ("--gib", "1", "--storages", "local", "--steps", "900", "--every", "300",
+                                            "--systems", "raytf_async,ray_train_async", "--repeats", "3")),
         Step("w3_restores", "w3.py", ("--restores", "--gib", "1", "--steps", "10", "--every", "5", "--repeats", "3")),
         # W3's checkpoints to the loopback S3 server, raytf against both of Ray Train's report modes.
         # A checkpoint of W3's table as a Keras 3 and a tf-keras Embedding layer, and over two parameter servers.

@@ -37,12 +37,13 @@ def lines(results: str, name: str) -> list[dict]:
     return out
 
 
-def _medians(found: list[dict], systems: dict, value: Callable[[dict], Optional[float]]) -> dict:
-    """Per system of ``systems`` (in its order), the median of ``value`` over its runs in ``found``."""
+def _medians(found: list[dict], systems: dict, value: Callable[[dict], Optional[float]], by: str = "system") -> dict:
+    """Per system of ``systems`` (in its order; a line's ``by`` names it), the median of ``value``
+    over its runs in ``found``."""
     runs: dict = {}
     for r in found:
-        if r.get("system") in systems and value(r) is not None:
-            runs.setdefault(r["system"], []).append(value(r))
+        if r.get(by) in systems and value(r) is not None:
+            runs.setdefault(r[by], []).append(value(r))
     return {system: statistics.median(runs[system]) for system in systems if system in runs}
 
 
@@ -96,9 +97,6 @@ def ingest(results: str) -> Optional[bytes]:
 
 
 def file_ingest(results: str) -> Optional[bytes]:
-    found = {r["path"]: r["rows_per_s"] for r in lines(results, "cpu_file_ingest.jsonl") if "path" in r}
-    if not found:
-        return None
     names = [("raytf_tfrecord_files", "raytf.data.tfrecord_files", RAYTF),
              ("raytf_tfrecord_files_shuffled", "raytf.data.tfrecord_files, shuffled", RAYTF),
              ("raytf_parquet_files", "raytf.data.parquet_files", RAYTF),
@@ -108,7 +106,12 @@ def file_ingest(results: str) -> Optional[bytes]:
              ("raytf_planned_cached", "raytf.data.read_tfrecords (object store, after one read)", RAYTF),
              ("ray_parquet_to_tf", "Ray Data read_parquet + to_tf", OTHER),
              ("ray_to_tf", "Ray Data read_tfrecords + to_tf", OTHER)]
-    return _bars("Files into tf.data, one reader (bench/tfrecord_ingest.py)", "rows/s",
+    # Each path's median over the rounds of cpu-full's newest file_ingest run.
+    found = _medians(newest_step(results, "cpu_full.jsonl", "file_ingest"), {key: None for key, _, _ in names},
+                     lambda r: r.get("rows_per_s"), by="path")
+    if not found:
+        return None
+    return _bars("Files into tf.data, one reader, medians of three rounds (bench/tfrecord_ingest.py)", "rows/s",
                  [(label, found[key], colour) for key, label, colour in names if key in found])
 
 
