@@ -84,6 +84,9 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("w3_ps", "w3_ps.py", ("--gib", "1", "--num-ps", "2", "--steps", "60", "--every", "20", "--repeats", "3")),
         Step("w3_s3", "w3.py", ("--gib", "1", "--storages", "s3", "--systems", "raytf_async,ray_train_async,ray_train_sync",
                                 "--repeats", "3")),
+        # raytf's host copy of a 1 GiB table, four copies in each of three processes (a process's first maps its pages).
+        Step("host_copy", "gpu_host_path.py", ("--gib", "1", "--tensorflow", "--processes", "3")),
+        Step("host_copy_prewarm", "gpu_host_path.py", ("--gib", "1", "--tensorflow", "--prewarm", "--processes", "3")),
         Step("standby_cost", "standby_cost.py", ("--repeats", "3")),
         Step("poll_cost", "poll_cost.py", ("--fake", "")),  # its simulated part: control_plane's
         Step("control_plane", "control_plane.py", ("--workers", "64,256,1024,4096")),

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import zlib
 
@@ -184,8 +185,20 @@ def main() -> None:
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU copies")
     parser.add_argument("--tensorflow", action="store_true", help="raytf's own host copy (see above)")
     parser.add_argument("--prewarm", action="store_true", help="with --tensorflow: state.prewarm before the copies")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="with --tensorflow: the copies in this many processes, one after the other (a process's "
+                             "first copy maps its pages), each line saying its process as its repeat")
     args = parser.parse_args()
     nbytes = int(args.gib * GIB)
+    if args.tensorflow and args.processes > 1:
+        for repeat in range(args.processes):
+            command = [sys.executable, os.path.abspath(__file__), "--gib", str(args.gib), "--tensorflow"]
+            done = subprocess.run(command + (["--prewarm"] if args.prewarm else []), capture_output=True, text=True,
+                                  check=True)
+            for line in done.stdout.splitlines():
+                if line.startswith("{"):
+                    print(json.dumps({"repeat": repeat, **json.loads(line)}), flush=True)
+        return
     if args.tensorflow:
         _tensorflow(nbytes, args.prewarm)
         return
