@@ -156,7 +156,10 @@ def _tensorflow(nbytes: int, prewarm: bool) -> list[dict]:
     if not on_gpu:  # a sparse update puts a host table in copy-on-read mode: report copies it
         variable.scatter_add(tf.IndexedSlices(tf.ones([1, 1024]), tf.constant([0], tf.int64)))
     out = []
-    if prewarm:  # what ReportCallback does after the first step
+    if prewarm:  # what ReportCallback does after the first step, where RAYTF_PREWARM_HOST_COPIES=1
+        from raytf._internal import env as _env
+
+        os.environ[_env.PREWARM_HOST_COPIES] = "1"
         start = time.perf_counter()
         _state.prewarm({"table": variable}).result()
         out.append(_emit({"measure": "raytf prewarm (background)", "gib": round(nbytes / GIB, 3),
