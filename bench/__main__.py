@@ -84,6 +84,11 @@ SUITES: dict[str, tuple[Step, ...]] = {
         Step("w3_ps", "w3_ps.py", ("--gib", "1", "--num-ps", "2", "--steps", "60", "--every", "20", "--repeats", "3")),
         Step("w3_s3", "w3.py", ("--gib", "1", "--storages", "s3", "--systems", "raytf_async,ray_train_async,ray_train_sync",
                                 "--repeats", "3")),
+        # The host allocator under a sparse table's copies: raytf's defaults, oneDNN off, and oneDNN off with
+        # TensorFlow's own allocator, round by round.
+        Step("w3_allocator", "w3.py", ("--gib", "1", "--steps", "180", "--every", "60", "--storages", "local",
+                                       "--systems", "raytf_async", "--repeats", "3", "--conditions",
+                                       ";TF_ENABLE_ONEDNN_OPTS=0;TF_ENABLE_ONEDNN_OPTS=0,TF_CPU_ALLOCATOR_USE_BFC=false")),
         # raytf's host copy of a 1 GiB table, four copies in each of three processes (a process's first maps its pages).
         Step("host_copy", "gpu_host_path.py", ("--gib", "1", "--tensorflow", "--processes", "3")),
         Step("host_copy_prewarm", "gpu_host_path.py", ("--gib", "1", "--tensorflow", "--prewarm", "--processes", "3")),

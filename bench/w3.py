@@ -254,7 +254,16 @@ def main() -> None:
                         help="set in every system's workers (raytf: TensorflowConfig.worker_env, which wins over "
                              "raytf's own settings; Ray Train: the runtime env), e.g. TF_ENABLE_ONEDNN_OPTS=0 for "
                              "a CPU without AVX-512, TF_CPU_ALLOCATOR_USE_BFC=false for TensorFlow's own allocator")
+    parser.add_argument("--conditions", default=None, metavar="NAME=VALUE,...;...",
+                        help="raytf's systems only: each run once per condition, round by round, a condition being "
+                             "the workers' environment (semicolon-separated; NAME=VALUE pairs comma-separated; an "
+                             "empty one is raytf's defaults), set through TensorflowConfig.worker_env alone")
     args = parser.parse_args()
+    conditions = [{}]
+    if args.conditions is not None:
+        if args.worker_env or any(not s.startswith("raytf_") for s in args.systems.split(",")):
+            parser.error("--conditions applies to raytf's systems alone, without --worker-env")
+        conditions = [dict(pair.split("=", 1) for pair in c.split(",") if pair) for c in args.conditions.split(";")]
     w1.use_gpus(args.gpus_per_worker)
     WORKER_ENV.update(dict(pair.split("=", 1) for pair in args.worker_env))
     import ray
@@ -283,12 +292,17 @@ def main() -> None:
         return
     try:
         for repeat in range(args.repeats):
-            for storage, (raytf_storage, ray_storage, _) in storages.items():
+            for storage, (raytf_storage, ray_storage, _), condition in (
+                (storage, options, condition) for storage, options in storages.items() for condition in conditions
+            ):
+                if args.conditions is not None:
+                    WORKER_ENV.clear()
+                    WORKER_ENV.update(condition)
                 for system in systems:
                     name, _, upload = system.rpartition("_")
                     options = raytf_storage if name == "raytf" else ray_storage
                     row = {"system": system, "storage": storage, "gib": args.gib, "steps": args.steps,
-                           "every": args.every, "worker_env": WORKER_ENV, "table": args.table, "repeat": repeat}
+                           "every": args.every, "worker_env": dict(WORKER_ENV), "table": args.table, "repeat": repeat}
                     out = os.path.join(local, "timings.json")
                     config = {"gib": args.gib, "steps": args.steps, "out": out, "table": args.table}
                     without = runners[name]({**config, "every": 0}, options, upload)
@@ -302,6 +316,8 @@ def main() -> None:
         for _, _, server in storages.values():
             if server is not None:
                 server.terminate()
+    if args.conditions is not None:  # rows of one system under several environments: nothing to pair
+        return
     summary = {"summary": "w3", "gib": args.gib, "repeats": args.repeats}
     for storage in storages:
         for system in systems:

@@ -220,7 +220,8 @@ COLUMNS.update({
     ],
     "w3": W3,
     **{step: W3 for step in ("w3_local", "w3_local_every300", "w3_s3", "w3_layers", "w3_layers_tf_keras")},  # cpu-full's
-    "w3_env": W3[:1] + [("worker_env", "worker environment", "n")] + W3[2:],  # runs that differ by it
+    # runs that differ by it: a kept file's, and cpu-full's w3_allocator
+    **{step: W3[:1] + [("worker_env", "worker environment", "n")] + W3[2:] for step in ("w3_env", "w3_allocator")},
     "w3_restores": [  # bench/w3.py --restores: a restart's restore of the checkpoint
         ("system", "system", "n"),
         ("storage", "storage", "n"),
@@ -229,7 +230,8 @@ COLUMNS.update({
     ],
 })
 # The steps whose lines are bench/w3.py's, one per system's run.
-W3_STEPS = ("w3", "w3_local", "w3_local_every300", "w3_s3", "w3_layers", "w3_layers_tf_keras", "w3_env", "w3_restores")
+W3_STEPS = ("w3", "w3_local", "w3_local_every300", "w3_s3", "w3_layers", "w3_layers_tf_keras", "w3_env", "w3_allocator",
+            "w3_restores")
 # Which result lines of such a step are rows (the others: another part, the summary).
 ROWS = {"poll_cost": lambda result: result.get("part") == "actors", "recovery": lambda result: result.get("fault"),
         **{step: lambda result: "system" in result for step in W3_STEPS},
