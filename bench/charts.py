@@ -116,20 +116,19 @@ def file_ingest(results: str) -> Optional[bytes]:
 
 
 def w3_pause(results: str) -> Optional[bytes]:
-    rows = []
     names = {"raytf_async": ("raytf (async, default)", RAYTF), "ray_train_async": ("Ray Train ASYNC", ANCHOR),
              "ray_train_sync": ("Ray Train SYNC", OTHER)}
-    for r in lines(results, "cpu_w3_local_every300.jsonl"):
-        if r.get("system") in names and "blocked_s" in r:
-            label, colour = names[r["system"]]
-            rows.append((f"{label}, local", r["blocked_mean_s"], colour))
+    # Local disk, a checkpoint every 300 steps: each run's mean pause, the median of three runs.
+    local = _medians(newest_step(results, "cpu_full.jsonl", "w3_local_every300"), names, lambda r: r.get("blocked_mean_s"))
+    rows = [(f"{names[system][0]}, local", median, names[system][1]) for system, median in local.items()]
     # S3: each run's first checkpoint, the median of three runs.
     firsts = _medians(newest_step(results, "cpu_full.jsonl", "w3_s3"), names, lambda r: (r.get("blocked_s") or [None])[0])
     rows += [(f"{names[system][0]}, S3", median, names[system][1]) for system, median in firsts.items()]
     if not rows:
         return None
     return _bars("Training blocked by one 1 GiB checkpoint, W3 (bench/w3.py)", "seconds", rows,
-                 "S3: the first checkpoint of a run, median of three (later ones wait for the previous upload to the loopback server)")
+                 "local: the mean pause of a run, a checkpoint every 300 steps; S3: a run's first checkpoint (later ones wait "
+                 "for the previous upload to the loopback server); medians of three runs")
 
 
 def w3_restore(results: str) -> Optional[bytes]:
