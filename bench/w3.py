@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import itertools
 import json
 import os
 import shutil
@@ -292,9 +293,7 @@ def main() -> None:
         return
     try:
         for repeat in range(args.repeats):
-            for storage, (raytf_storage, ray_storage, _), condition in (
-                (storage, options, condition) for storage, options in storages.items() for condition in conditions
-            ):
+            for (storage, (raytf_storage, ray_storage, _)), condition in itertools.product(storages.items(), conditions):
                 if args.conditions is not None:
                     WORKER_ENV.clear()
                     WORKER_ENV.update(condition)
