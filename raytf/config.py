@@ -160,8 +160,9 @@ class FailureConfig:
     code outside TensorFlow as long, the attempt fails naming the latter
     (``"returned_early"``, raised like an exception; ``"stalled"``, retried
     like a lost worker). In parameter-server training it also bounds how long
-    the chief's coordinator may reconnect to a lost task (TensorFlow redials its
-    address with no timeout, every step waiting): past it the attempt fails
+    the chief's coordinator may be held: reconnecting to a lost task
+    (TensorFlow redials its address with no timeout, every step waiting), or
+    holding scheduled functions of which none ends. Past it the attempt fails
     as ``"stalled"``. ``None`` turns it off.
 
     ``warm_standby`` makes restarts start warm: raytf starts one standby

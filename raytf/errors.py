@@ -62,7 +62,7 @@ class FailureKind(str, enum.Enum):
     NOT_STARTED = "not_started"  # it never joined the group (start timeout)
     RETURNED_EARLY = "returned_early"  # train_fn returned while its peers waited for it in a collective
     # It sat in its own code while its peers waited for it, or (parameter servers) the chief's
-    # coordinator reconnected to a lost task without end (hang_timeout_s).
+    # coordinator was held without end: reconnecting, or no scheduled step ending (hang_timeout_s).
     STALLED = "stalled"
     PREEMPTED = "preempted"  # its node was drained or it got SIGTERM: not counted against max_failures
     # An elastic group (ScalingConfig.num_workers=(min, max)) below max found room for the rest and

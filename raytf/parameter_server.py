@@ -347,7 +347,7 @@ class ParameterServerTrainer(Trainer):
         return WorkerGroup(
             run,
             self._roles(),
-            ParameterServerShape(finishers=tuple(self._finishing_roles), reconnect_timeout_s=failures.hang_timeout_s),
+            ParameterServerShape(finishers=tuple(self._finishing_roles), coordinator_timeout_s=failures.hang_timeout_s),
             placement_strategy=self.scaling.placement,
             elastic=ElasticPolicy(
                 workers, workers, self.scaling.placement_timeout_s, 0.0, config="ParameterServerScaling"

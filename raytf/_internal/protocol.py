@@ -203,6 +203,15 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class CoordinatorHeld:
+    """A parameter-server chief's ClusterCoordinator making no progress: reconnecting to the
+    cluster after a step failed on a lost task, or holding scheduled functions of which none ends."""
+
+    seconds: float
+    why: str  # what holds it, to end "its ClusterCoordinator has been ..."
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     """One worker's answer to a poll: reports since the last poll, its phase, its error."""
 
@@ -213,9 +222,9 @@ class WorkerStatus:
     preempt_reason: Optional[str] = None  # set once this worker was asked to stop for a preemption
     activity: Optional[Activity] = None
     progress: Optional[Progress] = None
-    # A parameter-server chief's: how long its ClusterCoordinator has been reconnecting to the
-    # cluster after a step failed on a lost task, continuously as sampled at each poll; None while not.
-    reconnecting_s: Optional[float] = None
+    # A parameter-server chief's: how long its ClusterCoordinator has been held, continuously as
+    # sampled at each poll; None while it is not.
+    coordinator_held: Optional[CoordinatorHeld] = None
 
     @property
     def finished(self) -> bool:

@@ -38,7 +38,7 @@ HEAD_ENV = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             # Every process of the head's (a submitted job's driver among them) gives up on a GCS
             # that has not answered for this long (Ray's default, 60 s): on a loaded 2-CPU machine a
             # job's driver once did, while the head's GCS was starved, and the job failed.
-            "RAY_gcs_rpc_server_reconnect_timeout_s": "300"}
+            "RAY_gcs_rpc_server_coordinator_timeout_s": "300"}
 
 
 def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -282,16 +282,16 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
     once in a fresh-clone run). On TensorFlow 2.16 the chief's reconnect may also hold its process so
     that it answers nothing, the retarget included: after FailureConfig.worker_timeout_s the group
     then restarts as in the first case (seen once on the oldest versions). And where the chief
-    answers but its coordinator's reconnect never ends (seen once on the oldest versions: the run
-    held for ten minutes), FailureConfig.hang_timeout_s fails the attempt as stalled and the group
-    restarts. Then, in epoch 2 of whichever attempt, ps 0 is killed: the group restarts from the last
+    answers but its coordinator is held, reconnecting without end or holding steps of which none
+    ends (seen twice on the oldest versions: the run held for ten minutes),
+    FailureConfig.hang_timeout_s fails the attempt as stalled and the group restarts. Then, in epoch 2 of whichever attempt, ps 0 is killed: the group restarts from the last
     checkpoint, the rows counter and each worker's stream (made inside a dataset function) going on
     from where its model stood."""
     config = {"epochs": 4, "steps": 200, "mark_epochs": [1, 2], "mark_any_attempt": True, "count_rows": 2048,
               "per_pass": 1024 // 32, "dataset_fn": True}
     # One more failure than the losses: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
     # result) on rare restarts; raytf restarts it like any loss, and the test checks the two losses.
-    # A reconnect that has not ended in 90 s is wedged (a replacement starts in well under that here).
+    # A coordinator held 90 s is wedged (a replacement starts, and a step ends, in well under that here).
     trainer = ps_trainer(tmp_path, "ps-moved", config,
                          failures=raytf.FailureConfig(max_failures=4, hang_timeout_s=90))
     taken = {}

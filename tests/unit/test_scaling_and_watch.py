@@ -1,11 +1,15 @@
 """The elastic policy and what a round of polls amounts to: pure, no Ray."""
 
+import queue
+import threading
+import types
+
 import pytest
 
 from raytf._internal.driver.failure import root_cause
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.watch import GroupWatch
-from raytf._internal.protocol import Activity, Phase, Progress, Report, WorkerStatus
+from raytf._internal.protocol import Activity, CoordinatorHeld, Phase, Progress, Report, WorkerStatus
 from raytf.errors import FailureKind, WorkerFailure
 
 
@@ -146,28 +150,87 @@ def test_a_collective_error_points_at_the_rank_that_stopped_taking_part():
     assert kinds == [(0, FailureKind.COLLECTIVE), (1, FailureKind.RETURNED_EARLY)]
 
 
-def test_a_parameter_server_coordinator_reconnecting_past_the_timeout_is_stalled_and_a_reconnect_that_ends_is_not():
+def test_a_parameter_server_coordinator_held_past_the_timeout_is_stalled_and_a_hold_that_ends_is_not():
     clock = Clock()
-    w = watch(clock, workers=1, hang_timeout_s=None, reconnect_timeout_s=60.0)
-    w.heard(0, status(0, Phase.TRAINING, reconnecting_s=10.0))
-    clock.now = 40.0  # 10 s when heard, 40 s later: 50 s of reconnecting
+    w = watch(clock, workers=1, hang_timeout_s=None, coordinator_timeout_s=60.0)
+    w.heard(0, status(0, Phase.TRAINING, coordinator_held=CoordinatorHeld(10.0, "reconnecting to the cluster")))
+    clock.now = 40.0  # 10 s when heard, 40 s later: 50 s held
     assert w.round(None).failures == ()
-    w.heard(0, status(0, Phase.TRAINING))  # reconnected: the count starts again at the next one
+    w.heard(0, status(0, Phase.TRAINING))  # no longer held: the count starts again at the next one
     clock.now = 200.0
     assert w.round(None).failures == ()
-    w.heard(0, status(0, Phase.TRAINING, reconnecting_s=1.0))
+    w.heard(0, status(0, Phase.TRAINING, coordinator_held=CoordinatorHeld(1.0, "holding 3 scheduled function(s)")))
     clock.now = 258.5
     assert w.round(None).failures == ()
     clock.now = 261.0  # heard at 200 with 1 s, not heard since (a chief that answers no more is worker_timeout_s's)
     [stalled] = w.round(None).failures
     assert (stalled.rank, stalled.kind, stalled.node_ip) == (0, FailureKind.STALLED, "10.0.0.0")
-    assert "reconnecting to the cluster for 62 s (FailureConfig.hang_timeout_s=60)" in stalled.message
+    assert "has been holding 3 scheduled function(s) for 62 s (FailureConfig.hang_timeout_s=60)" in stalled.message
     w.replaced(0, "10.0.0.2")  # a new actor for the rank: nothing carried over
     assert w.round(None).failures == ()
-    # Without a reconnect timeout (a mirrored group, or hang_timeout_s=None) nothing is ever found.
-    off = watch(clock, workers=1, reconnect_timeout_s=None)
-    off.heard(0, status(0, Phase.TRAINING, reconnecting_s=10_000.0))
+    # Without a coordinator timeout (a mirrored group, or hang_timeout_s=None) nothing is ever found.
+    off = watch(clock, workers=1, coordinator_timeout_s=None)
+    off.heard(0, status(0, Phase.TRAINING, coordinator_held=CoordinatorHeld(10_000.0, "reconnecting")))
     assert off.round(None).failures == ()
+
+
+class _Handler:
+    def __init__(self):
+        self._should_preemption_thread_run = True
+        self._cluster_due_for_update_or_finish = threading.Event()
+
+
+class _ClosureQueue:
+    """TensorFlow's _CoordinatedClosureQueue as far as raytf reads it."""
+
+    def __init__(self):
+        self.inflight_closure_count = 0
+        self._queue = queue.Queue()
+
+    def mark_finished(self):
+        self.inflight_closure_count -= 1
+
+    def mark_failed(self, error):
+        self.inflight_closure_count -= 1
+
+
+def test_a_chief_reports_its_coordinator_held_while_it_reconnects_or_while_scheduled_functions_end_none():
+    from raytf._internal.hooks import tensorflow as tf_hooks
+    from raytf._internal.worker.payloads import ChiefPayload
+
+    handler, closures = _Handler(), _ClosureQueue()
+    coordinator = types.SimpleNamespace(_cluster=types.SimpleNamespace(failure_handler=handler, closure_queue=closures))
+    chief = ChiefPayload()
+    clock = Clock()
+    chief._clock = lambda: clock.now
+    tf_hooks.count_closures_ended(coordinator, chief._closure_ended)
+    chief._coordinator = coordinator
+    assert chief.coordinator_held() is None  # nothing scheduled
+    closures.inflight_closure_count = 2
+    assert chief.coordinator_held() == CoordinatorHeld(0.0, "holding 2 scheduled function(s) of which none has ended")
+    clock.now = 30.0
+    assert chief.coordinator_held().seconds == 30.0
+    closures.mark_finished()  # one ends: the coordinator moves, and the count starts again
+    clock.now = 31.0
+    assert chief.coordinator_held() is None
+    clock.now = 40.0
+    assert chief.coordinator_held().seconds == 9.0
+    closures.mark_failed(RuntimeError("lost"))
+    closures._queue.put("put back")  # TensorFlow's failure handling puts the step back and reconnects
+    handler._cluster_due_for_update_or_finish.set()
+    clock.now = 41.0
+    assert chief.coordinator_held() == CoordinatorHeld(0.0, "reconnecting to the cluster after a step failed on a lost task")
+    clock.now = 100.0  # held both ways as long: the reconnect is named
+    assert chief.coordinator_held() == CoordinatorHeld(59.0, "reconnecting to the cluster after a step failed on a lost task")
+    closures._queue.get()
+    closures.inflight_closure_count = 0
+    clock.now = 130.0
+    assert chief.coordinator_held() == CoordinatorHeld(89.0, "reconnecting to the cluster after a step failed on a lost task")
+    handler._cluster_due_for_update_or_finish.clear()
+    assert chief.coordinator_held() is None
+    handler._should_preemption_thread_run = False  # a stopped handler (a ps lost) reconnects nothing
+    handler._cluster_due_for_update_or_finish.set()
+    assert chief.coordinator_held() is None
 
 
 def test_the_start_up_breakdown_times_each_phase_from_the_slowest_worker():

@@ -238,7 +238,7 @@ class WorkerGroup:
             start_timeout_s=self._start_timeout_s,
             worker_timeout_s=self._worker_timeout_s,
             hang_timeout_s=self.shape.hang_timeout_s,
-            reconnect_timeout_s=self.shape.reconnect_timeout_s,
+            coordinator_timeout_s=self.shape.coordinator_timeout_s,
             finishers=None if finishers is None else [i for i, m in enumerate(members) if m.role.name in finishers],
             labels={i: m.label for i, m in enumerate(members)} if self.shape.named_tasks else None,
         )

@@ -37,8 +37,8 @@ class GroupShape:
     replaceable: tuple[str, ...] = ()  # roles whose loss is ridden out with a new actor in place
     finishers: Optional[tuple[str, ...]] = None  # roles whose end is the group's end (None: every role)
     hang_timeout_s: Optional[float] = None  # FailureConfig.hang_timeout_s, where collectives can hang
-    # FailureConfig.hang_timeout_s, where a coordinator can reconnect for ever (parameter servers)
-    reconnect_timeout_s: Optional[float] = None
+    # FailureConfig.hang_timeout_s, where a coordinator can be held for ever (parameter servers)
+    coordinator_timeout_s: Optional[float] = None
     closes: tuple[str, ...] = ()  # roles asked to close() (remove what they keep on their node) before the kill
     named_tasks: bool = False  # failures and logs name the task ("ps 0"); else the world rank
 

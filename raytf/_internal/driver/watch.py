@@ -19,6 +19,7 @@ from raytf._internal.protocol import (
     STARTING_PHASES,
     Activity,
     ActivityKind,
+    CoordinatorHeld,
     GroupStatus,
     Phase,
     Progress,
@@ -54,7 +55,7 @@ class GroupWatch:
         start_timeout_s: float,
         worker_timeout_s: float,
         hang_timeout_s: Optional[float],
-        reconnect_timeout_s: Optional[float] = None,
+        coordinator_timeout_s: Optional[float] = None,
         clock: Callable[[], float] = time.monotonic,
         finishers: Optional[Collection[int]] = None,
         labels: Optional[Mapping[int, str]] = None,
@@ -67,12 +68,12 @@ class GroupWatch:
         self._start_timeout_s = start_timeout_s
         self._worker_timeout_s = worker_timeout_s
         self._hang_timeout_s = hang_timeout_s
-        self._reconnect_timeout_s = reconnect_timeout_s
+        self._coordinator_timeout_s = coordinator_timeout_s
         self._clock = clock
         self._started_at: Optional[float] = clock()
         self.phases: dict[int, Phase] = {}
         self._activities: dict[int, tuple[Activity, float]] = {}  # rank -> (last activity, heard at)
-        self._reconnecting: dict[int, tuple[float, float]] = {}  # rank -> (reconnecting_s, heard at)
+        self._held: dict[int, tuple[CoordinatorHeld, float]] = {}  # rank -> (its coordinator's hold, heard at)
         self.progress: Optional[Progress] = None  # rank 0's, as last heard
         self.released = False  # the start barrier: every worker told to build the strategy
         self._reports: list[Report] = []
@@ -101,7 +102,7 @@ class GroupWatch:
         new one ``start_timeout_s`` to join."""
         self.phases.pop(rank, None)
         self._activities.pop(rank, None)
-        self._reconnecting.pop(rank, None)
+        self._held.pop(rank, None)
         self.silent_ranks.discard(rank)
         self._node_ips[rank] = node_ip
         self._started_at = self._clock()
@@ -114,10 +115,10 @@ class GroupWatch:
             self.progress = status.progress
         if status.activity is not None:
             self._activities[rank] = (status.activity, now)
-        if status.reconnecting_s is None:
-            self._reconnecting.pop(rank, None)
+        if status.coordinator_held is None:
+            self._held.pop(rank, None)
         else:
-            self._reconnecting[rank] = (status.reconnecting_s, now)
+            self._held[rank] = (status.coordinator_held, now)
         if status.failure is not None:
             self._failures.append(status.failure)
             if status.failure.kind == FailureKind.COLLECTIVE:  # a peer that stopped taking part is the cause
@@ -168,13 +169,14 @@ class GroupWatch:
             for a, heard in self._activities.values()
         )
 
-    def _not_reconnected(self) -> list[WorkerFailure]:
-        """After reconnect_timeout_s, a coordinator still reconnecting to its cluster. TensorFlow's
-        failure handling redials a lost task's address with no timeout, and holds every step while
-        it does: where that address never answers (the task came back elsewhere too late for raytf
-        to point the coordinator there, or TensorFlow's reconnect itself wedged), only a restart
-        from the last checkpoint ends it."""
-        timeout_s = self._reconnect_timeout_s
+    def _coordinator_held(self) -> list[WorkerFailure]:
+        """After coordinator_timeout_s, a coordinator still held: reconnecting to its cluster, or
+        holding scheduled functions of which none ends. TensorFlow's failure handling redials a lost
+        task's address with no timeout and holds every step while it does, and a step waiting on a
+        peer that will never answer waits as long: where that address never answers (the task came
+        back elsewhere too late for raytf to point the coordinator there, or TensorFlow's reconnect
+        itself wedged), only a restart from the last checkpoint ends it."""
+        timeout_s = self._coordinator_timeout_s
         if timeout_s is None:
             return []
         now = self._clock()
@@ -183,13 +185,12 @@ class GroupWatch:
                 rank,
                 FailureKind.STALLED,
                 "Stalled",
-                f"its ClusterCoordinator has been reconnecting to the cluster for {seconds + now - heard:.0f} s "
-                f"(FailureConfig.hang_timeout_s={timeout_s:g}), holding every step: TensorFlow redials a lost "
-                "task's address with no timeout, and that one has not answered; the group restarts from the "
-                "last checkpoint",
+                f"its ClusterCoordinator has been {held.why} for {held.seconds + now - heard:.0f} s "
+                f"(FailureConfig.hang_timeout_s={timeout_s:g}), holding every step: TensorFlow waits on a lost "
+                "task with no timeout; the group restarts from the last checkpoint",
             )
-            for rank, (seconds, heard) in sorted(self._reconnecting.items())
-            if seconds + now - heard >= timeout_s
+            for rank, (held, heard) in sorted(self._held.items())
+            if held.seconds + now - heard >= timeout_s
         ]
 
     def _not_joined(self) -> list[WorkerFailure]:
@@ -266,7 +267,7 @@ class GroupWatch:
         if not failures and self._someone_waited(self._hang_timeout_s):
             failures += find_hangs(self.activities(), self._hang_timeout_s, self._node_ips)
         if not failures:
-            failures += self._not_reconnected()
+            failures += self._coordinator_held()
         done = len(self.phases) == len(self._node_ips)
         ready = (
             not self.released and done and all(p not in (Phase.CREATED, Phase.STARTING) for p in self.phases.values())

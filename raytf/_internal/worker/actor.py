@@ -158,12 +158,12 @@ class TrainWorker:
         self._thread.start()
 
     def poll(self) -> WorkerStatus:
-        activity = reconnecting_s = None
+        activity = held = None
         if self._phase == Phase.TRAINING:
             self._catch_sigterm()
             activity = self._activity.sample(self._thread.ident if self._thread else None)
-            reconnecting = getattr(self._payload, "reconnecting_s", None)  # a parameter-server chief's
-            reconnecting_s = reconnecting() if reconnecting is not None else None
+            coordinator_held = getattr(self._payload, "coordinator_held", None)  # a parameter-server chief's
+            held = coordinator_held() if coordinator_held is not None else None
         elif self._phase == Phase.FINISHED:
             activity = self._activity.finished()
         with self._lock:
@@ -177,7 +177,7 @@ class TrainWorker:
             preempt_reason=self._preempt_reason,
             activity=activity,
             progress=session.progress() if session is not None else None,
-            reconnecting_s=reconnecting_s,
+            coordinator_held=held,
         )
 
     def shard_read_whole(self, name: str) -> tuple[bool, Any]:

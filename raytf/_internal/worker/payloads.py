@@ -26,7 +26,16 @@ from ray import cloudpickle
 
 from raytf._internal import env as _env
 from raytf._internal import hooks as _hooks
-from raytf._internal.protocol import Phase, PayloadKind, Report, RunSpec, TrainContext, UserCode, WorkerSpec
+from raytf._internal.protocol import (
+    CoordinatorHeld,
+    Phase,
+    PayloadKind,
+    Report,
+    RunSpec,
+    TrainContext,
+    UserCode,
+    WorkerSpec,
+)
 from raytf._internal.worker import activity as _activity
 from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
@@ -291,30 +300,55 @@ class ChiefPayload:
     """The parameter-server chief: ``train_fn(config)`` with ParameterServerStrategy and its
     ClusterCoordinator, once every worker and ps serves."""
 
+    _clock = staticmethod(time.monotonic)
+
     def __init__(self) -> None:
         self.session: Optional[WorkerSession] = None
         self._coordinator: Any = None
+        self._ended = 0  # the coordinator's scheduled functions that ended (TensorFlow's threads count them)
+        self._ended_seen = 0
         self._reconnecting_since: Optional[float] = None
+        self._idle_since: Optional[float] = None  # functions pending and none ended since
 
     @property
     def preempted(self) -> bool:
         return self.session is not None and self.session.preempted
 
-    def reconnecting_s(self) -> Optional[float]:
-        """How long the coordinator has been reconnecting to the cluster, as seen at each poll (the
-        driver ends a reconnect that outlasts FailureConfig.hang_timeout_s: TensorFlow redials a lost
-        task's address with no timeout); None while it is not."""
+    def coordinator_held(self) -> Optional[CoordinatorHeld]:
+        """How long the coordinator has been held, as seen at each poll (the driver ends a hold that
+        outlasts FailureConfig.hang_timeout_s): reconnecting to the cluster (TensorFlow redials a
+        lost task's address with no timeout), or holding scheduled functions of which none ends (a
+        step waiting on a peer that will never answer); None while neither."""
         if self._coordinator is None:
             return None
         from raytf._internal.hooks import tensorflow as tf_hooks
 
-        if not tf_hooks.coordinator_recovering(self._coordinator):
+        now = self._clock()
+        if tf_hooks.coordinator_recovering(self._coordinator):
+            self._reconnecting_since = self._reconnecting_since or now
+        else:
             self._reconnecting_since = None
-            return None
-        now = time.monotonic()
-        if self._reconnecting_since is None:
-            self._reconnecting_since = now
-        return now - self._reconnecting_since
+        pending, ended = tf_hooks.closures_pending(self._coordinator), self._ended
+        moved, self._ended_seen = ended != self._ended_seen, ended
+        if not pending:
+            self._idle_since = None
+        elif moved or self._idle_since is None:
+            self._idle_since = now
+        holds = [
+            (now - since, why)
+            for since, why in (
+                (self._reconnecting_since, "reconnecting to the cluster after a step failed on a lost task"),
+                (
+                    None if moved else self._idle_since,
+                    f"holding {pending} scheduled function(s) of which none has ended",
+                ),
+            )
+            if since is not None
+        ]
+        return CoordinatorHeld(*max(holds, key=lambda hold: hold[0])) if holds else None
+
+    def _closure_ended(self) -> None:
+        self._ended += 1  # a lost update between threads still changes it, all coordinator_held asks
 
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
         from raytf._internal.worker import ps as _ps
@@ -327,7 +361,11 @@ class ChiefPayload:
         from raytf._internal.data import ps_positions
 
         ps_positions.hold_updates = code.hold_updates
-        strategy, self._coordinator = _ps.make_strategy(code.variable_partitioner)
+        strategy, coordinator = _ps.make_strategy(code.variable_partitioner)
+        from raytf._internal.hooks import tensorflow as tf_hooks
+
+        tf_hooks.count_closures_ended(coordinator, self._closure_ended)
+        self._coordinator = coordinator
         _ps.install(strategy)
         self.session = WorkerSession(
             _context(run, spec),

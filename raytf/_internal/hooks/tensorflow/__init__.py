@@ -6,10 +6,12 @@ from raytf._internal.hooks.tensorflow import checkpoint, data, distribute, graph
 from raytf._internal.hooks.tensorflow.checkpoint import host_copies, saveables, write_copies
 from raytf._internal.hooks.tensorflow.data import dataset_functions, dataset_inputs, framework_types, records_at_class
 from raytf._internal.hooks.tensorflow.distribute import (
+    closures_pending,
     collective_strategy_class,
     coordinator_recovering,
     coordinator_server_def,
     count_batches_taken,
+    count_closures_ended,
     devices_listed,
     distributed_original,
     parameter_server_strategy_class,
@@ -20,10 +22,12 @@ HOOKS = [*distribute.HOOKS, *data.HOOKS, *checkpoint.HOOKS, *graph.HOOKS]
 
 __all__ = [
     "HOOKS",
+    "closures_pending",
     "collective_strategy_class",
     "coordinator_recovering",
     "coordinator_server_def",
     "count_batches_taken",
+    "count_closures_ended",
     "dataset_functions",
     "dataset_inputs",
     "devices_listed",

@@ -7,7 +7,7 @@ See the package docstring of ``raytf._internal.hooks``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from raytf._internal.hooks._hook import Hook
 
@@ -39,6 +39,27 @@ def coordinator_recovering(coordinator: Any) -> bool:
     answers). A stopped handler (the coordinator shut down, or a parameter server lost) is not."""
     handler = coordinator._cluster.failure_handler  # noqa: SLF001
     return handler._should_preemption_thread_run and handler._cluster_due_for_update_or_finish.is_set()  # noqa: SLF001
+
+
+def count_closures_ended(coordinator: Any, ended: Callable[[], None]) -> None:
+    """Call ``ended()`` each time one of the coordinator's scheduled functions ends, finished or
+    failed (its closure queue's ``mark_finished`` and ``mark_failed``, wrapped on this one queue)."""
+    queue = coordinator._cluster.closure_queue  # noqa: SLF001
+    for name in ("mark_finished", "mark_failed"):
+        original = getattr(queue, name)
+
+        def counted(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            ended()  # first: a join() that the mark releases sees it counted
+            return _original(*args, **kwargs)
+
+        setattr(queue, name, counted)
+
+
+def closures_pending(coordinator: Any) -> int:
+    """How many of the coordinator's scheduled functions have not ended: queued, or running on a
+    worker."""
+    queue = coordinator._cluster.closure_queue  # noqa: SLF001
+    return queue.inflight_closure_count + queue._queue.qsize()  # noqa: SLF001
 
 
 def devices_listed() -> bool:
@@ -143,13 +164,26 @@ def _probe_server_def() -> None:
     assert "_should_preemption_thread_run" in handler, "no handler _should_preemption_thread_run"
 
 
+def _probe_closures() -> None:
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    assert "closure_queue" in cc.Cluster.__init__.__code__.co_names, "Cluster sets no closure_queue"
+    queue = cc._CoordinatedClosureQueue  # noqa: SLF001
+    for name in ("mark_finished", "mark_failed"):
+        assert callable(getattr(queue, name, None)), f"_CoordinatedClosureQueue.{name}"
+    assert isinstance(getattr(queue, "inflight_closure_count", None), property), "inflight_closure_count"
+    assert "_queue" in queue.__init__.__code__.co_names, "_CoordinatedClosureQueue sets no _queue"
+
+
 # A coordinator whose one worker is killed and never comes back, in a process of its own (it
-# redials for ever, and its threads would hold an exit): the reconnect is seen, and it redials the
-# address in the ServerDef raytf writes. Prints "ok" and leaves at once.
+# redials for ever, and its threads would hold an exit): the reconnect is seen, it redials the
+# address in the ServerDef raytf writes, and its closures count as ended and pending as they do.
+# Prints "ok" and leaves at once.
 _COORDINATOR_SCRIPT = """
 import json, os, subprocess, sys, time
 import tensorflow as tf
-from raytf._internal.hooks.tensorflow.distribute import coordinator_recovering, coordinator_server_def
+from raytf._internal.hooks.tensorflow.distribute import (
+    closures_pending, coordinator_recovering, coordinator_server_def, count_closures_ended)
 worker, ps, chief = sys.argv[1:4]
 cluster = {"worker": [worker], "ps": [ps], "chief": [chief]}
 serve = "import sys, json, tensorflow as tf; tf.distribute.Server(json.loads(sys.argv[1]), 'worker', 0).join()"
@@ -160,8 +194,12 @@ try:
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    ended = []
+    count_closures_ended(coordinator, lambda: ended.append(1))
     step = tf.function(lambda: tf.constant(1))
     assert coordinator.fetch(coordinator.schedule(step)) == 1, "no step ran"
+    coordinator.join()
+    assert (len(ended), closures_pending(coordinator)) == (1, 0), ("ended, pending", len(ended), closures_pending(coordinator))
     assert not coordinator_recovering(coordinator), "reconnecting before any loss"
     [job] = [j for j in coordinator_server_def(coordinator).cluster.job if j.name == "worker"]
     assert job.tasks[0] == worker, dict(job.tasks)
@@ -172,6 +210,7 @@ try:
     while not coordinator_recovering(coordinator):
         assert time.monotonic() < deadline, "no reconnect seen within 60 s of the worker's loss"
         time.sleep(0.1)
+    assert (len(ended), closures_pending(coordinator)) == (1, 1), ("held: ended, pending", len(ended), closures_pending(coordinator))
     print("ok", flush=True)
 finally:
     server.kill()
@@ -264,6 +303,16 @@ HOOKS = [
         "(FailureConfig.hang_timeout_s)",
         "ParameterServerTrainer (use raytf.Trainer)",
         _probe_server_def,
+        behaves=_behaves_coordinator,
+    ),
+    Hook(
+        "tensorflow.coordinator_closures",
+        "tensorflow",
+        "ClusterCoordinator._cluster.closure_queue: mark_finished and mark_failed (wrapped on the "
+        "queue), inflight_closure_count and ._queue",
+        "ending a parameter-server run whose scheduled steps stopped ending (FailureConfig.hang_timeout_s)",
+        "ParameterServerTrainer (use raytf.Trainer)",
+        _probe_closures,
         behaves=_behaves_coordinator,
     ),
     Hook(
