@@ -163,7 +163,8 @@ class FailureConfig:
     the chief's coordinator may be held: reconnecting to a lost task
     (TensorFlow redials its address with no timeout, every step waiting), or
     holding scheduled functions of which none ends. Past it the attempt fails
-    as ``"stalled"``. ``None`` turns it off.
+    as ``"stalled"``: set it above the longest a function you schedule runs
+    (a Keras ``steps_per_execution`` of slow steps). ``None`` turns it off.
 
     ``warm_standby`` makes restarts start warm: raytf starts one standby
     process per worker on the same node, which imports TensorFlow and loads

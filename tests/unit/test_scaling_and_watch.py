@@ -205,27 +205,31 @@ def test_a_chief_reports_its_coordinator_held_while_it_reconnects_or_while_sched
     chief._clock = lambda: clock.now
     tf_hooks.count_closures_ended(coordinator, chief._closure_ended)
     chief._coordinator = coordinator
+    reconnecting = "reconnecting to the cluster after a step failed on a lost task"
     assert chief.coordinator_held() is None  # nothing scheduled
-    closures.inflight_closure_count = 2
-    assert chief.coordinator_held() == CoordinatorHeld(0.0, "holding 2 scheduled function(s) of which none has ended")
-    clock.now = 30.0
-    assert chief.coordinator_held().seconds == 30.0
+    closures.inflight_closure_count = 3
+    clock.now = 600.0
+    assert chief.coordinator_held() is None  # none has ended yet: the first step may still compile
+    closures.mark_finished()
+    assert chief.coordinator_held() is None  # one just ended
+    clock.now = 630.0
+    assert chief.coordinator_held() == CoordinatorHeld(30.0, "holding 2 scheduled function(s) of which none has ended")
     closures.mark_finished()  # one ends: the coordinator moves, and the count starts again
-    clock.now = 31.0
+    clock.now = 631.0
     assert chief.coordinator_held() is None
-    clock.now = 40.0
+    clock.now = 640.0
     assert chief.coordinator_held().seconds == 9.0
     closures.mark_failed(RuntimeError("lost"))
     closures._queue.put("put back")  # TensorFlow's failure handling puts the step back and reconnects
     handler._cluster_due_for_update_or_finish.set()
-    clock.now = 41.0
-    assert chief.coordinator_held() == CoordinatorHeld(0.0, "reconnecting to the cluster after a step failed on a lost task")
-    clock.now = 100.0  # held both ways as long: the reconnect is named
-    assert chief.coordinator_held() == CoordinatorHeld(59.0, "reconnecting to the cluster after a step failed on a lost task")
+    clock.now = 641.0
+    assert chief.coordinator_held() == CoordinatorHeld(0.0, reconnecting)
+    clock.now = 700.0  # held both ways as long: the reconnect is named
+    assert chief.coordinator_held() == CoordinatorHeld(59.0, reconnecting)
     closures._queue.get()
     closures.inflight_closure_count = 0
-    clock.now = 130.0
-    assert chief.coordinator_held() == CoordinatorHeld(89.0, "reconnecting to the cluster after a step failed on a lost task")
+    clock.now = 730.0
+    assert chief.coordinator_held() == CoordinatorHeld(89.0, reconnecting)  # nothing pending, still reconnecting
     handler._cluster_due_for_update_or_finish.clear()
     assert chief.coordinator_held() is None
     handler._should_preemption_thread_run = False  # a stopped handler (a ps lost) reconnects nothing

@@ -324,13 +324,13 @@ class ChiefPayload:
         from raytf._internal.hooks import tensorflow as tf_hooks
 
         now = self._clock()
-        if tf_hooks.coordinator_recovering(self._coordinator):
-            self._reconnecting_since = self._reconnecting_since or now
-        else:
+        if not tf_hooks.coordinator_recovering(self._coordinator):
             self._reconnecting_since = None
+        elif self._reconnecting_since is None:
+            self._reconnecting_since = now
         pending, ended = tf_hooks.closures_pending(self._coordinator), self._ended
         moved, self._ended_seen = ended != self._ended_seen, ended
-        if not pending:
+        if not pending or not ended:  # none ended yet: the first step may still compile
             self._idle_since = None
         elif moved or self._idle_since is None:
             self._idle_since = now
