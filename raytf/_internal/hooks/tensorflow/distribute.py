@@ -7,6 +7,7 @@ See the package docstring of ``raytf._internal.hooks``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from raytf._internal.hooks._hook import Hook
@@ -218,6 +219,7 @@ finally:
 """
 
 
+@functools.cache  # once a process, though two hooks' checks: a second coordinator costs seconds
 def _behaves_coordinator() -> None:
     import socket
     import subprocess
