@@ -57,8 +57,9 @@ def _group(item: pytest.Item) -> str:
 
 
 def _longest_groups_first(items: list[pytest.Item], record: str) -> None:
-    """Order the groups by their seconds in the newest suite record, longest first, a group's own
-    tests keeping their order; a group the record does not know (a new file) goes first.
+    """Order the groups by their seconds in the newest record of a whole passing run (no -m or -k),
+    longest first, a group's own tests keeping their order; a group the record does not know (a
+    new file) goes first.
 
     pytest-xdist hands the groups out in this order (--no-loadscope-reorder), and hands a process
     its next group while it still has two tests of the last one to run: a long group handed out late
@@ -67,9 +68,13 @@ def _longest_groups_first(items: list[pytest.Item], record: str) -> None:
     seconds: dict[str, float] = {}
     try:
         with open(record) as f:
-            newest = json.loads(f.readlines()[-1])
-    except (OSError, IndexError, ValueError):
+            runs = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
         return
+    whole = [r for r in runs if r.get("exit_status") == 0 and not {"-m", "-k"} & set(r.get("args", ()))]
+    if not whole:
+        return
+    newest = whole[-1]
     for key, took in newest.get("tests_s", {}).items():
         group = key.rsplit("@", 1)[-1]
         seconds[group] = seconds.get(group, 0.0) + took
