@@ -20,7 +20,6 @@ and a second crash, fails the suite.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -47,41 +46,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         # pytest -n 2 --dist loadgroup (pyproject.toml): a test file runs whole in one process, so
         # its module-scoped runs are made once; the end-to-end files share one, so that their Ray
-        # heads never start together (the first makes the machine's Ray token).
+        # heads never start together (the first makes the machine's Ray token). The groups start
+        # in the order collected (--no-loadscope-reorder): e2e, the longest, first and the unit
+        # files last, not by test count, which left e2e to run alone at the end.
         item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else relative))
-    _longest_groups_first(items, os.path.join(root, "records", "suite.jsonl"))
-
-
-def _group(item: pytest.Item) -> str:
-    return next(m.kwargs.get("name", m.args[0] if m.args else "") for m in item.iter_markers("xdist_group"))
-
-
-def _longest_groups_first(items: list[pytest.Item], record: str) -> None:
-    """Order the groups by their seconds in the newest record of a whole passing run (no -m or -k),
-    longest first, a group's own tests keeping their order; a group the record does not know (a
-    new file) goes first.
-
-    pytest-xdist hands the groups out in this order (--no-loadscope-reorder), and hands a process
-    its next group while it still has two tests of the last one to run: a long group handed out late
-    then ran on one process while the other, out of groups, waited (two minutes of a run that
-    ended 19 min 35 s in). Longest first leaves the unit files, seconds each, to fill the end."""
-    seconds: dict[str, float] = {}
-    try:
-        with open(record) as f:
-            runs = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return
-    whole = [r for r in runs if r.get("exit_status") == 0 and not {"-m", "-k"} & set(r.get("args", ()))]
-    if not whole:
-        return
-    newest = whole[-1]
-    for key, took in newest.get("tests_s", {}).items():
-        group = key.rsplit("@", 1)[-1]
-        seconds[group] = seconds.get(group, 0.0) + took
-    first_seen: dict[str, int] = {}
-    for item in items:
-        first_seen.setdefault(_group(item), len(first_seen))
-    items.sort(key=lambda item: (-seconds.get(_group(item), float("inf")), first_seen[_group(item)]))
 
 
 # ``python -m pytest --suite-record tests/records/suite.jsonl``: one JSON line of what the run took

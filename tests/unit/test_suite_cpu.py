@@ -40,35 +40,3 @@ def test_the_cpu_of_processes_started_below_counts_and_stays_counted_after_they_
     assert cpu.total() >= working
     cpu.stop()
 
-
-class _Item:
-    """As much of a pytest item as the suite's ordering reads: its xdist_group marker."""
-
-    def __init__(self, group: str, name: str):
-        self.group, self.name = group, name
-
-    def iter_markers(self, name: str):
-        return [pytest.mark.xdist_group(self.group).mark] if name == "xdist_group" else []
-
-
-def test_the_test_files_run_longest_first_by_the_newest_whole_run_a_new_file_before_all(tmp_path):
-    import json
-
-    from tests.conftest import _longest_groups_first
-
-    record = tmp_path / "suite.jsonl"
-    runs = [
-        {"exit_status": 0, "args": [], "tests_s": {"a::t1@a": 5.0, "a::t2@a": 1.0, "b::t@b": 50.0}},
-        {"exit_status": 0, "args": [], "tests_s": {"a::t1@a": 60.0, "a::t2@a": 1.0, "b::t@b": 50.0, "d::t@d": 0.1}},
-        {"exit_status": 1, "args": [], "tests_s": {"d::t@d": 900.0}},  # failed: not read
-        {"exit_status": 0, "args": ["-m", "unit"], "tests_s": {"d::t@d": 900.0}},  # part of the suite: not read
-    ]
-    record.write_text("".join(json.dumps(r) + "\n" for r in runs))
-    items = [_Item(g, n) for g, n in (("d", "t"), ("a", "t1"), ("a", "t2"), ("b", "t"), ("c", "t1"), ("c", "t2"))]
-    _longest_groups_first(items, str(record))
-    # c is new (first, its tests in their order), then a (61 s), b (50 s), d (0.1 s).
-    assert [(i.group, i.name) for i in items] == [("c", "t1"), ("c", "t2"), ("a", "t1"), ("a", "t2"), ("b", "t"),
-                                                 ("d", "t")]
-    untouched = [_Item("x", "t"), _Item("y", "t")]
-    _longest_groups_first(untouched, str(tmp_path / "no-record.jsonl"))  # no record: the order collected
-    assert [i.group for i in untouched] == ["x", "y"]
