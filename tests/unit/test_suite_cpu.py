@@ -39,4 +39,3 @@ def test_the_cpu_of_processes_started_below_counts_and_stays_counted_after_they_
     # Both ended: their CPU stays in the total, though no parent counted the grandchild's.
     assert cpu.total() >= working
     cpu.stop()
-
