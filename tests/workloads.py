@@ -1549,13 +1549,18 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
     """counted_keras_train's test hooks after a step; ``at`` is {epoch, batch} (the batches of this pass)."""
     import ray
 
-    mark, kill = config.get("mark"), config.get("kill")
-    if ctx.attempt == 0 and mark and (at == mark or state.get("marked")):
+    marks, kills = config.get("mark") or [], config.get("kill") or []
+    # A mark is {epoch, batch} in attempt 0, or {attempt, epoch, batch}; its file names the attempt past 0.
+    mark = next(({k: v for k, v in m.items() if k != "attempt"} for m in (marks if isinstance(marks, list) else [marks])
+                 if m.get("attempt", 0) == ctx.attempt), None)
+    if mark and (at == mark or state.get("marked")):
         if at == mark:
-            _write(config["out_dir"], f"running-{config['driver']}-{ctx.world_rank}.json",
+            running = f"running-{config['driver']}-{ctx.world_rank}" + (f"-a{ctx.attempt}" if ctx.attempt else "")
+            _write(config["out_dir"], f"{running}.json",
                    {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
             state["marked"] = True
-            if config.get("hold_until_preempted"):
+            hold = config.get("hold_until_preempted")
+            if hold is True or (isinstance(hold, list) and ctx.attempt in hold):  # True, or the attempts to hold in
                 # Every rank waits at this step until the run is asked to stop (the test drains a
                 # node, or adds one to grow onto), asking together (preemption_requested is an
                 # all-reduce; a count, not a clock, bounds it): the preemption lands here however
@@ -1565,7 +1570,7 @@ def _counted_hooks(config: dict, ctx: Any, state: dict, at: dict) -> None:
                         break
                     time.sleep(0.2)
         time.sleep(config.get("step_sleep", 0))
-    if kill and {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} == kill:
+    if {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} in (kills if isinstance(kills, list) else [kills]):
         os._exit(1)
     terms = config.get("term") or []
     if {**at, "rank": ctx.world_rank, "attempt": ctx.attempt} in (terms if isinstance(terms, list) else [terms]):
@@ -1593,7 +1598,10 @@ def counted_custom_loop(config: dict) -> None:
     keras = tf.keras
     ctx = raytf.get_context()
     strategy = raytf.strategy()
-    train = raytf.get_dataset_shard("train", batch_size=config["batch"], features="x", label="y", shuffle=True)
+    # ``global_batch``: the rows a step trains across the group, whatever its size (an elastic group's
+    # workers each take their part); else ``batch`` rows a worker.
+    batch = config["global_batch"] // ctx.world_size if "global_batch" in config else config["batch"]
+    train = raytf.get_dataset_shard("train", batch_size=batch, features="x", label="y", shuffle=True)
     distributed = strategy.distribute_datasets_from_function(lambda _: train)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
@@ -1602,18 +1610,27 @@ def counted_custom_loop(config: dict) -> None:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     first_epoch = 0
     if (resumed := raytf.get_checkpoint()) is not None:
-        resumed.restore_state(model=model, optimizer=optimizer)
+        if config.get("per_rank_files"):
+            _restore_per_rank_files(config, ctx, resumed, model, optimizer)
+        else:
+            resumed.restore_state(model=model, optimizer=optimizer)
         first_epoch = resumed.epoch + 1
     iteration = int(optimizer.iterations.numpy())
     log = _counted_log(config, ctx, iteration)
     state: dict = {}
+
+    def report(metrics):
+        if config.get("per_rank_files"):
+            raytf.report(metrics, checkpoint=_per_rank_files(ctx, model, optimizer, metrics), ranks="all")
+        else:
+            raytf.report(metrics, checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer))
 
     @tf.function
     def train_step(x, y):
         def step(x, y):
             with tf.GradientTape() as tape:
                 loss = tf.nn.compute_average_loss(loss_fn(y, model(x[:, 1:])),
-                                                  global_batch_size=config["batch"] * ctx.world_size)
+                                                  global_batch_size=batch * ctx.world_size)
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
         strategy.run(step, args=(x, y))
@@ -1627,11 +1644,40 @@ def counted_custom_loop(config: dict) -> None:
             iteration += 1
             _counted_hooks(config, ctx, state, {"epoch": epoch, "batch": batch})
             if batch % 2 == 0 and raytf.preemption_requested():
-                raytf.report({"epoch": epoch - 1, "step": iteration},
-                             checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer))
+                report({"epoch": epoch - 1, "step": iteration})
                 return
-        raytf.report({"epoch": epoch, "step": iteration},
-                     checkpoint=raytf.Checkpoint.from_state(model=model, optimizer=optimizer))
+        report({"epoch": epoch, "step": iteration})
+
+
+def _per_rank_files(ctx: Any, model: Any, optimizer: Any, metrics: dict) -> Any:
+    """counted_custom_loop's checkpoint with ``per_rank_files``, for a collective report: every rank's
+    own ``rank-<r>.json`` (who wrote it, in which group), and the chief's weights and step."""
+    import tempfile
+
+    import numpy as np
+
+    directory = tempfile.mkdtemp()
+    _write(directory, f"rank-{ctx.world_rank}.json",
+           {"rank": ctx.world_rank, "world_size": ctx.world_size, "attempt": ctx.attempt, **metrics})
+    if ctx.world_rank == 0:
+        np.savez(os.path.join(directory, "weights.npz"), *[v.numpy() for v in model.weights],
+                 iterations=int(optimizer.iterations.numpy()))
+    return raytf.Checkpoint.from_directory(directory)
+
+
+def _restore_per_rank_files(config: dict, ctx: Any, resumed: Any, model: Any, optimizer: Any) -> None:
+    """Every rank restores the chief's weights from the merged checkpoint and records the ranks'
+    files it found there, to ``restored-<driver>-<attempt>-<rank>.json``."""
+    import numpy as np
+
+    with resumed.as_directory() as directory:
+        with np.load(os.path.join(directory, "weights.npz")) as saved:
+            for i, variable in enumerate(model.weights):
+                variable.assign(saved[f"arr_{i}"])
+            optimizer.iterations.assign(int(saved["iterations"]))
+        found = [json.loads(open(os.path.join(directory, name)).read())
+                 for name in sorted(os.listdir(directory)) if name.startswith("rank-")]
+    _write(config["out_dir"], f"restored-{config['driver']}-{ctx.attempt}-{ctx.world_rank}.json", {"files": found})
 
 
 def counted_keras_train(config: dict) -> None:

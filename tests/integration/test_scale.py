@@ -1,0 +1,92 @@
+"""The scale tier: past two workers. Eight MultiWorkerMirroredStrategy workers over four nodes
+through two ranks lost at once, a node taken away and a node added, every row once per epoch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import raytf
+from tests import workloads
+from tests.integration.conftest import wait_for
+from tests.integration.test_exactly_once import trained_counts
+from tests.integration.test_recovery import in_background
+
+pytestmark = pytest.mark.integration
+
+ROWS, GLOBAL_BATCH, EPOCHS = 672, 48, 3  # 14 steps an epoch: 8 workers x 6 rows a step, or 6 x 8
+
+
+def test_eight_workers_on_four_nodes_train_every_row_once_through_ranks_lost_on_two_nodes_and_a_node_added(
+        cluster, tmp_path, no_leaks):
+    """One run of ``num_workers=(4, 8)``, two workers on each of four nodes, a custom loop whose
+    every checkpoint is a collective report (``ranks="all"``: each rank's file, the chief's weights),
+    its global batch kept whatever the group's size.
+    In epoch 1, in the same second, a rank is killed (SIGKILL) and another node is taken away with
+    its two ranks: one failure; the group restarts on the 6 workers the nodes left hold, from epoch
+    0's checkpoint merged from the 8 ranks' files. In mid-epoch 2 a node joins and the group grows
+    back to 8 from a checkpoint merged from the 6 (an elastic group grows once its attempt has
+    trained: here, reported epoch 1). Every row of every epoch trains the final model
+    once. (Before exactly-once data, a resume trained rows twice and others never.)"""
+    import os
+    import signal
+
+    import ray
+
+    nodes = [cluster.add_node(num_cpus=2, resources={"scale": 2}) for _ in range(4)]
+    data = ray.data.range(ROWS, override_num_blocks=8).map_batches(workloads.counted_rows, batch_size=None)
+    trainer = raytf.Trainer(
+        workloads.counted_custom_loop,
+        config={"out_dir": str(tmp_path), "global_batch": GLOBAL_BATCH, "epochs": EPOCHS, "driver": 1, "per_rank_files": True,
+                "mark": [{"epoch": 1, "batch": 2}, {"attempt": 1, "epoch": 2, "batch": 4}], "hold_until_preempted": True},
+        datasets={"train": data},
+        scaling=raytf.ScalingConfig(num_workers=(4, 8), resources_per_worker={"scale": 1}, resize_timeout_s=3),
+        run=raytf.RunConfig(name="scale", storage_path=str(tmp_path / "results"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=1)),
+    )
+    taken = joined = None
+    try:
+        join = in_background(trainer)
+        running = wait_for(lambda: all((tmp_path / f"running-1-{r}.json").exists() for r in range(8)), 400,
+                           "8 workers training epoch 1")
+        running = [json.loads((tmp_path / f"running-1-{r}.json").read_text()) for r in range(8)]
+        # Rank 1 killed, and in the same second the node of rank 6 taken away (rank 6 and its neighbour).
+        taken = next(n for n in nodes if n.node_id == running[6]["node_id"])
+        assert running[1]["node_id"] != taken.node_id
+        os.kill(running[1]["pid"], signal.SIGKILL)
+        cluster.remove_node(taken)
+        nodes.remove(taken)
+        wait_for((tmp_path / "running-1-0-a1.json").exists, 300, "the group of 6 training")
+        joined = cluster.add_node(num_cpus=2, resources={"scale": 2})
+        nodes.append(joined)
+        result = join()
+    finally:
+        for node in nodes:
+            cluster.remove_node(node)
+    counts, attempts = trained_counts(tmp_path, EPOCHS, ROWS)
+    assert [size for _, size, _ in attempts.values()] == [8, 6, 8], attempts
+    # Two ranks on each node; the group of 6 on the three nodes left, the grown group on the one that joined too.
+    placed = {}
+    for rank in range(8):
+        placed.setdefault(running[rank]["node_id"], []).append(rank)
+    assert sorted(len(ranks) for ranks in placed.values()) == [2, 2, 2, 2], placed
+    assert taken.node_id not in attempts[(1, 1)][2] and len(attempts[(1, 1)][2]) == 3
+    assert joined.node_id in attempts[(1, 2)][2]
+    # Each restore read one checkpoint merged from every rank of the group that reported it.
+    for attempt, size, writers in ((1, 6, 8), (2, 8, 6)):
+        for rank in range(size):
+            found = json.loads((tmp_path / f"restored-1-{attempt}-{rank}.json").read_text())["files"]
+            assert [f["rank"] for f in found] == list(range(writers)), (attempt, rank, found)
+            assert {(f["world_size"], f["attempt"]) for f in found} == {(writers, attempt - 1)}
+    # The global batch kept: each worker's steps took 6 rows in the groups of 8, 8 in the group of 6.
+    for (_, attempt), rows_a_step in zip(attempts, (6, 8, 6)):
+        taken = {len(json.loads(line)["ids"]) for rank in range(GLOBAL_BATCH // rows_a_step)
+                 for line in (tmp_path / f"steps-1-{attempt}-{rank}.jsonl").read_text().splitlines()[1:]}
+        assert taken == {rows_a_step}, (attempt, taken)
+    died, grown = result.failures
+    assert died.kind == "died" and grown.kind == "resized" and "growing from 6 to 8 workers" in grown.message
+    assert result.history[-1]["epoch"] == EPOCHS - 1
+    wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
+    assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"
