@@ -44,8 +44,10 @@ class ParameterServerScaling:
     ``train_fn``; ``num_evaluators`` (0 or 1) evaluates committed checkpoints.
     Each role has its own CPUs and GPUs (``cpus_per_ps``, ``gpus_per_worker``,
     ...); ``resources_per_worker`` adds custom resources to the workers, which
-    are the ones that usually need special nodes. One placement group holds
-    them all with ``placement`` as its strategy.
+    are the ones that usually need special nodes, and ``resources_per_ps`` to
+    the parameter servers (nodes with the memory for a large table, say
+    ``{"ps_node": 1}``). One placement group holds them all with ``placement``
+    as its strategy.
     """
 
     num_workers: int = 2
@@ -56,6 +58,7 @@ class ParameterServerScaling:
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     cpus_per_ps: float = 1
     gpus_per_ps: float = 0
+    resources_per_ps: Mapping[str, float] = field(default_factory=dict)
     cpus_per_chief: float = 1
     gpus_per_chief: float = 0
     cpus_per_evaluator: float = 1
@@ -83,6 +86,20 @@ class ParameterServerScaling:
                 "sidecar evaluator is a single task that evaluates each checkpoint in turn"
             )
         check_int("ParameterServerScaling.num_evaluators", self.num_evaluators, minimum=0, maximum=1)
+        resources = check_resources(
+            "ParameterServerScaling.resources_per_worker",
+            self.resources_per_worker,
+            cpus="cpus_per_worker",
+            gpus="gpus_per_worker",
+        )
+        object.__setattr__(self, "resources_per_worker", resources)
+        object.__setattr__(
+            self,
+            "resources_per_ps",
+            check_resources(
+                "ParameterServerScaling.resources_per_ps", self.resources_per_ps, cpus="cpus_per_ps", gpus="gpus_per_ps"
+            ),
+        )
         for role in ROLES:
             check_number(f"ParameterServerScaling.cpus_per_{role}", getattr(self, f"cpus_per_{role}"))
             gpus = check_number(f"ParameterServerScaling.gpus_per_{role}", getattr(self, f"gpus_per_{role}"))
@@ -95,13 +112,6 @@ class ParameterServerScaling:
                     f"ParameterServerScaling reserves nothing per {role} (cpus_per_{role}=0, "
                     f"gpus_per_{role}=0): give it at least one CPU or GPU"
                 )
-        resources = check_resources(
-            "ParameterServerScaling.resources_per_worker",
-            self.resources_per_worker,
-            cpus="cpus_per_worker",
-            gpus="gpus_per_worker",
-        )
-        object.__setattr__(self, "resources_per_worker", resources)
         if not any(self._bundle("worker").values()):
             raise ConfigError(
                 "ParameterServerScaling reserves nothing per worker (cpus_per_worker=0, "
@@ -121,8 +131,8 @@ class ParameterServerScaling:
     def _bundle(self, role: str = "worker") -> dict[str, float]:
         """The placement-group bundle of one task of ``role`` (zero amounts left out, as Ray wants)."""
         bundle = {"CPU": float(getattr(self, f"cpus_per_{role}")), "GPU": float(getattr(self, f"gpus_per_{role}"))}
-        if role == "worker":
-            bundle.update({k: float(v) for k, v in self.resources_per_worker.items()})
+        if role in ("worker", "ps"):
+            bundle.update({k: float(v) for k, v in getattr(self, f"resources_per_{role}").items()})
         return {k: v for k, v in bundle.items() if v > 0}
 
     @property

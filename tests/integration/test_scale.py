@@ -1,5 +1,7 @@
 """The scale tier: past two workers. Eight MultiWorkerMirroredStrategy workers over four nodes
-through two ranks lost at once, a node taken away and a node added, every row once per epoch."""
+through ranks lost on two nodes at once and a node added; a parameter-server group of four workers
+and two parameter servers over three nodes through a lost workers' node and a lost ps node. Every
+row trains once per epoch (per pass, for parameter servers)."""
 
 from __future__ import annotations
 
@@ -90,3 +92,75 @@ def test_eight_workers_on_four_nodes_train_every_row_once_through_ranks_lost_on_
     assert result.history[-1]["epoch"] == EPOCHS - 1
     wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
     assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"
+
+
+def live_tasks(run: str) -> dict[str, str]:
+    """Each live actor of run ``run``: its task ("worker-0", "ps-1", ...) -> its node's id."""
+    from ray._private.state import actors
+
+    return {a["Name"].split(":")[3]: a["Address"]["NodeID"] for a in actors().values()
+            if a["State"] == "ALIVE" and (a["Name"] or "").startswith(f"raytf:{run}:")}
+
+
+def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers_node_and_the_ps_node(
+        cluster, tmp_path, no_leaks):
+    """Parameter servers past two workers: a chief, 4 workers (two on each of two nodes,
+    ``resources_per_worker``) and 2 parameter servers (on a third, ``resources_per_ps``), a custom
+    loop over each worker's stream. In epoch 1 a workers' node is lost with its two workers, and an
+    autoscaler's node takes its place: both workers are replaced (in place, or by a restart of the
+    group where the coordinator cannot reach a replacement: test_parameter_server.py's moved
+    worker). In epoch 2 the parameter servers' node is lost: the group restarts from the last
+    checkpoint on the node added in its place. Every row of each worker's stream trains once per
+    pass, up to the stated bound of one batch again per worker lost in a step."""
+    from tests.integration.test_parameter_server import SMALL, assert_every_row_once_per_pass, read, train_data
+
+    workers = [cluster.add_node(num_cpus=2, resources={"ps_scale_worker": 2}) for _ in range(2)]
+    ps = cluster.add_node(num_cpus=1, resources={"ps_scale_ps": 2})  # full with the two: the chief goes elsewhere
+    added = [*workers, ps]
+    (tmp_path / "out").mkdir()
+    config = {"epochs": 3, "steps": 80, "mark_epochs": [1, 2], "mark_any_attempt": True, "count_rows": 2048,
+              "per_pass": 2048 // 4 // 32, "dataset_fn": True, "out_dir": str(tmp_path / "out")}
+    trainer = raytf.ParameterServerTrainer(
+        workloads.ps_custom_loop, config=config, datasets={"train": train_data()},
+        scaling=raytf.ParameterServerScaling(num_workers=4, num_ps=2, resources_per_worker={"ps_scale_worker": 1},
+                                             resources_per_ps={"ps_scale_ps": 1}, **SMALL),
+        run=raytf.RunConfig(name="ps-scale", storage_path=str(tmp_path / "runs"), verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=6, hang_timeout_s=90)),
+    )
+    seen = {}
+    try:
+        join = in_background(trainer)
+        wait_for((tmp_path / "out" / "mark-1.json").exists, 300, "epoch 1 to be scheduled")
+        seen["first"] = live_tasks("ps-scale")
+        lost = workers[0]
+        seen["lost_workers"] = sorted(t for t, node in seen["first"].items() if node == lost.node_id)
+        cluster.remove_node(lost)
+        added.remove(lost)
+        added.append(cluster.add_node(num_cpus=2, resources={"ps_scale_worker": 2}))  # the autoscaler's replacement
+        wait_for((tmp_path / "out" / "mark-2.json").exists, 400, "epoch 2 to be scheduled")
+        seen["second"] = live_tasks("ps-scale")
+        cluster.remove_node(ps)
+        added.remove(ps)
+        added.append(cluster.add_node(num_cpus=1, resources={"ps_scale_ps": 2}))
+        result = join()
+    finally:
+        for node in added:
+            cluster.remove_node(node)
+    # Two workers on each workers' node, both parameter servers on theirs.
+    first = seen["first"]
+    assert len(seen["lost_workers"]) == 2, first
+    assert {first[f"ps-{i}"] for i in range(2)} == {ps.node_id}
+    assert sorted(sum(node == w.node_id for node in first.values()) for w in workers) == [2, 2]
+    assert {seen["second"][f"ps-{i}"] for i in range(2)} == {ps.node_id}
+    failures = [(f.task, f.kind) for f in result.failures]
+    for task in seen["lost_workers"]:
+        assert (task.replace("-", " "), raytf.FailureKind.DIED) in failures, failures
+    assert any(task.startswith("ps ") and kind == raytf.FailureKind.DIED for task, kind in failures), failures
+    assert result.history[-1]["epoch"] == config["epochs"] - 1
+    restarts = [[h for h in result.history if h["attempt"] == a] for a in range(1, result.attempts)]
+    assert any(restarts)  # the lost ps restarted the group, from a checkpoint
+    for resumed in filter(None, restarts):
+        assert resumed[0]["resumed_at"] >= 1, resumed
+    lost = {int(task.split("-")[1]): 1 for task in seen["lost_workers"]}
+    assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=4, per_pass=config["per_pass"], batch=32,
+                                   lost_commits=lost)

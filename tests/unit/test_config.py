@@ -221,3 +221,18 @@ def test_a_parameter_server_trainer_checks_tensorflow_options_against_its_own_sc
         raytf.ParameterServerTrainer(lambda: None, scaling=raytf.ParameterServerScaling(), tensorflow=nccl)
     with pytest.raises(ConfigError, match="must be a raytf.ParameterServerScaling, got ScalingConfig"):
         raytf.ParameterServerTrainer(lambda: None, scaling=raytf.ScalingConfig())
+
+
+def test_parameter_servers_can_ask_for_custom_resources_of_their_own():
+    scaling = raytf.ParameterServerScaling(num_workers=2, num_ps=2, resources_per_worker={"gpu_node": 1},
+                                           resources_per_ps={"memory_node": 1}, cpus_per_ps=0.5)
+    assert scaling._bundle("ps") == {"CPU": 0.5, "memory_node": 1.0}
+    assert scaling._bundle("worker") == {"CPU": 1.0, "gpu_node": 1.0}
+    assert scaling._bundle("chief") == {"CPU": 1.0}  # the chief asks for neither
+    # A parameter server with no CPU is placed by its custom resource alone.
+    assert raytf.ParameterServerScaling(cpus_per_ps=0, resources_per_ps={"memory_node": 1})._bundle("ps") == {
+        "memory_node": 1.0}
+    with pytest.raises(ConfigError, match=r"resources_per_ps\['GPU'\]: set CPUs and GPUs with cpus_per_ps and gpus_per_ps"):
+        raytf.ParameterServerScaling(resources_per_ps={"GPU": 1})
+    with pytest.raises(ConfigError, match="resources_per_ps must be a dict, got list"):
+        raytf.ParameterServerScaling(resources_per_ps=["memory_node"])
