@@ -470,21 +470,6 @@ def lose_rank_1_every_way(config: dict) -> None:
     small_train(config)
 
 
-def slow_train_recording_nodes(config: dict) -> None:
-    """Records this worker's node, then trains slowly enough for a node to be removed under it."""
-    import ray
-
-    ctx = raytf.get_context()
-    _write(config["out_dir"], f"node{ctx.world_rank}_attempt{ctx.attempt}.json",
-           {"node_id": ray.get_runtime_context().get_node_id(),
-            "actor_name": ray.get_runtime_context().get_actor_name()})
-    if ctx.attempt == 0:
-        for step in range(600):  # until the test removes a node (at most a minute)
-            raytf.report({"epoch": -1, "step": step})
-            time.sleep(0.1)
-    small_train(config)
-
-
 def mlp_features(batch):
     """Ray Data batch -> the small MLP's inputs: 32 features and 4 classes from each row's id."""
     import numpy as np
@@ -1600,8 +1585,13 @@ def counted_custom_loop(config: dict) -> None:
     strategy = raytf.strategy()
     # ``global_batch``: the rows a step trains across the group, whatever its size (an elastic group's
     # workers each take their part); else ``batch`` rows a worker.
-    batch = config["global_batch"] // ctx.world_size if "global_batch" in config else config["batch"]
-    train = raytf.get_dataset_shard("train", batch_size=batch, features="x", label="y", shuffle=True)
+    if "global_batch" in config:
+        batch = config["global_batch"] // ctx.world_size
+        train = raytf.get_dataset_shard("train", global_batch_size=config["global_batch"], features="x", label="y",
+                                        shuffle=True)
+    else:
+        batch = config["batch"]
+        train = raytf.get_dataset_shard("train", batch_size=batch, features="x", label="y", shuffle=True)
     distributed = strategy.distribute_datasets_from_function(lambda _: train)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])

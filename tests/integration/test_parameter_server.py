@@ -272,9 +272,8 @@ def _live_pid(run, label):
         return None
 
 
-def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so_does_a_lost_ps(
-        cluster, tmp_path, no_leaks):
-    """One run, two losses. In epoch 1 worker 1 is killed and its port taken at once (as when its
+def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group(cluster, tmp_path, no_leaks):
+    """In epoch 1 worker 1 is killed and its port taken at once (as when its
     replacement lands on another node): TensorFlow's coordinator is already redialing the old
     address and would wait there for ever, so raytf restarts the group from the last checkpoint.
     On a loaded machine the coordinator may not have noticed the loss yet when the replacement
@@ -284,13 +283,14 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
     then restarts as in the first case (seen once on the oldest versions). And where the chief
     answers but its coordinator is held, reconnecting without end or holding steps of which none
     ends (seen twice on the oldest versions: the run held for ten minutes),
-    FailureConfig.hang_timeout_s fails the attempt as stalled and the group restarts. Then, in epoch 2 of whichever attempt, ps 0 is killed: the group restarts from the last
-    checkpoint, the rows counter and each worker's stream (made inside a dataset function) going on
-    from where its model stood."""
-    config = {"epochs": 4, "steps": 200, "mark_epochs": [1, 2], "mark_any_attempt": True, "count_rows": 2048,
+    FailureConfig.hang_timeout_s fails the attempt as stalled and the group restarts. A restart
+    goes on from the last checkpoint, the rows counter and each worker's stream (made inside a
+    dataset function) from where its model stood. (A lost parameter server's restart, the same way:
+    test_scale.py, where the parameter servers' node is lost.)"""
+    config = {"epochs": 3, "steps": 200, "mark_epochs": [1], "mark_any_attempt": True, "count_rows": 2048,
               "per_pass": 1024 // 32, "dataset_fn": True}
-    # One more failure than the losses: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's
-    # result) on rare restarts; raytf restarts it like any loss, and the test checks the two losses.
+    # Failures to spare: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's result) on
+    # rare restarts; raytf restarts it like any loss, and the test checks the worker's.
     # A coordinator held 90 s is wedged (a replacement starts, and a step ends, in well under that here).
     trainer = ps_trainer(tmp_path, "ps-moved", config,
                          failures=raytf.FailureConfig(max_failures=4, hang_timeout_s=90))
@@ -308,20 +308,16 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
 
     thread = threading.Thread(target=kill_and_take_the_port, daemon=True)
     thread.start()
-    ps_thread, ps_killed = signal_at_marks(tmp_path, "ps-moved", [(2, "ps-0", signal.SIGKILL)], timeout_s=400)
     try:
         result = trainer.fit()
     finally:
         thread.join(timeout=5)
-        ps_thread.join(timeout=5)
         if "socket" in taken:
             taken["socket"].close()
     assert "socket" in taken, "the worker was not killed during the run"
-    assert ps_killed["pids"], "ps 0 was not killed during the run"
-    assert result.history[-1]["epoch"] == 3
+    assert result.history[-1]["epoch"] == 2
     failures = [(f.task, f.kind) for f in result.failures]
     assert failures[0] == ("worker 1", raytf.FailureKind.DIED), failures
-    assert ("ps 0", raytf.FailureKind.DIED) in failures, failures
     for failure in result.failures:  # a restart after the move: the redial, a chief held by it, or a wedged one
         if failure.kind == raytf.FailureKind.NOT_STARTED:
             assert "redialed its old address" in failure.message or "FailureConfig.worker_timeout_s" in failure.message
@@ -330,7 +326,6 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group_and_so
     # Each restart that trained resumed from a checkpoint: the rows counter went on from the
     # committed state, not from zero.
     restarts = [[h for h in result.history if h["attempt"] == a] for a in range(1, result.attempts)]
-    assert any(restarts)
     for resumed in filter(None, restarts):
         assert resumed[0]["resumed_at"] >= 1 and resumed[0]["rows"] > 200 * 32, resumed
     # And each worker's stream went on where the checkpoint's model stood (worker 1's loss, where

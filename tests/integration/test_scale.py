@@ -18,7 +18,7 @@ from tests.integration.test_recovery import in_background
 
 pytestmark = pytest.mark.integration
 
-ROWS, GLOBAL_BATCH, EPOCHS = 672, 48, 3  # 14 steps an epoch: 8 workers x 6 rows a step, or 6 x 8
+ROWS, GLOBAL_BATCH, EPOCHS = 336, 48, 3  # 7 steps an epoch: 8 workers x 6 rows a step, or 6 x 8
 
 
 def test_eight_workers_on_four_nodes_train_every_row_once_through_ranks_lost_on_two_nodes_and_a_node_added(
@@ -27,8 +27,9 @@ def test_eight_workers_on_four_nodes_train_every_row_once_through_ranks_lost_on_
     every checkpoint is a collective report (``ranks="all"``: each rank's file, the chief's weights),
     its global batch kept whatever the group's size.
     In epoch 1, in the same second, a rank is killed (SIGKILL) and another node is taken away with
-    its two ranks: one failure; the group restarts on the 6 workers the nodes left hold, from epoch
-    0's checkpoint merged from the 8 ranks' files. In mid-epoch 2 a node joins and the group grows
+    its two ranks: one failure, though the restart's first placement meets the lost node that Ray
+    still counts alive until its health checks fail; the group restarts on the 6 workers the nodes
+    left hold, from epoch 0's checkpoint merged from the 8 ranks' files. In mid-epoch 2 a node joins and the group grows
     back to 8 from a checkpoint merged from the 6 (an elastic group grows once its attempt has
     trained: here, reported epoch 1). Every row of every epoch trains the final model
     once. (Before exactly-once data, a resume trained rows twice and others never.)"""
@@ -118,7 +119,7 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
     ps = cluster.add_node(num_cpus=1, resources={"ps_scale_ps": 2})  # full with the two: the chief goes elsewhere
     added = [*workers, ps]
     (tmp_path / "out").mkdir()
-    config = {"epochs": 3, "steps": 80, "mark_epochs": [1, 2], "mark_any_attempt": True, "count_rows": 2048,
+    config = {"epochs": 3, "steps": 60, "mark_epochs": [1, 2], "mark_any_attempt": True, "count_rows": 2048,
               "per_pass": 2048 // 4 // 32, "dataset_fn": True, "out_dir": str(tmp_path / "out")}
     trainer = raytf.ParameterServerTrainer(
         workloads.ps_custom_loop, config=config, datasets={"train": train_data()},
