@@ -28,6 +28,7 @@ MARKERS = {
     "<!-- raytf:environment -->": reference.environment_markdown,
     "<!-- raytf:hooks -->": reference.hooks_markdown,
     "<!-- raytf:slowest -->": reference.slowest_markdown,
+    "<!-- raytf:suite-runs -->": reference.suite_runs_markdown,
     "<!-- raytf:support -->": reference.support_markdown,
 }
 ERRORS = re.compile(r"<!-- raytf:errors:(\w+) -->")

@@ -245,9 +245,9 @@ def hooks_markdown(root: str) -> str:
 SUITE_RECORD = os.path.join("tests", "records", "suite.jsonl")
 
 
-def newest_whole_run(root: str) -> dict | None:
-    """The newest kept run (``--suite-record``, tests/conftest.py) of the whole suite that passed:
-    no ``-m`` or ``-k`` choosing part of it."""
+def whole_runs(root: str) -> list[dict]:
+    """Every kept run (``--suite-record``, tests/conftest.py) of the whole suite that passed, oldest
+    first: no ``-m`` or ``-k`` choosing part of it."""
     import json
 
     path = os.path.join(root, SUITE_RECORD)
@@ -255,8 +255,27 @@ def newest_whole_run(root: str) -> dict | None:
     if os.path.exists(path):
         with open(path) as f:
             runs = [json.loads(line) for line in f if line.strip()]
-    whole = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])]
+    return [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])]
+
+
+def newest_whole_run(root: str) -> dict | None:
+    """The newest of :func:`whole_runs`, or None."""
+    whole = whole_runs(root)
     return whole[-1] if whole else None
+
+
+def suite_runs_markdown(root: str) -> str:
+    """Every kept passing run of the whole suite, newest first: when, the commit, how many tests,
+    its minutes, and the CPU-minutes the machine's cores were busy (where recorded)."""
+    runs = whole_runs(root)[::-1]
+    if not runs:
+        return f"No passing run of the whole suite is recorded in `{SUITE_RECORD}` yet.\n"
+    lines = ["| When (UTC) | Commit | Tests | Minutes | CPU-minutes |", "|---|---|---:|---:|---:|"]
+    for run in runs:
+        busy = run.get("machine_cpu_s")
+        lines.append(f"| {run['when'][:16].replace('T', ' ')} | `{run['commit']}` | {sum(run['outcomes'].values())} | "
+                     f"{run['wall_s'] / 60:.1f} | {f'{busy / 60:.1f}' if busy else ''} |")
+    return "\n".join(lines) + "\n"
 
 
 def slowest_markdown(root: str) -> str:
