@@ -86,20 +86,15 @@ class ParameterServerScaling:
                 "sidecar evaluator is a single task that evaluates each checkpoint in turn"
             )
         check_int("ParameterServerScaling.num_evaluators", self.num_evaluators, minimum=0, maximum=1)
-        resources = check_resources(
-            "ParameterServerScaling.resources_per_worker",
-            self.resources_per_worker,
-            cpus="cpus_per_worker",
-            gpus="gpus_per_worker",
-        )
-        object.__setattr__(self, "resources_per_worker", resources)
-        object.__setattr__(
-            self,
-            "resources_per_ps",
-            check_resources(
-                "ParameterServerScaling.resources_per_ps", self.resources_per_ps, cpus="cpus_per_ps", gpus="gpus_per_ps"
-            ),
-        )
+        for role in ("worker", "ps"):  # the roles with custom resources of their own
+            setting = f"resources_per_{role}"
+            checked = check_resources(
+                f"ParameterServerScaling.{setting}",
+                getattr(self, setting),
+                cpus=f"cpus_per_{role}",
+                gpus=f"gpus_per_{role}",
+            )
+            object.__setattr__(self, setting, checked)
         for role in ROLES:
             check_number(f"ParameterServerScaling.cpus_per_{role}", getattr(self, f"cpus_per_{role}"))
             gpus = check_number(f"ParameterServerScaling.gpus_per_{role}", getattr(self, f"gpus_per_{role}"))
@@ -110,7 +105,7 @@ class ParameterServerScaling:
             if not any(self._bundle(role).values()) and role != "worker":
                 raise ConfigError(
                     f"ParameterServerScaling reserves nothing per {role} (cpus_per_{role}=0, "
-                    f"gpus_per_{role}=0): give it at least one CPU or GPU"
+                    f"gpus_per_{role}=0{', no resources_per_ps' if role == 'ps' else ''}): give it at least one CPU or GPU"
                 )
         if not any(self._bundle("worker").values()):
             raise ConfigError(
