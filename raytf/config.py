@@ -141,7 +141,9 @@ class FailureConfig:
     counts as lost, so a stall costs seconds, not TensorFlow's long defaults.
     A worker that has not joined the group ``start_timeout_s`` after the group
     was placed (its actor never came up, or it hangs importing or connecting)
-    fails the attempt the same way, instead of leaving its peers waiting.
+    fails the attempt the same way, instead of leaving its peers waiting; until
+    it has joined, its silence is judged by ``start_timeout_s`` alone (TensorFlow's
+    import holds a worker's interpreter in native code for seconds on a busy node).
 
     ``policy``, a :class:`raytf.FailurePolicy`, makes each retry-or-raise decision instead
     (with a back-off, if it wants one); :class:`raytf.DefaultFailurePolicy` is what this page

@@ -111,6 +111,7 @@ def test_fed_to_the_watch_a_death_and_a_long_silence_are_failures():
     watch = GroupWatch({0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}, start_timeout_s=120, worker_timeout_s=5,
                        hang_timeout_s=None)
     now = time.monotonic()
+    feed(watch, [(2, HEARD, WorkerStatus(rank=2, phase=Phase.TRAINING))], {}, now - 7.0)  # joined, then silent
     feed(watch, [(0, HEARD, WorkerStatus(rank=0, phase=Phase.TRAINING)), (1, DIED, ("RayActorError", "gone"))],
          {2: 6.0}, now)
     status = watch.round(None)

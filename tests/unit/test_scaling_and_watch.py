@@ -125,6 +125,8 @@ def test_finished_stopped_lost_and_not_joined():
     # Two members silent in one round: the root cause is the one that went silent first, whatever
     # the order the relay lists them in (rank 0 first, here the later one).
     both = watch(clock)
+    both.heard(0, status(0, Phase.TRAINING))
+    both.heard(1, status(1, Phase.TRAINING))
     clock.now = 60.0
     both.silent(0, since=25.0)
     both.silent(1, since=20.0)
@@ -137,6 +139,46 @@ def test_finished_stopped_lost_and_not_joined():
     clock.now = 132.0
     [behind] = late.round(None).failures  # rank 1 never answered: further behind than rank 0
     assert (behind.rank, behind.kind) == (1, FailureKind.NOT_STARTED) and "its actor was not started" in behind.message
+
+
+def test_a_rank_silent_while_it_joins_is_judged_by_the_start_timeout_and_one_silent_once_joined_by_the_worker_timeout():
+    """Importing TensorFlow holds a starting worker's interpreter in native code for seconds on a
+    busy node: its silence then is no loss (a peer's death in that while is the cause, not it)
+    until start_timeout_s, which names it not started, and silent; its process is ended like an
+    unresponsive one's. Once it joined, worker_timeout_s decides."""
+    clock = Clock()
+    w = watch(clock)  # start_timeout_s=100, worker_timeout_s=30
+    w.heard(0, status(0, Phase.STARTING))
+    w.heard(1, status(1, Phase.STARTING))
+    clock.now = 40.0
+    w.silent(0, since=2.0)  # 38 s silent while importing
+    w.died(1, "RayActorError", "the actor died")
+    [died] = w.round(None).failures
+    assert (died.rank, died.kind) == (1, FailureKind.DIED) and w.phases[0] == Phase.STARTING
+    clock.now = 90.0
+    w.silent(0, since=2.0)
+    assert w.round(None).failures == ()
+    clock.now = 101.0
+    w.silent(0, since=2.0)
+    [late] = w.round(None).failures
+    assert (late.rank, late.kind) == (0, FailureKind.NOT_STARTED)
+    assert late.message.endswith("still starting (loading train_fn and its modules, importing TensorFlow), "
+                                 "and had not answered the driver for 99 s")
+    assert w.silent_ranks == {0}
+    # Silent for a while, then heard again: nothing is held against it.
+    again = watch(clock)  # started at 101
+    again.heard(0, status(0, Phase.CONNECTING))
+    again.heard(1, status(1, Phase.CONNECTING))
+    clock.now = 140.0
+    again.silent(1, since=101.0)
+    again.heard(1, status(1, Phase.TRAINING))
+    again.heard(0, status(0, Phase.TRAINING))
+    assert again.round(None).failures == () and again.silent_ranks == set()
+    # Joined: 30 s of silence is a loss, dated when it began.
+    clock.now = 175.0
+    again.silent(1, since=141.0)
+    [lost] = again.round(None).failures
+    assert (lost.rank, lost.kind) == (1, FailureKind.UNRESPONSIVE) and again.silent_ranks == {1}
 
 
 def test_a_collective_error_points_at_the_rank_that_stopped_taking_part():

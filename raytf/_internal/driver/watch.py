@@ -79,6 +79,7 @@ class GroupWatch:
         self._reports: list[Report] = []
         self._failures: list[WorkerFailure] = []
         self.silent_ranks: set[int] = set()  # found unresponsive: their processes may outlive a kill (group.shutdown)
+        self._quiet_since: dict[int, float] = {}  # rank -> since when a rank still joining has not answered
         self.preempt_reasons: list[str] = []  # workers that asked for a preemption (SIGTERM), this round
         # When the whole group first got past each start-up phase (the clock's time), for the breakdown.
         self.reached: dict[Milestone, float] = {}
@@ -104,11 +105,13 @@ class GroupWatch:
         self._activities.pop(rank, None)
         self._held.pop(rank, None)
         self.silent_ranks.discard(rank)
+        self._quiet_since.pop(rank, None)
         self._node_ips[rank] = node_ip
         self._started_at = self._clock()
 
     def heard(self, rank: int, status: WorkerStatus) -> None:
         now = self._clock()
+        self._quiet_since.pop(rank, None)
         self._reports.extend(status.reports)
         self.phases[rank] = status.phase
         if rank == 0 and status.progress is not None:
@@ -131,20 +134,30 @@ class GroupWatch:
 
         The failure is dated when the rank went silent, not when the driver gave up on it: of two
         members found silent in one round (a stopped worker, and the chief that then blocks in
-        TensorFlow waiting for it), the root cause is the one that stopped answering first."""
+        TensorFlow waiting for it), the root cause is the one that stopped answering first.
+
+        A rank that has not joined the group yet is judged by ``start_timeout_s`` instead
+        (:meth:`_not_joined`): its start holds the interpreter in native code for long stretches
+        (the dynamic loading and static initialisers of TensorFlow's import), which on a node
+        whose cores many starting workers share lasts seconds, and a peer waiting for it
+        is not lost."""
         now = self._clock()
-        if now - since > self._worker_timeout_s:
-            self._failures.append(
-                self._failure(
-                    rank,
-                    FailureKind.UNRESPONSIVE,
-                    "WorkerTimeout",
-                    f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
-                    at=time.time() - (now - since),
-                )
+        if now - since <= self._worker_timeout_s:
+            return
+        if self._started_at is not None and self.phases.get(rank, Phase.CREATED) in STARTING_PHASES:
+            self._quiet_since[rank] = since
+            return
+        self._failures.append(
+            self._failure(
+                rank,
+                FailureKind.UNRESPONSIVE,
+                "WorkerTimeout",
+                f"no answer to the driver for {self._worker_timeout_s:g} s (FailureConfig.worker_timeout_s)",
+                at=time.time() - (now - since),
             )
-            self.phases[rank] = Phase.LOST
-            self.silent_ranks.add(rank)
+        )
+        self.phases[rank] = Phase.LOST
+        self.silent_ranks.add(rank)
 
     def died(self, rank: int, error_type: str, message: str) -> None:
         self._failures.append(self._failure(rank, FailureKind.DIED, error_type, message))
@@ -195,7 +208,8 @@ class GroupWatch:
 
     def _not_joined(self) -> list[WorkerFailure]:
         """After start_timeout_s, the workers furthest from joining the group (a peer that never arrives)."""
-        if self._started_at is None or self._clock() - self._started_at <= self._start_timeout_s:
+        now = self._clock()
+        if self._started_at is None or now - self._started_at <= self._start_timeout_s:
             return []
         behind = {r: p for r, p in self.phases.items() if p in STARTING_PHASES}
         behind.update({r: Phase.CREATED for r in self._node_ips if r not in self.phases})
@@ -203,16 +217,19 @@ class GroupWatch:
             self._started_at = None  # everyone joined: stop checking
             return []
         slowest = min(STARTING_PHASES.index(p) for p in behind.values())
+        late = [rank for rank, phase in sorted(behind.items()) if STARTING_PHASES.index(phase) == slowest]
+        quiet = {rank: now - self._quiet_since[rank] for rank in late if rank in self._quiet_since}
+        self.silent_ranks.update(quiet)  # a process that answers nothing may outlive Ray's kill
         return [
             self._failure(
                 rank,
                 FailureKind.NOT_STARTED,
                 "StartTimeout",
                 f"did not join the worker group within {self._start_timeout_s:g} s "
-                f"(FailureConfig.start_timeout_s); it was still {phase.value} {_BEHIND[phase]}",
+                f"(FailureConfig.start_timeout_s); it was still {behind[rank].value} {_BEHIND[behind[rank]]}"
+                + (f", and had not answered the driver for {quiet[rank]:.0f} s" if rank in quiet else ""),
             )
-            for rank, phase in sorted(behind.items())
-            if STARTING_PHASES.index(phase) == slowest
+            for rank in late
         ]
 
     def _note_reached(self, done: bool) -> None:
