@@ -1,6 +1,6 @@
 """Exactly-once epochs (``DataConfig(exactly_once=True)``, the default): every row of an epoch
-trains the final model once, through preemptions, a shrink and a kill (and at eight workers
-through lost ranks, a lost node and growth: test_scale.py)."""
+trains the final model once, through preemptions (a node's drain notice, SIGTERM) and a shrink
+(and at eight workers through lost ranks, a lost node and growth: test_scale.py)."""
 
 from __future__ import annotations
 
@@ -87,14 +87,16 @@ def write_counted_tfrecords(directory, rows, files):
                 })).SerializeToString())
 
 
-def test_a_custom_loop_over_tfrecord_files_trains_every_row_once_through_a_preemption_shrink_and_kill(
+def test_a_custom_loop_over_tfrecord_files_trains_every_row_once_through_a_drain_a_shrink_and_a_sigterm(
         cluster, tmp_path, no_leaks):
     """raytf.data.tfrecord_files, shuffled, 3 files, read by each worker, trained by a custom loop
     (the strategy's iterator in a Python for, nothing skipped on resume): in epoch 1 rank 2's node is
-    drained and the group resumes that epoch on 2 workers, where rank 1 is killed mid-epoch and the
-    group restarts from the preemption's checkpoint. Every row of every epoch trains the final model
-    once. Without counting the batches the loop took, the preemption's checkpoint would record the
-    start of epoch 1 and its first batches would train twice."""
+    drained (as an autoscaler drains a spot node before taking it away) and the group checkpoints
+    that step and resumes there on 2 workers, where rank 1 gets SIGTERM mid-epoch and the group
+    checkpoints and resumes again. Neither preemption is a failure (max_failures=0). Every row of
+    every epoch trains the final model once. Without counting the batches the loop took, each
+    preemption's checkpoint would record the start of epoch 1 and its first batches would train
+    twice. (A kill, which rolls back to the last checkpoint: test_scale.py.)"""
     import ray
     import tensorflow as tf
     from ray._private.state import state
@@ -109,11 +111,11 @@ def test_a_custom_loop_over_tfrecord_files_trains_every_row_once_through_a_preem
     trainer = raytf.Trainer(
         workloads.counted_custom_loop,
         config={"out_dir": str(tmp_path), "batch": BATCH, "epochs": EPOCHS, "driver": 1, "step_sleep": 0.3,
-                "mark": {"epoch": 1, "batch": 3}, "kill": {"attempt": 1, "rank": 1, "epoch": 1, "batch": 3}},
+                "mark": {"epoch": 1, "batch": 3}, "term": {"attempt": 1, "rank": 1, "epoch": 1, "batch": 3}},
         datasets={"train": data},
         scaling=raytf.ScalingConfig(num_workers=(2, 3), resources_per_worker={"files": 1}, resize_timeout_s=3),
         run=raytf.RunConfig(name="files", storage_path=str(tmp_path / "results"), verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=1)),
+                            failure_config=raytf.FailureConfig(max_failures=0)),
     )
     try:
         join = in_background(trainer)
@@ -132,7 +134,12 @@ def test_a_custom_loop_over_tfrecord_files_trains_every_row_once_through_a_preem
             cluster.remove_node(node)
     counts, attempts = trained_counts(tmp_path)
     assert [size for _, size, _ in attempts.values()] == [3, 2, 2], attempts
-    assert [f.kind for f in result.failures] == ["preempted", "died"], result.failures
-    assert attempts[(1, 1)][0] == attempts[(1, 2)][0] > ROWS // 3 // BATCH  # both resumed in epoch 1
+    drained, terminated = result.failures
+    assert drained.kind == "preempted" and "draining" in drained.message, drained
+    assert terminated.kind == "preempted" and "SIGTERM" in terminated.message, terminated
+    # Each resumed in mid-epoch 1 at the step the preemption before it saved: the second further on.
+    assert ROWS // 3 // BATCH < attempts[(1, 1)][0] < attempts[(1, 2)][0] < ROWS // 3 // BATCH + ROWS // 2 // BATCH
+    saved = [h["step"] for h in result.history if h["attempt"] < 2 and h["epoch"] == 0 and h["step"] > ROWS // 3 // BATCH]
+    assert saved == [attempts[(1, 1)][0], attempts[(1, 2)][0]], result.history
     wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
     assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"

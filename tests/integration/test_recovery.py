@@ -1,12 +1,11 @@
-"""Recovery on a real cluster: preemption (SIGTERM and Ray's drain notice), a lost node's data,
-and a deterministic resume (elastic shrinking and growth: test_scale.py; peers that never start
-and collective errors: test_trainer.py's worker lost each way)."""
+"""Recovery on a real cluster: a lost node's data, and a deterministic resume (preemption by
+SIGTERM and by Ray's drain notice: test_exactly_once.py's run over TFRecord files; elastic
+shrinking and growth: test_scale.py; peers that never start and collective errors:
+test_trainer.py's worker lost each way)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 
@@ -97,56 +96,6 @@ def test_a_run_with_one_kill_ends_with_the_weights_of_a_run_with_none(cluster, t
     assert [h["loss"] for h in killed.history] == [h["loss"] for h in clean.history]
     for a, b in zip(weights(clean_dir / "weights.npz"), weights(killed_dir / "weights.npz")):
         np.testing.assert_array_equal(a, b)
-
-
-def test_a_draining_node_and_a_sigterm_each_checkpoint_the_current_step_and_are_no_failure(cluster, tmp_path, no_leaks):
-    """Attempt 0 trains on a node that is then drained (as an autoscaler drains a spot node before
-    taking it away): the run checkpoints its step and moves to a new node. There rank 1 gets
-    SIGTERM: the run checkpoints that step too. Neither costs a failure (max_failures=0); each
-    attempt resumes at the step the one before saved, in mid-epoch 0."""
-    import ray
-    from ray._private.state import state
-    from ray.core.generated import autoscaler_pb2
-
-    spot = cluster.add_node(num_cpus=2, resources={"spot": 2})
-    replacement = None
-    try:
-        join = in_background(resumable(
-            tmp_path, "preempted", {"mark_step": 6, "step_sleep": 0.2, "hook_attempts": [0, 1]},
-            scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"spot": 1}),
-            failure_config=raytf.FailureConfig(max_failures=0),
-        ))
-        running = wait_for(lambda: (tmp_path / "running0.json").exists() and tmp_path / "running0.json", 120, "training")
-        assert json.loads(running.read_text())["node_id"] == spot.node_id
-        # What an autoscaler does before taking a spot node away: drain it, then bring up another.
-        accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
-            spot.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            "spot instance reclaimed", int((time.time() + 60) * 1000),
-        )
-        assert accepted, why
-        # Ray 2.60's GCS lists the node as draining at once; Ray 2.50's a moment later.
-        wait_for(lambda: spot.node_id in state.get_draining_nodes(), 10, "Ray listing the node as draining")
-        replacement = cluster.add_node(num_cpus=2, resources={"spot": 2})
-        moved = tmp_path / "running1_attempt1.json"
-        running = wait_for(lambda: moved.exists() and moved, 120, "rank 1 to train on the new node")
-        assert json.loads(running.read_text())["node_id"] == replacement.node_id
-        os.kill(json.loads(running.read_text())["pid"], signal.SIGTERM)
-        result = join()
-    finally:
-        cluster.remove_node(spot)
-        if replacement is not None:
-            cluster.remove_node(replacement)
-    assert result.attempts == 3
-    drained, terminated = result.failures
-    assert drained.kind == "preempted" and "draining" in drained.message
-    assert terminated.kind == "preempted" and "SIGTERM" in terminated.message
-    preempted = [h for h in result.history if "preempted_at" in h]
-    assert [h["attempt"] for h in preempted] == [0, 1]
-    first, second = (h["preempted_at"] for h in preempted)
-    assert 8 <= first < second < ROWS // 32  # each saved mid-epoch 0, at the step where the ranks agreed
-    assert [h for h in result.history if h["attempt"] == 1][0]["resumed_at"] == first
-    resumed = [h for h in result.history if h["attempt"] == 2]
-    assert resumed[0]["resumed_at"] == second and resumed[-1]["epoch"] == 2
 
 
 def test_a_warm_restart_splits_anew_the_data_a_lost_node_held(cluster, tmp_path, no_leaks):
