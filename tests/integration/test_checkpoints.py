@@ -21,10 +21,12 @@ def run_config(tmp_path, name, **kw):
 
 
 def trainer(tmp_path, name, config, **run):
+    # One worker: only the chief's report commits a checkpoint, as with several (a restore read
+    # from host memory by two ranks: test_recovery.py's kill).
     return raytf.Trainer(
         workloads.checkpointed_train,
         config=config,
-        scaling=raytf.ScalingConfig(num_workers=2),
+        scaling=raytf.ScalingConfig(num_workers=1),
         run=run_config(tmp_path, name, **run),
     )
 
@@ -46,7 +48,7 @@ def test_a_kill_during_a_checkpoint_save_resumes_from_the_previous_one_and_a_new
     # The half-written upload never reached the index and was cleared before attempt 1.
     assert sorted(os.listdir(checkpoints)) == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000002", "index.json"]
     # Epoch 0's checkpoint stayed in host memory on the node after its commit (restore_from_memory,
-    # the default): the restarted ranks read it from there, and the run's end removed the copy.
+    # the default): the restarted chief read it from there, and the run's end removed the copy.
     assert [s.get("restored_from") for s in result.startup] == [None, "memory"]
     storage = RunStorage(str(tmp_path / "results"), "kill-during-save")
     assert memory.find(StorageRef(storage.filesystem, storage.root), "checkpoint_000002") is None
@@ -67,8 +69,8 @@ def test_a_kill_right_after_a_commit_on_s3_resumes_from_that_checkpoint_read_fro
     """upload="sync": report returns once the checkpoint is committed (the default, "async", returns
     once it is in host memory; test_a_kill_during_a_checkpoint_save_... shows what an upload cut
     short by the chief's death leaves). Synchronous uploads of a directory keep no copy in memory,
-    so the restart reads the checkpoint back from S3 (the loopback server). One worker: only the
-    chief's report commits, as with two (the test above)."""
+    so the restart reads the checkpoint back from S3 (the loopback server). One worker, as in the
+    test above."""
     import pyarrow.fs as pafs
 
     result = raytf.Trainer(
