@@ -1265,20 +1265,25 @@ def raytf_task() -> str:
 
 def mwms_reference_loop(config: dict) -> None:
     """ps_custom_loop's model, optimizer and data under raytf.Trainer's MultiWorkerMirroredStrategy,
-    over as many rows: the synchronous reference a parameter-server run is compared with."""
+    over as many rows: the synchronous reference a parameter-server run is compared with.
+
+    ``replicas``: the synchronous workers the run stands for (default: its own). Fewer workers
+    taking as many rows a step make the same updates: one worker of 2 x 32 rows a step averages
+    the gradient of the same 64 rows that 2 workers of 32 do."""
     import tensorflow as tf
 
     ctx = raytf.get_context()
     strategy = raytf.strategy()
-    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32), features="x", label="y",
-                                    shuffle=True, seed=0)
+    replicas = config.get("replicas", ctx.world_size)
+    shard = raytf.get_dataset_shard("train", batch_size=config.get("batch", 32) * replicas // ctx.world_size,
+                                    features="x", label="y", shuffle=True, seed=0)
     batches = iter(strategy.distribute_datasets_from_function(lambda _: shard.repeat()))
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(32, activation="relu"),
                                      tf.keras.layers.Dense(4)])
         # One synchronous step averages num_workers batches where the parameter servers apply each
         # batch on its own: the linear scaling rule gives both the same progress per row.
-        optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1) * ctx.world_size)
+        optimizer = tf.keras.optimizers.SGD(config.get("lr", 0.1) * replicas)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -1290,7 +1295,7 @@ def mwms_reference_loop(config: dict) -> None:
 
         strategy.run(step, args=batch)
 
-    for _ in range(config["epochs"] * config.get("steps", 20) // ctx.world_size):  # the same rows in all
+    for _ in range(config["epochs"] * config.get("steps", 20) // replicas):  # the same rows in all
         train_step(next(batches))
     held_out_x, held_out_y = make_data(512, seed=99)
     raytf.report({"eval_loss": float(loss_fn(held_out_y, model(held_out_x)))})

@@ -105,7 +105,8 @@ def test_ps_training_through_a_lost_and_a_preempted_worker_matches_mwms_and_the_
     assert "read by the workers, not by the chief" in chief["template_on_chief"]
 
     reference = raytf.Trainer(
-        workloads.mwms_reference_loop, config=config, scaling=raytf.ScalingConfig(num_workers=2),
+        # The synchronous steps of 2 workers, taken by one worker with their 64 rows a step.
+        workloads.mwms_reference_loop, config={**config, "replicas": 2}, scaling=raytf.ScalingConfig(num_workers=1),
         run=raytf.RunConfig(name="mwms", storage_path=str(tmp_path / "runs"), verbose=0),
         datasets={"train": train_data()},
     ).fit()
