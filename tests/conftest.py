@@ -67,11 +67,43 @@ _CPU_AT_START: dict[str, float] = {}
 _CPU_OF: dict[str, float] = {}  # node id -> its CPU-seconds, as reported (in the controller, by the workers)
 _PROCESS_TIERS = ("integration", "e2e")
 _TREE_CPU = None
+# With --suite-record, the TrainWorker processes each integration test started (standbys included):
+# what most of the suite's CPU goes to, a few CPU-seconds each before train_fn runs.
+_STARTS_AT_START: dict[str, int] = {}
+_STARTS_OF: dict[str, int] = {}
+
+
+def _train_workers_started() -> int | None:
+    """The TrainWorker actors this process's Ray cluster has ever had (its GCS keeps the dead ones),
+    or None where this process is connected to no cluster."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray._private.state import actors
+
+    return sum(a["ActorClassName"] == "TrainWorker" for a in actors().values())
+
+
+_STARTS_OF_TEST: dict[str, int] = {}  # node id -> its worker starts, counted before its teardown
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Counts the test's worker starts before its teardown, which may end the session's cluster."""
+    before = _STARTS_AT_START.pop(item.nodeid, None)
+    now = _train_workers_started() if before is not None else None
+    if now is not None:
+        _STARTS_OF_TEST[item.nodeid] = now - before
+    yield
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     if _TREE_CPU is not None and _starts_processes(nodeid):
         _CPU_AT_START[nodeid] = _TREE_CPU.total()
+        # No cluster yet: the one this test's setup may start has had no worker.
+        _STARTS_AT_START[nodeid] = _train_workers_started() or 0
 
 
 def _starts_processes(nodeid: str) -> bool:
@@ -87,9 +119,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "teardown" and report.nodeid in _CPU_AT_START:
         # Carried to the controller with the report (pytest-xdist), where the record is written.
         report.user_properties.append(("cpu_s", round(_TREE_CPU.total() - _CPU_AT_START.pop(report.nodeid), 2)))
+        if _STARTS_OF_TEST.get(report.nodeid):
+            report.user_properties.append(("worker_starts", _STARTS_OF_TEST.pop(report.nodeid)))
     for name, value in report.user_properties:
         if name == "cpu_s":
             _CPU_OF[report.nodeid] = value
+        elif name == "worker_starts":
+            _STARTS_OF[report.nodeid] = value
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -147,6 +183,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},
         # The integration and end-to-end tests' CPU-seconds, their processes' included (tests/cpu.py).
         "tests_cpu_s": dict(sorted(_CPU_OF.items(), key=lambda kv: -kv[1])),
+        # The TrainWorker processes each integration test started (its session cluster's actor table).
+        "worker_starts": dict(sorted(_STARTS_OF.items(), key=lambda kv: -kv[1])),
         "machine_cpu_s": round(_machine_cpu_s() - session.config._raytf_machine_cpu, 1),  # noqa: SLF001
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

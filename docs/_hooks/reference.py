@@ -298,13 +298,25 @@ def slowest_markdown(root: str) -> str:
         if busy:
             lines[-1] += (f" The machine's cores were busy for {busy / 60:.1f} CPU-minutes of it "
                           f"({busy / run['wall_s'] / machine['cpus']:.0%} of all they had).")
+        starts = run.get("worker_starts")  # recorded since the suite counts them (tests/conftest.py)
         lines[-1] += (" Its ten costliest tests by CPU, their Ray processes' included (setup, call and teardown; a "
-                      "file's shared runs count to the test that first asks for them), with their seconds:")
-        lines += ["", "| CPU-seconds | Seconds | Test |", "|---:|---:|---|"]
+                      "file's shared runs count to the test that first asks for them), with their seconds"
+                      + (" and the TrainWorker processes they started:" if starts is not None else ":"))
+        if starts is not None:
+            lines += ["", "| CPU-seconds | Seconds | Workers started | Test |", "|---:|---:|---:|---|"]
+        else:
+            lines += ["", "| CPU-seconds | Seconds | Test |", "|---:|---:|---|"]
         for nodeid, used in list(cpu.items())[:10]:
-            lines.append(f"| {used:.0f} | {run['tests_s'].get(nodeid, 0):.0f} | `{nodeid.split('@')[0]}` |")
-        lines += ["", f"Together the integration and end-to-end tests used {sum(cpu.values()) / 60:.1f} CPU-minutes.",
-                  "", "Its ten slowest tests:"]
+            started = f" {starts.get(nodeid, 0)} |" if starts is not None else ""
+            lines.append(f"| {used:.0f} | {run['tests_s'].get(nodeid, 0):.0f} |{started} `{nodeid.split('@')[0]}` |")
+        lines += ["", f"Together the integration and end-to-end tests used {sum(cpu.values()) / 60:.1f} CPU-minutes."]
+        if starts:
+            integration = sum(v for k, v in cpu.items() if "/integration/" in k)
+            lines[-1] += (f" The integration tests started {sum(starts.values())} TrainWorker processes (standbys "
+                          f"included) and used {integration / 60:.1f} CPU-minutes: "
+                          f"{integration / sum(starts.values()):.1f} CPU-seconds a worker process, all they do "
+                          "included.")
+        lines += ["", "Its ten slowest tests:"]
     else:
         lines[-1] += " Its ten slowest tests (setup, call and teardown):"
     lines += ["", "| Seconds | Test |", "|---:|---|"]

@@ -230,6 +230,16 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     assert [row.split("`")[1] for row in rows] == [f"tests/x.py::test_{i}" for i in reversed(range(2, 12))]
     assert rows[0].startswith("| 61 | 89 |")  # its CPU-seconds, then its seconds
     assert "test_0`" in slowest and "used 11.1 CPU-minutes" in costly
+    # A record with the TrainWorker processes each integration test started shows them too.
+    with_starts = dict(with_cpu, tests_s={f"tests/integration/x.py::{name}@x": took for name, took in slow},
+                       tests_cpu_s={f"tests/integration/x.py::test_{i}@x": 50.0 + i for i in reversed(range(12))},
+                       worker_starts={f"tests/integration/x.py::test_{i}@x": i for i in reversed(range(1, 12))})
+    record.write_text(record.read_text() + json.dumps(with_starts) + "\n")
+    page = reference.slowest_markdown(str(tmp_path))
+    assert "| CPU-seconds | Seconds | Workers started | Test |" in page
+    assert "| 61 | 89 | 11 | `tests/integration/x.py::test_11` |" in page
+    # 666 CPU-seconds over 66 worker processes.
+    assert "started 66 TrainWorker processes (standbys included) and used 11.1 CPU-minutes: 10.1 CPU-seconds" in page
 
 
 TRACED = ("bench/results/", "<!-- raytf:bench:", "<!-- raytf:kept:")
