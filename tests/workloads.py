@@ -191,8 +191,11 @@ def exit_after_warm_up(config: dict) -> None:
     ``kill_standby`` (an attempt), that attempt does the same after its report, but kills the
     first standby made for it instead of waiting (it dies before it is needed). Every attempt
     writes, per rank, its pid, when its process was created, its actor's name, and the ``id``
-    values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json); the
-    attempt after the last loss trains small_train."""
+    values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json). With
+    ``lose_node`` (an attempt), that attempt reports, rank 1 waits until the standbys made for it
+    are up (the driver asked the ranks for their shards just before it made them) and writes
+    hold<a>.json with its node, and both ranks wait to be stopped (the test takes that node away).
+    The attempt after the last loss trains small_train."""
     ctx = raytf.get_context()
     ids = {}
     for name in config.get("datasets", []):
@@ -206,6 +209,13 @@ def exit_after_warm_up(config: dict) -> None:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
     kill_standby = config.get("kill_standby")
+    if ctx.attempt == config.get("lose_node"):
+        raytf.report({"warming_up": 1})  # the driver keeps the shards read and makes standbys
+        if ctx.world_rank == 1:
+            first = config["warm_standbys"] * ctx.attempt + 1
+            _wait_until_up([f"raytf:{ctx.run_name}:standby:{n}" for n in range(first, first + config["warm_standbys"])])
+            _write(config["out_dir"], f"hold{ctx.attempt}.json", {"node_id": ray.get_runtime_context().get_node_id()})
+        time.sleep(600)  # until the group is stopped: the test takes rank 1's node away
     if ctx.attempt == 0 or ctx.attempt == kill_standby:
         if not config.get("standbys_at_start"):
             raytf.report({"warming_up": 1})  # a report: the driver starts the standbys now

@@ -1,20 +1,18 @@
-"""Recovery on a real cluster: a lost node's data, and a deterministic resume (preemption by
-SIGTERM and by Ray's drain notice: test_exactly_once.py's run over TFRecord files; elastic
-shrinking and growth: test_scale.py; peers that never start and collective errors:
-test_trainer.py's worker lost each way)."""
+"""Recovery on a real cluster: a deterministic resume (preemption by SIGTERM and by Ray's drain
+notice: test_exactly_once.py's run over TFRecord files; elastic shrinking and growth:
+test_scale.py; peers that never start and collective errors: test_trainer.py's worker lost each
+way; warm restarts and a lost node's kept shards: test_trainer.py's warm standby run)."""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import raytf
 from tests import workloads
-from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,30 +94,3 @@ def test_a_run_with_one_kill_ends_with_the_weights_of_a_run_with_none(cluster, t
     assert [h["loss"] for h in killed.history] == [h["loss"] for h in clean.history]
     for a, b in zip(weights(clean_dir / "weights.npz"), weights(killed_dir / "weights.npz")):
         np.testing.assert_array_equal(a, b)
-
-
-def test_a_warm_restart_splits_anew_the_data_a_lost_node_held(cluster, tmp_path, no_leaks):
-    """FailureConfig(warm_standby=True) keeps each rank's shard on its node for the next attempt.
-    When the node of rank 1 is lost, its kept shard goes with it: the retry splits the dataset
-    anew rather than failing on the lost copy (one failure allowed, and used by the loss). The
-    shards are over 100 KiB, so Ray keeps them in the node's object store, not the driver's memory."""
-    nodes = [cluster.add_node(num_cpus=1, resources={"warm": 1}) for _ in range(2)]
-    added = list(nodes)
-    try:
-        join = in_background(resumable(
-            tmp_path, "warm-lost-node", {"mark_step": 140, "hold_after_mark": True}, rows=4096,
-            scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"warm": 1}),
-            failure_config=raytf.FailureConfig(max_failures=1, warm_standby=True),
-        ))
-        running = wait_for(lambda: (tmp_path / "running1.json").exists() and tmp_path / "running1.json", 120, "training")
-        node_id = json.loads(running.read_text())["node_id"]
-        time.sleep(2)  # the driver has asked the ranks for their shards since their first step
-        cluster.remove_node(next(n for n in nodes if n.node_id == node_id))
-        added.append(cluster.add_node(num_cpus=1, resources={"warm": 1}))
-        result = join()
-    finally:
-        for node in added:
-            if node.node_id != node_id:
-                cluster.remove_node(node)
-    assert result.attempts == 2 and len(result.failures) == 1
-    assert result.history[-1]["epoch"] == 2

@@ -148,31 +148,49 @@ def split_coordinators() -> int:
     return len(actors(("class_name", "=", "SplitCoordinator")))
 
 
-def test_warm_standby_processes_take_the_ranks_of_the_restarted_group_and_a_dead_one_a_cold_worker(
-        tmp_path, no_leaks):
-    """FailureConfig(warm_standby=True), rank 1 lost twice. The first retry runs in processes that
-    were started while the first attempt trained (the standbys), none of them the first attempt's,
-    and each rank reads the rows its predecessor read, kept in the object store, without a new
-    split of the dataset. Before the second loss one of the retry's own standbys is killed: the
-    second restart checks the standbys it is handed and starts a cold worker where one is dead,
-    at no extra retry. The standbys are gone with the run (no_leaks). Each attempt that is lost
-    reports once, and all this is prepared from that report on (a loop that tells raytf of
-    nothing: tests/unit/test_group_parts.py)."""
+def test_warm_standby_processes_take_the_ranks_of_the_restarted_group_a_dead_one_a_cold_worker_and_a_lost_node_a_new_split(
+        cluster, tmp_path, no_leaks):
+    """FailureConfig(warm_standby=True), two workers on nodes of their own, rank 1 lost three
+    times. The first retry runs in processes that were started while the first attempt trained
+    (the standbys), none of them the first attempt's, and each rank reads the rows its predecessor
+    read, kept in the object store, without a new split of the dataset. Before the second loss one
+    of the retry's own standbys is killed: the second restart checks the standbys it is handed and
+    starts a cold worker where one is dead, at no extra retry. Then rank 1's node is lost, and the
+    shard kept there with it: the last retry splits the dataset anew rather than failing on the lost
+    copy (rank 0 in the standby on its node, rank 1 cold on a node added in its place). The
+    standbys are gone with the run (no_leaks). Each attempt that is lost reports once, and all this
+    is prepared from that report on (a loop that tells raytf of nothing: tests/unit/test_group_parts.py)."""
     import ray
 
+    from tests.integration.test_recovery import in_background
+
     before = split_coordinators()
-    result = raytf.Trainer(
-        workloads.exit_after_warm_up,
-        config={"out_dir": str(tmp_path), "warm_standbys": 2, "kill_standby": 1, "datasets": ["train", "whole"]},
-        datasets={"train": ray.data.range(64, override_num_blocks=8), "whole": ray.data.range(12)},
-        # exactly_once=False: Ray Data's streaming_split, whose shards the standbys' restart keeps (with the
-        # default, every restart reads the run's materialized blocks instead: test_exactly_once.py).
-        data_config=raytf.DataConfig(datasets_to_split=["train"], exactly_once=False),
-        scaling=raytf.ScalingConfig(num_workers=2),
-        run=raytf.RunConfig(name="warm", storage_path=str(tmp_path / "results"), verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=2, warm_standby=True)),
-    ).fit()
-    assert result.attempts == 3 and [f.kind for f in result.failures] == ["died", "died"]
+    nodes = [cluster.add_node(num_cpus=1, resources={"warm": 1}) for _ in range(2)]
+    added, lost = list(nodes), None
+    try:
+        join = in_background(raytf.Trainer(
+            workloads.exit_after_warm_up,
+            config={"out_dir": str(tmp_path), "warm_standbys": 2, "kill_standby": 1, "lose_node": 2,
+                    "datasets": ["train", "whole"]},
+            datasets={"train": ray.data.range(64, override_num_blocks=8), "whole": ray.data.range(12)},
+            # exactly_once=False: Ray Data's streaming_split, whose shards the standbys' restart keeps (with the
+            # default, every restart reads the run's materialized blocks instead: test_exactly_once.py).
+            data_config=raytf.DataConfig(datasets_to_split=["train"], exactly_once=False),
+            scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"warm": 1}),
+            run=raytf.RunConfig(name="warm", storage_path=str(tmp_path / "results"), verbose=0,
+                                failure_config=raytf.FailureConfig(max_failures=3, warm_standby=True)),
+        ))
+        hold = wait_for(lambda: (tmp_path / "hold2.json").exists() and tmp_path / "hold2.json", 300,
+                        "the third attempt to hold")
+        lost = json.loads(hold.read_text())["node_id"]
+        cluster.remove_node(next(n for n in nodes if n.node_id == lost))
+        added.append(cluster.add_node(num_cpus=1, resources={"warm": 1}))
+        result = join()
+    finally:
+        for node in added:
+            if node.node_id != lost:
+                cluster.remove_node(node)
+    assert result.attempts == 4 and [f.kind for f in result.failures] == ["died", "died", "died"]
     assert result.history[-1]["epoch"] == 3
 
     def info(attempt, rank):
@@ -190,7 +208,14 @@ def test_warm_standby_processes_take_the_ranks_of_the_restarted_group_and_a_dead
     # The second retry: one rank in the surviving standby, the other in a new actor in the dead one's place.
     actors = sorted(info(2, r)["actor"] for r in range(2))
     assert sum(":standby:" in a for a in actors) == 1 and any(a.startswith("raytf:warm:2:") for a in actors)
-    assert split_coordinators() - before == 1  # the first attempt's split, and no other
+    assert [info(2, r)["ids"] for r in range(2)] == [info(0, r)["ids"] for r in range(2)]  # still the kept shards
+    # The last retry: a new split of every row, a standby on the node left, a cold worker on the new one.
+    last = [info(3, r) for r in range(2)]
+    assert sorted(last[0]["ids"]["train"] + last[1]["ids"]["train"]) == list(range(64))
+    assert all(seen["ids"]["whole"] == list(range(12)) for seen in last)
+    assert {seen["node_id"] for seen in last} == {n.node_id for n in added if n.node_id != lost}
+    assert sorted(":standby:" in seen["actor"] for seen in last) == [False, True]
+    assert split_coordinators() - before == 2  # the first attempt's split and the one after the node was lost
 
 
 def test_warm_standby_is_refused_where_it_cannot_apply():
