@@ -70,7 +70,8 @@ _TREE_CPU = None
 # With --suite-record, the TrainWorker processes each integration test started (standbys included):
 # what most of the suite's CPU goes to, a few CPU-seconds each before train_fn runs.
 _STARTS_AT_START: dict[str, int] = {}
-_STARTS_OF: dict[str, int] = {}
+_STARTS_OF_TEST: dict[str, int] = {}  # node id -> its worker starts, counted before its teardown
+_STARTS_OF: dict[str, int] = {}  # node id -> its worker starts, as reported (in the controller)
 
 
 def _train_workers_started() -> int | None:
@@ -81,12 +82,9 @@ def _train_workers_started() -> int | None:
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return None
-    from ray._private.state import actors
+    from tests.integration.conftest import actors
 
-    return sum(a["ActorClassName"] == "TrainWorker" for a in actors().values())
-
-
-_STARTS_OF_TEST: dict[str, int] = {}  # node id -> its worker starts, counted before its teardown
+    return len(actors(("class_name", "=", "TrainWorker")))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -119,8 +117,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "teardown" and report.nodeid in _CPU_AT_START:
         # Carried to the controller with the report (pytest-xdist), where the record is written.
         report.user_properties.append(("cpu_s", round(_TREE_CPU.total() - _CPU_AT_START.pop(report.nodeid), 2)))
-        if _STARTS_OF_TEST.get(report.nodeid):
-            report.user_properties.append(("worker_starts", _STARTS_OF_TEST.pop(report.nodeid)))
+        starts = _STARTS_OF_TEST.pop(report.nodeid, 0)
+        if starts:
+            report.user_properties.append(("worker_starts", starts))
     for name, value in report.user_properties:
         if name == "cpu_s":
             _CPU_OF[report.nodeid] = value
