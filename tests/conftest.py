@@ -72,6 +72,12 @@ _TREE_CPU = None
 _STARTS_AT_START: dict[str, int] = {}
 _STARTS_OF_TEST: dict[str, int] = {}  # node id -> its worker starts, counted before its teardown
 _STARTS_OF: dict[str, int] = {}  # node id -> its worker starts, as reported (in the controller)
+# With --suite-record, when each test ran and in which pytest process: node id -> [process, seconds
+# from the session's start to the test's start, to its end]. The order the two processes took the
+# test files in is what the suite's wall time is made of, beside the tests' own seconds.
+_RAN_AT: dict[str, list] = {}
+_STARTED_AT: dict[str, float] = {}
+_RUNS_TESTS = True  # False in pytest-xdist's controller, which logs the tests its processes run
 
 
 def _train_workers_started() -> int | None:
@@ -98,6 +104,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    import time
+
+    if _RUNS_TESTS:
+        _STARTED_AT[nodeid] = time.time()
     if _TREE_CPU is not None and _starts_processes(nodeid):
         _CPU_AT_START[nodeid] = _TREE_CPU.total()
         # No cluster yet: the one this test's setup may start has had no worker.
@@ -112,6 +122,9 @@ def _starts_processes(nodeid: str) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist sends the report to the controller
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _TOOK[report.nodeid] = _TOOK.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown" and report.nodeid in _STARTED_AT:
+        report.user_properties.append(("ran_at", [os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                                  _STARTED_AT.pop(report.nodeid), report.stop]))
     if report.when == "call" or report.outcome != "passed":
         _OUTCOMES[report.outcome] = _OUTCOMES.get(report.outcome, 0) + 1
     if report.when == "teardown" and report.nodeid in _CPU_AT_START:
@@ -125,6 +138,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _CPU_OF[report.nodeid] = value
         elif name == "worker_starts":
             _STARTS_OF[report.nodeid] = value
+        elif name == "ran_at":
+            _RAN_AT[report.nodeid] = value
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -134,6 +149,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config._raytf_machine_cpu = _machine_cpu_s()  # noqa: SLF001
     # Each process that runs tests watches its own (pytest-xdist's controller runs none).
     controller = not hasattr(session.config, "workerinput") and session.config.getoption("numprocesses", None)
+    global _RUNS_TESTS
+    _RUNS_TESTS = not controller
     if session.config.getoption("--suite-record") and not controller:
         global _TREE_CPU
         from tests.cpu import TreeCpu
@@ -185,6 +202,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # The TrainWorker processes each integration test started (its session cluster's actor table).
         "worker_starts": dict(sorted(_STARTS_OF.items(), key=lambda kv: -kv[1])),
         "machine_cpu_s": round(_machine_cpu_s() - session.config._raytf_machine_cpu, 1),  # noqa: SLF001
+        "ran_at": {nodeid: [worker, round(start - session.config._raytf_started, 1),  # noqa: SLF001
+                            round(stop - session.config._raytf_started, 1)]  # noqa: SLF001
+                   for nodeid, (worker, start, stop) in _RAN_AT.items()},
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as out:
