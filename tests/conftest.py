@@ -46,10 +46,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         # pytest -n 2 --dist loadgroup (pyproject.toml): a test file runs whole in one process, so
         # its module-scoped runs are made once; the end-to-end files share one, so that their Ray
-        # heads never start together (the first makes the machine's Ray token). The groups start
-        # in the order collected (--no-loadscope-reorder): e2e, the longest, first and the unit
-        # files last, not by test count, which left e2e to run alone at the end.
+        # heads never start together (the first makes the machine's Ray token).
         item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else relative))
+    if config.getoption("numprocesses", None):
+        items[:] = _longest_groups_first(items, root)
+
+
+def _longest_groups_first(items: list[pytest.Item], root: str) -> list[pytest.Item]:
+    """The tests, their groups in the order the processes should take them: the longest first, by
+    the newest suite record's seconds (a group it does not know, a new file, before all), each
+    group's tests in the order collected. The groups start in this order (--no-loadscope-reorder),
+    and a process is handed its next group while its current one still has two tests to run: a
+    long group handed out late leaves the other process idle at the end (a record of 2026-11-30:
+    test_trainer.py's 144 s, handed out behind test_scale.py, ran alone for 104 s)."""
+    import json
+
+    took: dict[str, float] = {}
+    try:
+        with open(os.path.join(root, "records", "suite.jsonl"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 2**20))  # the newest line is well under 1 MiB
+            newest = json.loads(f.read().splitlines()[-1])
+        for nodeid, seconds in newest["tests_s"].items():
+            if "@" in nodeid:  # pytest-xdist's node ids end with the test's group
+                group = nodeid.rsplit("@", 1)[1]
+            else:
+                group = os.path.relpath(nodeid.split("::")[0], "tests")
+                group = "e2e" if group.startswith("e2e" + os.sep) else group
+            took[group] = took.get(group, 0.0) + seconds
+    except (OSError, ValueError, IndexError, KeyError):
+        pass  # no record to go by: the order collected
+
+    def group(item: pytest.Item) -> str:
+        return next(m.args[0] for m in item.iter_markers("xdist_group"))
+
+    order = {g: i for i, g in enumerate(dict.fromkeys(group(item) for item in items))}
+    return sorted(items, key=lambda item: (-took.get(group(item), float("inf")), order[group(item)]))
 
 
 # ``python -m pytest --suite-record tests/records/suite.jsonl``: one JSON line of what the run took
