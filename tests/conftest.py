@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # its module-scoped runs are made once; the end-to-end files share one, so that their Ray
         # heads never start together (the first makes the machine's Ray token).
         item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else relative))
-    if config.getoption("numprocesses", None):
+    if hasattr(config, "workerinput"):  # a pytest-xdist process: the controller takes the groups in its order
         items[:] = _longest_groups_first(items, root)
 
 
