@@ -316,6 +316,9 @@ def slowest_markdown(root: str) -> str:
                           f"included) and used {integration / 60:.1f} CPU-minutes: "
                           f"{integration / sum(starts.values()):.1f} CPU-seconds a worker process, all they do "
                           "included.")
+        ran_at = run.get("ran_at")  # recorded since the suite records when each test ran (tests/conftest.py)
+        if ran_at:
+            lines += ["", schedule_sentence(ran_at, run["wall_s"])]
         lines += ["", "Its ten slowest tests:"]
     else:
         lines[-1] += " Its ten slowest tests (setup, call and teardown):"
@@ -323,6 +326,20 @@ def slowest_markdown(root: str) -> str:
     for nodeid, took in list(run["tests_s"].items())[:10]:
         lines.append(f"| {took:.0f} | `{nodeid.split('@')[0]}` |")
     return "\n".join(lines) + "\n"
+
+
+def schedule_sentence(ran_at: dict, wall_s: float) -> str:
+    """How the run's pytest processes shared it: for each, the test files it ran and when its last
+    test ended, against the run's whole time (a process that ends long before the other sat idle)."""
+    ends: dict[str, float] = {}
+    files: dict[str, set] = {}
+    for nodeid, (process, _start, end) in ran_at.items():
+        ends[process] = max(ends.get(process, 0.0), end)
+        files.setdefault(process, set()).add(nodeid.split("::")[0])
+    parts = [f"{process} ran {len(files[process])} test file{'s' if len(files[process]) != 1 else ''}, its last test "
+             f"ending at {ends[process]:.0f} s"
+             for process in sorted(ends)]
+    return f"How its pytest processes shared the {wall_s:.0f} s: " + "; ".join(parts) + "."
 
 
 SUPPORTED = (("Python", "python"), ("TensorFlow", "tensorflow"), ("Keras", "keras"), ("tf-keras", "tf-keras"),

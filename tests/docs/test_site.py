@@ -240,6 +240,13 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     assert "| 61 | 89 | 11 | `tests/integration/x.py::test_11` |" in page
     # 666 CPU-seconds over 66 worker processes.
     assert "started 66 TrainWorker processes (standbys included) and used 11.1 CPU-minutes: 10.1 CPU-seconds" in page
+    # A record of when each test ran, and in which process, shows how the processes shared the run.
+    with_schedule = dict(with_starts, ran_at={"tests/a.py::t1@a": ["gw0", 1.0, 300.0], "tests/a.py::t2@a": ["gw0", 300.0, 590.5],
+                                              "tests/b.py::t@b": ["gw1", 2.0, 420.0], "tests/c.py::t@c": ["gw1", 420.0, 450.0]})
+    record.write_text(record.read_text() + json.dumps(with_schedule) + "\n")
+    page = reference.slowest_markdown(str(tmp_path))
+    assert ("How its pytest processes shared the 600 s: gw0 ran 1 test file, its last test ending at 590 s; "
+            "gw1 ran 2 test files, its last test ending at 450 s.") in page
 
 
 TRACED = ("bench/results/", "<!-- raytf:bench:", "<!-- raytf:kept:")
