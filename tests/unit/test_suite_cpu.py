@@ -1,4 +1,5 @@
-"""tests/cpu.py: the suite record's CPU-seconds of a process tree (tests/conftest.py)."""
+"""The suite's own machinery: tests/cpu.py's CPU-seconds of a process tree (the suite record), and the order
+tests/conftest.py hands the test files to the two pytest processes in."""
 
 from __future__ import annotations
 
@@ -39,3 +40,40 @@ def test_the_cpu_of_processes_started_below_counts_and_stays_counted_after_they_
     # Both ended: their CPU stays in the total, though no parent counted the grandchild's.
     assert cpu.total() >= working
     cpu.stop()
+
+
+class _Test:
+    """What tests/conftest.py reads of a collected test: its pytest-xdist group."""
+
+    def __init__(self, group: str, name: str) -> None:
+        self.group, self.name = group, name
+
+    def iter_markers(self, name: str):
+        assert name == "xdist_group"
+        return iter([pytest.mark.xdist_group(self.group).mark])
+
+
+def test_the_suite_hands_out_its_files_longest_first_by_the_newest_whole_run(tmp_path):
+    """tests/conftest.py orders the test files for the two pytest processes: the longest first by
+    the newest kept run of the whole suite (a failed run, or one tier's, does not count), a file the
+    record does not know before all, each file's tests in the order collected."""
+    import json
+
+    from tests.conftest import _longest_groups_first
+
+    (tmp_path / "records").mkdir()
+
+    def run(status, args, seconds):
+        return {"exit_status": status, "args": args,
+                "tests_s": {f"tests/{group}::t@{group}": s for group, s in seconds.items()}}
+
+    lines = [run(0, [], {"integration/a.py": 10.0, "integration/b.py": 30.0, "unit/u.py": 1.0}),
+             run(1, [], {"integration/a.py": 90.0}), run(0, ["-m", "unit"], {"unit/u.py": 500.0})]
+    (tmp_path / "records" / "suite.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    tests = [_Test("unit/u.py", "u1"), _Test("integration/a.py", "a1"), _Test("integration/b.py", "b1"),
+             _Test("integration/a.py", "a2"), _Test("integration/new.py", "n1"), _Test("unit/u.py", "u2")]
+    ordered = _longest_groups_first(tests, str(tmp_path))
+    assert [t.name for t in ordered] == ["n1", "b1", "a1", "a2", "u1", "u2"]
+    # With no record, the order collected.
+    (tmp_path / "records" / "suite.jsonl").unlink()
+    assert [t.name for t in _longest_groups_first(tests, str(tmp_path))] == ["u1", "u2", "a1", "a2", "b1", "n1"]
