@@ -299,3 +299,35 @@ def test_a_standby_loads_at_the_lowest_cpu_priority_and_the_caller_keeps_its_own
 
     with pytest.raises(ModuleNotFoundError, match="train_fn's module"):
         in_background(fails, "raytf-warm")
+
+
+def test_a_workers_load_runs_no_collection_and_leaves_what_it_loaded_out_of_later_ones():
+    """raytf.worker.loading: the collector is paused for the load (importing TensorFlow ran five
+    full collections over its own objects), overlapping loads resume it once, when the last ends,
+    and what they made is frozen out of later collections; a process that had the collector off
+    keeps it off."""
+    import gc
+
+    from raytf._internal.worker.loading import paused_collector
+
+    frozen_before = gc.get_freeze_count()
+    try:
+        collections_before = [s["collections"] for s in gc.get_stats()]
+        with paused_collector():
+            first = [[i] for i in range(100_000)]  # what an import makes: far past the collector's thresholds
+            with paused_collector():  # a standby's background load, then its start
+                second = [[i] for i in range(100_000)]
+            assert not gc.isenabled()  # the first load has not ended
+        assert [s["collections"] for s in gc.get_stats()] == collections_before
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen_before + len(first) + len(second)
+
+        gc.disable()
+        try:
+            with paused_collector():
+                pass
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.unfreeze()

@@ -127,15 +127,17 @@ class TrainWorker:
         that trains)."""
         import os
 
+        from raytf._internal.worker.loading import paused_collector
         from raytf._internal.worker.tensorflow import load_keras, run_environment
 
         def load() -> None:
-            import ray.data  # noqa: F401
+            with paused_collector():
+                import ray.data  # noqa: F401
 
-            from ray import cloudpickle
+                from ray import cloudpickle
 
-            cloudpickle.loads(run.payload)
-            load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
+                cloudpickle.loads(run.payload)
+                load_keras(run)  # TensorFlow, and the Keras that tf.keras is here
 
         os.environ.update(run_environment(run))
         self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu

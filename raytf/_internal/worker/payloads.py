@@ -1,10 +1,9 @@
 """What an actor runs, one class per :class:`~raytf._internal.protocol.PayloadKind`.
 
-The actor (actor.py) holds the port, answers polls and keeps the phase; a
-payload does the role's work in the actor's worker thread and moves the phase
-forward through the :class:`Host` it is given. Today's payload runs
-``train_fn`` under MultiWorkerMirroredStrategy; a TensorFlow server that waits
-(parameter servers) and a subprocess that reads TF_CONFIG are further payloads.
+The actor (actor.py) holds the port, answers polls and keeps the phase; a payload does the role's
+work in the actor's worker thread and moves the phase forward through the :class:`Host` it is
+given: ``train_fn`` under MultiWorkerMirroredStrategy, a parameter-server role (chief, worker, a
+TensorFlow server that waits, evaluator), or a subprocess that reads TF_CONFIG (``raytf launch``).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
 from raytf._internal.worker import tensorflow as _tensorflow
+from raytf._internal.worker.loading import paused_collector
 from raytf._internal.worker.session import WorkerSession
 from raytf.errors import ConfigError, FailureKind
 
@@ -83,12 +83,11 @@ class TrainFnPayload:
             )
         os.environ.update(_tensorflow.worker_environment(run, spec))
         _tensorflow.check_storage_visible(run, host.node_ip)
-        # Loading the payload may import the user's modules, and with them TensorFlow.
-        code = user_code(run)
-        train_fn, config = code.train_fn, code.config
-        _activity.note_user_code(train_fn)
-        _tensorflow.configure_tensorflow(run)
-        keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
+        with paused_collector():  # loading.py; the payload's modules may import TensorFlow, or raytf does
+            code = user_code(run)
+            _activity.note_user_code(code.train_fn)
+            _tensorflow.configure_tensorflow(run)
+            keras3 = _tensorflow.load_keras(run)  # before the barrier: importing Keras takes a second
         _hooks.require(
             *_hooks.needed(
                 keras3=keras3,
@@ -135,7 +134,7 @@ class TrainFnPayload:
         )
         _session.install(self.session)
         host.set_phase(Phase.TRAINING)
-        _tensorflow.call_train_fn(train_fn, config)
+        _tensorflow.call_train_fn(code.train_fn, code.config)
         self.session.finish_uploads()  # the run ends once its last checkpoint is committed
 
 
@@ -268,10 +267,11 @@ def _load_ps_payload(run: RunSpec, spec: WorkerSpec, host: Host) -> UserCode:
     # A call to a worker or ps that is down fails at once, so the coordinator can reschedule it.
     os.environ[_env.GRPC_FAIL_FAST] = "use_caller"
     _tensorflow.check_storage_visible(run, host.node_ip)
-    code = user_code(run)
-    _activity.note_user_code(code.train_fn)
-    _tensorflow.configure_tensorflow(run)
-    _tensorflow.configure_keras(run)
+    with paused_collector():
+        code = user_code(run)
+        _activity.note_user_code(code.train_fn)
+        _tensorflow.configure_tensorflow(run)
+        _tensorflow.configure_keras(run)
     _hooks.require(
         *_hooks.needed(
             keras3=False,
