@@ -120,7 +120,7 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     results = tmp_path / "results"
     job_id = submit_no_wait(
         autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
-        "--rows", "32768", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
+        "--rows", "16384", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
     )
     deadline = time.monotonic() + 300
 
