@@ -99,6 +99,14 @@ def autoscaling_head(tmp_path, wheel_python):
     address = f"http://127.0.0.1:{ports['dashboard']}"
     wait_for_job_server(head, address)
     try:
+        # The autoscaler's monitor publishes its first status (what `ray status` shows) seconds after
+        # the head's job server answers, later on a loaded machine; a job submitted before then finds
+        # no autoscaler on the cluster, and raytf cannot say which node types its group waits for.
+        deadline = time.monotonic() + 120
+        while not ((dashboard_get(address, "/api/cluster_status") or {}).get("data") or {}).get("clusterStatus"):
+            assert head.poll() is None, "ray start --head exited early; see head.log"
+            assert time.monotonic() < deadline, "the autoscaler published no status in 120 s"
+            time.sleep(0.5)
         yield address, env, gcs
     finally:
         head.send_signal(signal.SIGTERM)
