@@ -127,14 +127,18 @@ def node_types(timeout_s: float = 30.0) -> Optional[list[NodeType]]:
     head = _head_node_id()
     if head is None or not autoscaler_running():
         return None
-    read = ray.remote(num_cpus=0, max_retries=0)(_read_config_on_head).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)
-    )
-    try:
-        config = ray.get(read.remote(ray.get_runtime_context().gcs_address), timeout=timeout_s)
-    except Exception as error:  # noqa: BLE001 - unknown, not fatal
-        logger.info("could not read the autoscaler's config on the head node: %s", error)
-        return None
+    gcs_address = ray.get_runtime_context().gcs_address
+    if ray.get_runtime_context().get_node_id() == head:  # a job's driver: read it here, no task to start
+        config = _read_config_on_head(gcs_address)
+    else:
+        read = ray.remote(num_cpus=0, max_retries=0)(_read_config_on_head).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)
+        )
+        try:
+            config = ray.get(read.remote(gcs_address), timeout=timeout_s)
+        except Exception as error:  # noqa: BLE001 - unknown, not fatal
+            logger.info("could not read the autoscaler's config on the head node: %s", error)
+            return None
     if config is None:
         return None
     types = []
