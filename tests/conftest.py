@@ -227,7 +227,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf(
             "SC_PHYS_PAGES") / 2**30), "python": platform.python_version(), "system": platform.platform()},
         "versions": {name: version(name)
-                     for name in ("tensorflow", "keras", "tf-keras", "ray", "pyarrow", "numpy", "pytest")},
+                     for name in ("tensorflow", "keras", "tf-keras", "ray", "pyarrow", "numpy", "ml_dtypes", "pytest")},
         "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},
         # The integration and end-to-end tests' CPU-seconds, their processes' included (tests/cpu.py).
         "tests_cpu_s": dict(sorted(_CPU_OF.items(), key=lambda kv: -kv[1])),

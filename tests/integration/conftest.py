@@ -51,20 +51,31 @@ def cluster(tmp_path_factory):
 
     cloudpickle.register_pickle_by_value(workloads)
     cloudpickle.register_pickle_by_value(ray_train_examples)
+    hidden = tmp_path_factory.mktemp("hidden")
+
+    class HidingCluster(Cluster):
+        """Every node, the head and those a test adds later (the scale tier's, the GPU nodes), runs
+        its processes without the test-only packages (tests/hidden.py). A node's raylet, and every
+        worker it starts, takes the environment of the moment it is added: a node added outside
+        the hiding imported scikit-learn, SciPy and matplotlib with TensorFlow in each worker."""
+
+        def add_node(self, wait: bool = True, **node_args):
+            with _without_test_only_packages(hidden):
+                return super().add_node(wait=wait, **node_args)
+
     agent = free_port()
-    with _without_test_only_packages(tmp_path_factory.mktemp("hidden")):
-        c = Cluster(
-            initialize_head=True,
-            # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
-            # No dashboard: raytf needs none, and its processes polled all session long.
-            head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "include_dashboard": False,
-                            "dashboard_agent_listen_port": agent},
-        )
-        # The driver (this process) joins before the second node exists, so its raylet is the head's:
-        # with several raylets on one address Ray 2.50 may hand a driver any of them, and a test that
-        # removes the second node then took the driver (and this pytest process) down with it.
-        ray.init(address=c.address)
-        c.add_node(num_cpus=2, resources={"node_b": 2})
+    c = HidingCluster(
+        initialize_head=True,
+        # Ports of its own, so that clusters of parallel test processes (pytest -n) never meet.
+        # No dashboard: raytf needs none, and its processes polled all session long.
+        head_node_args={"num_cpus": 2, "resources": {"node_a": 2}, "include_dashboard": False,
+                        "dashboard_agent_listen_port": agent},
+    )
+    # The driver (this process) joins before the second node exists, so its raylet is the head's:
+    # with several raylets on one address Ray 2.50 may hand a driver any of them, and a test that
+    # removes the second node then took the driver (and this pytest process) down with it.
+    ray.init(address=c.address)
+    c.add_node(num_cpus=2, resources={"node_b": 2})
     c.wait_for_nodes()
     assert ray.get_runtime_context().get_node_id() == c.head_node.node_id
     yield c

@@ -75,6 +75,8 @@ def test_eight_workers_on_four_nodes_train_every_row_once_through_ranks_lost_on_
     for rank in range(8):
         placed.setdefault(running[rank]["node_id"], []).append(rank)
     assert sorted(len(ranks) for ranks in placed.values()) == [2, 2, 2, 2], placed
+    # Nodes added during a test run without the packages the test cluster hides (tests/hidden.py).
+    assert all(r["test_only_loaded"] == [] for r in running), running
     assert taken.node_id not in attempts[(1, 1)][2] and len(attempts[(1, 1)][2]) == 3
     assert joined.node_id in attempts[(1, 2)][2]
     # Each restore read one checkpoint merged from every rank of the group that reported it.
