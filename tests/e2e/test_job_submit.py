@@ -6,6 +6,13 @@ The head runs with --block in a child process on free ports and a --temp-dir of 
 stopped by terminating that process, so the test never touches another Ray on the machine (as a
 bare `ray stop` would), and nothing outside the suite sees it: Ray records a head it starts in
 <temp dir>/ray_current_cluster, where a user's bare `ray.init()` would find it in the default one.
+
+A job is submitted one of the two ways a cluster runs one: with its folder uploaded
+(`--working-dir`, as the guides submit them: the digits job, raytf launch, and the README's job in
+test_autoscaler.py), or as a file the cluster's machines already hold (an image with the jobs in
+it: the Keras and parameter-server jobs). The second starts its workers without a runtime
+environment: Ray's prestarted worker processes take them, where each worker of an uploaded folder
+is a new process that sets the environment up first.
 """
 
 from __future__ import annotations
@@ -91,6 +98,7 @@ def head(tmp_path_factory, wheel_python):
     # started a local cluster made one); on a fresh machine none does yet: make it, as Ray says.
     generated = ray_cli("get-auth-token", "--generate", env=env)
     assert generated.returncode == 0, generated.stderr[-2000:]
+    hidden = tmp_path_factory.mktemp("hidden")
     process = subprocess.Popen(
         [
             wheel_python, "-m", "ray.scripts.scripts",  # raytf from its wheel (conftest.py)
@@ -103,15 +111,16 @@ def head(tmp_path_factory, wheel_python):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        # Its processes go without the test-only packages (tests/hidden.py) but scikit-learn and
-        # SciPy, which the digits job loads its data with.
-        env=activated(hiding(tmp_path_factory.mktemp("hidden"), {**HEAD_ENV, "RAY_AUTH_MODE": "token"},
-                             tuple(name for name in TEST_ONLY if name not in ("sklearn", "scipy"))), wheel_python),
+        # Its processes go without the test-only packages (tests/hidden.py), which Keras would import
+        # with TensorFlow in every worker; the digits job's driver, which loads its data with
+        # scikit-learn, is given them back (DIGITS_DRIVER).
+        env=activated(hiding(hidden / "all", {**HEAD_ENV, "RAY_AUTH_MODE": "token"}), wheel_python),
     )
     address = f"http://127.0.0.1:{ports['dashboard']}"
+    digits_path = hiding(hidden / "digits", dict(os.environ), tuple(n for n in TEST_ONLY if n not in ("sklearn", "scipy")))
     try:
         wait_for_job_server(process, address)
-        yield address, env, ports["gcs"]
+        yield address, env, ports["gcs"], ["env", f"PYTHONPATH={digits_path['PYTHONPATH']}"]
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=90)
@@ -119,15 +128,18 @@ def head(tmp_path_factory, wheel_python):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def submit_no_wait(head, tmp_path, script: str, *args: str) -> str:
-    """Submit ``jobs/<script>`` with ``args`` (jobs/ as the working dir); returns the job id."""
+def submit_no_wait(head, tmp_path, script: str, *args: str, uploaded: bool = True, prefix: tuple = ()) -> str:
+    """Submit ``jobs/<script>`` with ``args``; returns the job id. ``uploaded``: jobs/ as the job's
+    working dir (``--working-dir``), else the script by its path on the cluster's machine (this
+    one). ``prefix``: words before ``python`` in the entrypoint (``env VAR=...``)."""
     address, env = head[:2]
     workdir = tmp_path / "job"
     if not workdir.exists():
         shutil.copytree(os.path.join(REPO, "jobs"), workdir)
+    where = ["--working-dir", str(workdir)] if uploaded else []
     submitted = ray_cli(
-        "job", "submit", "--address", address, "--working-dir", str(workdir), "--no-wait", "--",
-        "python", script, *args, env=env,
+        "job", "submit", "--address", address, *where, "--no-wait", "--",
+        *prefix, "python", script if uploaded else str(workdir / script), *args, env=env,
     )
     assert submitted.returncode == 0, submitted.stderr
     return re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr).group(0)
@@ -157,22 +169,15 @@ def printed(logs: str) -> dict:
     return json.loads(logs[logs.index("{\n") : logs.rindex("}") + 1])
 
 
-def submit(head, tmp_path, script: str, *args: str) -> tuple[str, dict]:
-    """Submit ``jobs/<script>`` with ``args``; wait for it; return its logs and printed result."""
-    status, logs = wait_for_job(head, submit_no_wait(head, tmp_path, script, *args))
-    assert status == "succeeded", logs[-3000:]
-    return logs, printed(logs)
-
-
 def submit_together(head, tmp_path, jobs: dict[str, list[str]]) -> dict[str, tuple[str, dict]]:
     """Submit each ``name -> [script, *args]`` at once (each in a directory of its own under
-    ``tmp_path``), then wait for all: name -> (its logs, what it printed). The head runs them side by
-    side, as a cluster runs several users' jobs; each job's wait for its processes to start is
-    the other's time to train."""
+    ``tmp_path``), as files the cluster's machines hold (no upload), then wait for all: name ->
+    (its logs, what it printed). The head runs them side by side, as a cluster runs several users'
+    jobs; each job's wait for its processes to start is the other's time to train."""
     ids = {}
     for name, (script, *args) in jobs.items():
         (tmp_path / name).mkdir()
-        ids[name] = submit_no_wait(head, tmp_path / name, script, *args)
+        ids[name] = submit_no_wait(head, tmp_path / name, script, *args, uploaded=False)
     out = {}
     for name, job_id in ids.items():
         status, logs = wait_for_job(head, job_id)
@@ -200,7 +205,7 @@ def test_submitted_keras_jobs_train(head, tmp_path):
 
 
 def test_the_job_server_still_requires_ray_auth_token_and_no_bare_ray_init_finds_the_head(head):
-    address, env, gcs_port = head
+    address, env, gcs_port = head[:3]
     assert not names_the_head(gcs_port)  # a user's bare ray.init() on this machine never joins it
     anonymous = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
     listed = ray_cli("job", "list", "--address", address, env=anonymous)
@@ -213,7 +218,7 @@ def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head,
     results = tmp_path / "results"
     # One worker each time: what is shown is the job's resume by name (two-worker jobs: the tests above).
     common = ["--name", "digits", "--storage-path", str(results), "--num-workers", "1"]
-    first = submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", "500", *common)
+    first = submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", "500", *common, prefix=head[3])
     index = results / "digits" / "checkpoints" / "index.json"
     deadline = time.monotonic() + 240
     while not (index.exists() and json.loads(index.read_text())["checkpoints"]):
@@ -227,7 +232,8 @@ def test_a_stopped_job_submitted_again_by_name_resumes_from_its_checkpoint(head,
     done = max(c["epoch"] for c in json.loads(index.read_text())["checkpoints"])
     assert done < 499  # stopped mid-run
     epochs = max(done + 4, 12)
-    status, logs = wait_for_job(head, submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", str(epochs), *common))
+    status, logs = wait_for_job(head, submit_no_wait(head, tmp_path, "train_digits.py", "--epochs", str(epochs), *common,
+                                                     prefix=head[3]))
     assert status == "succeeded", logs[-3000:]
     history = json.loads((results / "digits" / "history.json").read_text())
     second = [h for h in history if h["driver_start"] == 1]
