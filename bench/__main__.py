@@ -107,7 +107,7 @@ SUITES: dict[str, tuple[Step, ...]] = {
                                              "--epochs", "10", "--kill-step", "1521")),
     ),
 }
-LIBRARIES = ("tensorflow", "keras", "tf-keras", "ray", "numpy", "pyarrow")
+LIBRARIES = ("tensorflow", "keras", "tf-keras", "ray", "numpy", "pyarrow", "ml_dtypes")
 
 
 def _commit() -> str:
