@@ -126,9 +126,17 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     address, _, _ = autoscaling_head
     assert not any(n["resources_total"].get("GPU") for n in nodes(address) if n["state"] == "ALIVE")  # no GPU yet
     results = tmp_path / "results"
+    # The job materializes its data on the head (1 CPU) before fit(). Ray Data asks the autoscaler
+    # for more CPUs when a materialization keeps them busy for over 10 s (its rate-based cluster
+    # autoscaler: `{'CPU': 1}: 2 from request_resources()` in the monitor's log), and on a loaded
+    # machine the autoscaler then added a gpu_1x node before raytf's check ran, which rightly found
+    # a live node and said nothing of waiting. The job's Ray Data makes no such request here, so the
+    # first GPU node is the one raytf's placement group asks for.
+    no_data_scaling = ["env", "RAY_DATA_MIN_GAP_BETWEEN_AUTOSCALING_REQUESTS=1000000000"]
     job_id = submit_no_wait(
         autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
         "--rows", "16384", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
+        prefix=no_data_scaling,
     )
     deadline = time.monotonic() + 300
 
