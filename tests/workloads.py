@@ -315,6 +315,14 @@ def shard_epochs(config: dict) -> None:
     _write(config["out_dir"], f"rank{ctx.world_rank}.json", out)
 
 
+def in_turn(config: dict) -> None:
+    """Each ``(workload, its config)`` of ``config["parts"]`` in turn, in the same workers: several
+    checks of one test file share a run (test_data.py)."""
+    workloads = {"shard_epochs": shard_epochs, "train_from_shards": train_from_shards, "bad_requests": bad_requests}
+    for name, part in config["parts"]:
+        workloads[name](part)
+
+
 def bad_requests(config: dict) -> None:
     """Each bad request in turn; records the message of the error each raises; then, given
     ``config["unhandled"]``, makes that request without catching its error."""
