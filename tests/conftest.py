@@ -21,6 +21,7 @@ and a second crash, fails the suite.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 
@@ -174,9 +175,49 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _RAN_AT[report.nodeid] = value
 
 
+# The controller measures the machine itself before and after the tests, with --suite-record: the
+# same tests took 1,584 to 1,967 CPU-seconds on one machine at different hours of the same code, and
+# a record's ``reference`` tells the machine's hour apart from the code's change.
+_REFERENCE = (
+    "import gc, time\n"
+    "gc.disable()\n"
+    "start = time.process_time()\n"
+    "total = 0\n"
+    "for i in range(10**7):\n"
+    "    total += i\n"
+    "loop = time.process_time() - start\n"
+    "import tensorflow\n"
+    "print(round(loop, 2), round(time.process_time() - start - loop, 2))\n"
+)
+
+
+def reference_cpu_s(hidden_dir) -> dict[str, float]:
+    """The CPU-seconds this machine takes now for a fixed pure-Python loop (10**7 additions) and
+    for ``import tensorflow`` in a new process, the collector off and the test-only packages hidden,
+    as a worker of the suite loads it (raytf/_internal/worker/loading.py, tests/hidden.py): most of
+    the suite's CPU is that import, 200-odd times. {} where it could not run."""
+    import subprocess
+    import sys
+
+    from tests.hidden import hiding
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _REFERENCE], env=hiding(hidden_dir, dict(os.environ)),
+                              capture_output=True, text=True, timeout=300)
+        loop, tensorflow = (float(v) for v in done.stdout.split()[-2:])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
+    return {"python_loop": loop, "import_tensorflow": tensorflow}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its processes, which would share the cores
 def pytest_sessionstart(session: pytest.Session) -> None:
+    import tempfile
     import time
 
+    if session.config.getoption("--suite-record") and not hasattr(session.config, "workerinput"):
+        session.config._raytf_hidden = tempfile.mkdtemp(prefix="raytf-reference-")  # noqa: SLF001
+        session.config._raytf_reference = reference_cpu_s(pathlib.Path(session.config._raytf_hidden))  # noqa: SLF001
     session.config._raytf_started = time.time()  # noqa: SLF001 - pytest's config holds a plugin's state
     session.config._raytf_machine_cpu = _machine_cpu_s()  # noqa: SLF001
     # Each process that runs tests watches its own (pytest-xdist's controller runs none).
@@ -208,6 +249,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     import json
     import platform
+    import shutil
     import subprocess
     import time
     from importlib import metadata
@@ -238,6 +280,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                             round(stop - session.config._raytf_started, 1)]  # noqa: SLF001
                    for nodeid, (worker, start, stop) in _RAN_AT.items()},
     }
+    # Measured again after the tests (their seconds above end before it): the machine's speed at
+    # either end of the run, in CPU-seconds of the same work.
+    record["reference"] = {"before": session.config._raytf_reference,  # noqa: SLF001
+                           "after": reference_cpu_s(pathlib.Path(session.config._raytf_hidden))}  # noqa: SLF001
+    shutil.rmtree(session.config._raytf_hidden, ignore_errors=True)  # noqa: SLF001
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as out:
         out.write(json.dumps(record) + "\n")

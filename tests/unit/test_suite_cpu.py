@@ -77,3 +77,15 @@ def test_the_suite_hands_out_its_files_longest_first_by_the_newest_whole_run(tmp
     # With no record, the order collected.
     (tmp_path / "records" / "suite.jsonl").unlink()
     assert [t.name for t in _longest_groups_first(tests, str(tmp_path))] == ["u1", "u2", "a1", "a2", "b1", "n1"]
+
+
+def test_the_reference_measures_the_machine_with_a_workers_tensorflow(tmp_path):
+    """What the suite record's ``reference`` is made of: both measurements, each some CPU; the
+    import ran as a worker's does, the test-only packages hidden (tests/hidden.py)."""
+    from tests.conftest import reference_cpu_s
+    from tests.hidden import TEST_ONLY
+
+    measured = reference_cpu_s(tmp_path)
+    assert set(measured) == {"python_loop", "import_tensorflow"}
+    assert measured["python_loop"] > 0.05 and measured["import_tensorflow"] > 0.1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(TEST_ONLY)
