@@ -218,6 +218,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if session.config.getoption("--suite-record") and not hasattr(session.config, "workerinput"):
         session.config._raytf_hidden = tempfile.mkdtemp(prefix="raytf-reference-")  # noqa: SLF001
         session.config._raytf_reference = reference_cpu_s(pathlib.Path(session.config._raytf_hidden))  # noqa: SLF001
+        session.config._raytf_busy = BusySampler()  # noqa: SLF001
     session.config._raytf_started = time.time()  # noqa: SLF001 - pytest's config holds a plugin's state
     session.config._raytf_machine_cpu = _machine_cpu_s()  # noqa: SLF001
     # Each process that runs tests watches its own (pytest-xdist's controller runs none).
@@ -230,6 +231,35 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
         _TREE_CPU = TreeCpu()
         _TREE_CPU.start()
+
+
+class BusySampler:
+    """From its start, the share of the machine's cores that were busy in each INTERVAL_S
+    (/proc/stat, as _machine_cpu_s), sampled by a thread of its own until stop()."""
+
+    INTERVAL_S = 10.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self._shares: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="raytf-busy", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import time
+
+        last, at = _machine_cpu_s(), time.monotonic()
+        while not self._done.wait(self.INTERVAL_S):
+            busy, now = _machine_cpu_s(), time.monotonic()
+            self._shares.append(round((busy - last) / ((now - at) * (os.cpu_count() or 1)), 2))
+            last, at = busy, now
+
+    def stop(self) -> list[float]:
+        self._done.set()
+        self._thread.join(timeout=5)
+        return list(self._shares)
 
 
 def _machine_cpu_s() -> float:
@@ -282,6 +312,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     }
     # Measured again after the tests (their seconds above end before it): the machine's speed at
     # either end of the run, in CPU-seconds of the same work.
+    # How busy the machine's cores were, every BusySampler.INTERVAL_S from the tests' start: where
+    # a run left cores idle, and (with ran_at) what ran then.
+    record["machine_busy"] = session.config._raytf_busy.stop()  # noqa: SLF001
     record["reference"] = {"before": session.config._raytf_reference,  # noqa: SLF001
                            "after": reference_cpu_s(pathlib.Path(session.config._raytf_hidden))}  # noqa: SLF001
     shutil.rmtree(session.config._raytf_hidden, ignore_errors=True)  # noqa: SLF001

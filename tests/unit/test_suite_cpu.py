@@ -89,3 +89,19 @@ def test_the_reference_measures_the_machine_with_a_workers_tensorflow(tmp_path):
     assert set(measured) == {"python_loop", "import_tensorflow"}
     assert measured["python_loop"] > 0.05 and measured["import_tensorflow"] > 0.1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(TEST_ONLY)
+
+
+def test_the_busy_sampler_gives_a_share_of_the_cores_for_each_interval():
+    import time
+
+    from tests.conftest import BusySampler
+
+    class Quick(BusySampler):
+        INTERVAL_S = 0.2
+
+    sampler = Quick()
+    time.sleep(1.5)
+    shares = sampler.stop()
+    assert len(shares) >= 3  # one share per interval since its start
+    assert all(0.0 <= s <= 1.05 for s in shares), shares  # of all the cores' time: /proc/stat's ticks round
+    assert sampler.stop() == shares  # stopped: no interval added after
