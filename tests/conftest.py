@@ -310,11 +310,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                             round(stop - session.config._raytf_started, 1)]  # noqa: SLF001
                    for nodeid, (worker, start, stop) in _RAN_AT.items()},
     }
-    # Measured again after the tests (their seconds above end before it): the machine's speed at
-    # either end of the run, in CPU-seconds of the same work.
     # How busy the machine's cores were, every BusySampler.INTERVAL_S from the tests' start: where
     # a run left cores idle, and (with ran_at) what ran then.
     record["machine_busy"] = session.config._raytf_busy.stop()  # noqa: SLF001
+    # Measured again after the tests (their seconds above end before it): the machine's speed at
+    # either end of the run, in CPU-seconds of the same work.
     record["reference"] = {"before": session.config._raytf_reference,  # noqa: SLF001
                            "after": reference_cpu_s(pathlib.Path(session.config._raytf_hidden))}  # noqa: SLF001
     shutil.rmtree(session.config._raytf_hidden, ignore_errors=True)  # noqa: SLF001

@@ -316,7 +316,7 @@ def shard_epochs(config: dict) -> None:
 
 
 def in_turn(config: dict) -> None:
-    """Each ``(workload, its config)`` of ``config["parts"]`` in turn, in the same workers: several
+    """Each ``(workload's name, its config)`` of ``config["parts"]`` in turn, in the same workers: several
     checks of one test file share a run (test_data.py)."""
     workloads = {"shard_epochs": shard_epochs, "train_from_shards": train_from_shards, "bad_requests": bad_requests}
     for name, part in config["parts"]:

@@ -107,7 +107,7 @@ def data_run(cluster, tmp_path_factory):
     import ray
 
     root = tmp_path_factory.mktemp("data")
-    parts = {part: root / part for part in ("shards", "files", "bad")}
+    parts = {part: root / part for part in ("shards", "bad")}  # where each rank writes what it saw
     for directory in parts.values():
         directory.mkdir()
     # The files: Parquet files each worker reads its row groups of; jobs/train_tfrecords.py's

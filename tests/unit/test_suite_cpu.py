@@ -97,11 +97,12 @@ def test_the_busy_sampler_gives_a_share_of_the_cores_for_each_interval():
     from tests.conftest import BusySampler
 
     class Quick(BusySampler):
-        INTERVAL_S = 0.2
+        INTERVAL_S = 0.5
 
     sampler = Quick()
-    time.sleep(1.5)
+    time.sleep(2.2)
     shares = sampler.stop()
     assert len(shares) >= 3  # one share per interval since its start
-    assert all(0.0 <= s <= 1.05 for s in shares), shares  # of all the cores' time: /proc/stat's ticks round
+    # Of all the cores' time; /proc/stat counts in ticks of 10 ms, a tick or two either way an interval.
+    assert all(0.0 <= s <= 1.1 for s in shares), shares
     assert sampler.stop() == shares  # stopped: no interval added after
