@@ -28,7 +28,7 @@ from raytf._internal.driver import cluster
 
 logger = logging.getLogger(__name__)
 
-_ANSWER_TIMEOUT_S = 10.0  # a rank's answer, asked for once the attempt trained, is long in by the restart
+ANSWER_TIMEOUT_S = 10.0  # a rank's answer, asked for once the attempt trained, is long in by the restart
 
 
 class ShardKeeper:
@@ -58,6 +58,15 @@ class ShardKeeper:
             calls = [actor.shard_read_whole.options(num_returns=2).remote(name) for actor in actors[:count]]
             self._asked[name] = ([flag for flag, _ in calls], [columns for _, columns in calls], list(nodes[:count]))
 
+    def answered(self) -> bool:
+        """Every rank asked has answered, or died (its answer is then an error): what it read is
+        kept, or known to be lost."""
+        flags = [flag for asked, _, _ in self._asked.values() for flag in asked]
+        if not flags:
+            return True
+        ready, _ = ray.wait(flags, num_returns=len(flags), timeout=0, fetch_local=False)
+        return len(ready) == len(flags)
+
     def take(self, workers: int) -> dict[str, list[KeptShard]]:
         """At the start of an attempt of ``workers`` ranks: what it can read in place of a new split.
 
@@ -66,7 +75,7 @@ class ShardKeeper:
         """
         for name, (flags, columns, nodes) in self._asked.items():
             try:
-                if all(ray.get(flags, timeout=_ANSWER_TIMEOUT_S)):
+                if all(ray.get(flags, timeout=ANSWER_TIMEOUT_S)):
                     self._kept[name] = [KeptShard(ref) for ref in columns]
                     self._nodes[name] = nodes
             except (RayActorError, GetTimeoutError):
