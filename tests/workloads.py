@@ -189,14 +189,14 @@ def exit_after_warm_up(config: dict) -> None:
     """Attempt 0: one report (the driver starts CPU workers' standbys then; with
     ``standbys_at_start``, GPU workers', none: they start with the workers); rank 1 waits until the
     ``warm_standbys`` standbys are up (the driver makes them once the ranks have answered for the
-    shards they read), notes the time and kills its own process. With
-    ``kill_standby`` (an attempt), that attempt does the same after its report, but kills the
-    first standby made for it instead of waiting (it dies before it is needed). Every attempt
-    writes, per rank, its pid, when its process was created, its actor's name, and the ``id``
-    values of each dataset's shard it read, its node and GPUs (attempt<a>_rank<r>.json). With
-    ``lose_node`` (an attempt), that attempt reports, rank 1 waits until the standbys made for it
-    are up and writes hold<a>.json with its node, and both ranks wait to be stopped (the test takes that node away).
-    The attempt after the last loss trains small_train."""
+    shards they read), notes the time and kills its own process. With ``kill_standby`` (an
+    attempt), that attempt does the same after its report, but kills the first standby made for it
+    instead of waiting (it dies before it is needed). Every attempt writes, per rank, its pid, when
+    its process was created, its actor's name, and the ``id`` values of each dataset's shard it
+    read, its node and GPUs (attempt<a>_rank<r>.json). With ``lose_node`` (an attempt), that
+    attempt reports, rank 1 waits until the standbys made for it are up and writes hold<a>.json
+    with its node, and both ranks wait to be stopped (the test takes that node away). The attempt
+    after the last loss trains small_train."""
     ctx = raytf.get_context()
     ids = {}
     for name in config.get("datasets", []):

@@ -28,7 +28,9 @@ from raytf._internal.driver import cluster
 
 logger = logging.getLogger(__name__)
 
-ANSWER_TIMEOUT_S = 10.0  # a rank's answer, asked for once the attempt trained, is long in by the restart
+# A rank's answer, asked for once the attempt trained, is long in by the restart; the CPU workers'
+# standbys (warm.py) wait for it no longer than this either.
+ANSWER_TIMEOUT_S = 10.0
 
 
 class ShardKeeper:
