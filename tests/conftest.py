@@ -126,13 +126,36 @@ def _train_workers_started() -> int | None:
     return len(actors(("class_name", "=", "TrainWorker")))
 
 
+# Every run: the TrainWorker processes each integration file's tests started, counted before its
+# first test and after its last (two reads of the actor table a file), against its budget
+# (tests/budget.py), which the controller checks at the end of the run.
+_FILE_NOW: list = [None, 0]  # the integration file this process runs now, the count before its first test
+_FILE_STARTS: dict[str, int] = {}  # file under tests/ -> its worker starts, as reported (in the controller)
+_FILE_OF_TEST: dict[str, tuple[str, int]] = {}  # node id of a file's last test -> (the file, its starts)
+_RERUN_FILES: set[str] = set()  # files with a test rerun after a crash: not checked (tests/budget.py)
+
+
+def _integration_file(nodeid: str) -> str | None:
+    """The test's file under tests/ (``integration/test_x.py``) where it is an integration test, else None."""
+    path = nodeid.split("::")[0]
+    parts = path.split("/")
+    return "/".join(parts[1:]) if len(parts) > 2 and parts[1] == "integration" else None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    """Counts the test's worker starts before its teardown, which may end the session's cluster."""
+    """Counts the test's worker starts before its teardown, which may end the session's cluster;
+    the file's too, where it is the last of its file this process runs."""
     before = _STARTS_AT_START.pop(item.nodeid, None)
     now = _train_workers_started() if before is not None else None
     if now is not None:
         _STARTS_OF_TEST[item.nodeid] = now - before
+    path = _integration_file(item.nodeid)
+    if path is not None and path == _FILE_NOW[0] and (
+            nextitem is None or _integration_file(nextitem.nodeid) != path):
+        now = now if now is not None else _train_workers_started()
+        _FILE_OF_TEST[item.nodeid] = (path, (now or 0) - _FILE_NOW[1])
+        _FILE_NOW[0] = None
     yield
 
 
@@ -141,6 +164,10 @@ def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
 
     if _RUNS_TESTS:
         _STARTED_AT[nodeid] = time.time()
+        path = _integration_file(nodeid)
+        if path is not None and path != _FILE_NOW[0]:
+            # No cluster yet: the one this file's first test may start has had no worker.
+            _FILE_NOW[:] = [path, _train_workers_started() or 0]
     if _TREE_CPU is not None and _starts_processes(nodeid):
         _CPU_AT_START[nodeid] = _TREE_CPU.total()
         # No cluster yet: the one this test's setup may start has had no worker.
@@ -166,6 +193,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         starts = _STARTS_OF_TEST.pop(report.nodeid, 0)
         if starts:
             report.user_properties.append(("worker_starts", starts))
+    if report.when == "teardown" and report.nodeid in _FILE_OF_TEST:
+        report.user_properties.append(("file_worker_starts", _FILE_OF_TEST.pop(report.nodeid)))
+    if report.outcome == "rerun" and _integration_file(report.nodeid):
+        _RERUN_FILES.add(_integration_file(report.nodeid))
     for name, value in report.user_properties:
         if name == "cpu_s":
             _CPU_OF[report.nodeid] = value
@@ -173,6 +204,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _STARTS_OF[report.nodeid] = value
         elif name == "ran_at":
             _RAN_AT[report.nodeid] = value
+        elif name == "file_worker_starts":
+            path, starts = value
+            _FILE_STARTS[path] = _FILE_STARTS.get(path, 0) + starts
 
 
 # The controller measures the machine itself before and after the tests, with --suite-record: the
@@ -273,9 +307,25 @@ def _machine_cpu_s() -> float:
     return round((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), 1)
 
 
+def files_over_budget(budget: dict[str, int] | None = None) -> list[str]:
+    """tests/budget.py's check of the files this run's processes reported, but those with a test
+    rerun after a crash: what each file over its budget started, and what to do; [] where none is."""
+    from tests.budget import WORKER_STARTS, over_budget
+
+    return over_budget({f: n for f, n in _FILE_STARTS.items() if f not in _RERUN_FILES},
+                       WORKER_STARTS if budget is None else budget)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):  # the controller checks and writes, not each xdist worker
+        return
+    # Checked where every test passed: a failure says more first, and its retries start more workers.
+    said = files_over_budget() if exitstatus == 0 else []
+    if said:
+        session.config._raytf_over_budget = said  # noqa: SLF001 - shown by pytest_terminal_summary below
+        session.exitstatus = exitstatus = pytest.ExitCode.TESTS_FAILED
     path = session.config.getoption("--suite-record")
-    if not path or hasattr(session.config, "workerinput"):  # the controller writes it, not each xdist worker
+    if not path:
         return
     import json
     import platform
@@ -321,3 +371,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    said = getattr(config, "_raytf_over_budget", None)
+    if said:
+        terminalreporter.write_sep("=", "worker processes over budget (tests/budget.py)", red=True)
+        for line in said:
+            terminalreporter.write_line(line)

@@ -106,3 +106,77 @@ def test_the_busy_sampler_gives_a_share_of_the_cores_for_each_interval():
     # Of all the cores' time; /proc/stat counts in ticks of 10 ms, a tick or two either way an interval.
     assert all(0.0 <= s <= 1.1 for s in shares), shares
     assert sampler.stop() == shares  # stopped: no interval added after
+
+
+class _Report:
+    """What tests/conftest.py reads of a test's report."""
+
+    def __init__(self, nodeid: str, when: str, outcome: str = "passed") -> None:
+        self.nodeid, self.when, self.outcome = nodeid, when, outcome
+        self.duration, self.stop, self.user_properties = 0.0, 0.0, []
+
+
+def test_each_integration_files_worker_starts_are_counted_and_a_file_over_its_budget_fails_the_run(monkeypatch):
+    """tests/conftest.py counts the TrainWorker processes of each integration file, from the actor
+    table before its first test and after its last, and carries the count to the controller with
+    that test's report; the controller names each file over its budget (tests/budget.py), and leaves
+    out a file with a test rerun after a crash, whose count holds the crashed attempt's processes."""
+    from tests import conftest
+
+    for name, value in (("_FILE_NOW", [None, 0]), ("_FILE_STARTS", {}), ("_FILE_OF_TEST", {}), ("_RERUN_FILES", set()),
+                        ("_STARTS_AT_START", {}), ("_STARTED_AT", {}), ("_TOOK", {}), ("_OUTCOMES", {}),
+                        ("_RAN_AT", {}), ("_RUNS_TESTS", True)):
+        monkeypatch.setattr(conftest, name, value)
+    table = {"started": None}  # no cluster yet, then the TrainWorker actors it has ever had
+    monkeypatch.setattr(conftest, "_train_workers_started", lambda: table["started"])
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    def run(nodeid: str, nextid: str | None, started: int, rerun: bool = False) -> None:
+        conftest.pytest_runtest_logstart(nodeid, ("", 0, ""))
+        table["started"] = started
+        if rerun:
+            conftest.pytest_runtest_logreport(_Report(nodeid, "call", "rerun"))
+        teardown = conftest.pytest_runtest_teardown(Item(nodeid), Item(nextid) if nextid else None)
+        next(teardown)
+        teardown.close()
+        conftest.pytest_runtest_logreport(_Report(nodeid, "teardown"))
+
+    a1, a2 = "tests/integration/test_a.py::test_one", "tests/integration/test_a.py::test_two"
+    b1, c1 = "tests/integration/test_b.py::test_one", "tests/integration/test_c.py::test_one"
+    unit = "tests/unit/test_u.py::test_one"
+    run(a1, a2, 2)  # the file's cluster starts in its first test
+    run(a2, b1, 5)
+    run(b1, unit, 9, rerun=True)
+    run(unit, c1, 9)
+    run(c1, None, 10)
+    assert conftest._FILE_STARTS == {"integration/test_a.py": 5, "integration/test_b.py": 4,
+                                     "integration/test_c.py": 1}
+    assert conftest.files_over_budget({"integration/test_a.py": 5, "integration/test_b.py": 1,
+                                       "integration/test_c.py": 1}) == []  # test_b's crashed attempt left out
+    said = conftest.files_over_budget({"integration/test_a.py": 4, "integration/test_b.py": 1})
+    assert said[0] == ("tests/integration/test_a.py started 5 TrainWorker processes, 1 more than its budget of 4 "
+                       "(tests/budget.py)")
+    assert said[1] == "tests/integration/test_c.py started 1 TrainWorker process and has no budget in tests/budget.py"
+    assert "shared run" in said[2] and len(said) == 3
+
+
+def test_each_integration_files_budget_holds_what_the_newest_whole_run_started():
+    """tests/budget.py allows each file at least the TrainWorker processes it started in the newest
+    kept run of the whole suite, and names every file that run counted: a budget cut below what the
+    tests start fails here, in the unit tier, not after a whole run."""
+    import collections
+    import json
+    import pathlib
+
+    from tests.budget import WORKER_STARTS
+
+    runs = [json.loads(line) for line in (pathlib.Path(__file__).parents[1] / "records" / "suite.jsonl").open()
+            if line.strip()]
+    newest = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"]) and r.get("worker_starts")][-1]
+    started = collections.Counter()
+    for nodeid, count in newest["worker_starts"].items():
+        started[nodeid.split("::")[0].removeprefix("tests/")] += count
+    assert {f: n for f, n in started.items() if n > WORKER_STARTS.get(f, 0)} == {}, newest["commit"]
