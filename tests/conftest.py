@@ -34,10 +34,36 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # dataset reuses them (measured: test_data.py and test_ray_train_compat.py used 5% less CPU).
 os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "600000")
 
+
+def group_of(nodeid: str) -> str:
+    """The unit of work a pytest process takes whole: the test's file under tests/, or ``e2e`` for
+    every end-to-end file, whose Ray heads must never start together (the first makes the
+    machine's Ray token). A file runs whole in one process, so its module-scoped runs are made once."""
+    relative = nodeid.split("::")[0].split("@")[0].removeprefix("tests/")
+    return "e2e" if relative.startswith("e2e/") else relative
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which would give its loadfile
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` (pyproject.toml), its files grouped by ``group_of``: the end-to-end
+    files one unit. pytest-xdist's ``loadgroup`` would do it from ``xdist_group`` marks, but it
+    passes a mark on by appending ``@group`` to the test's node id, which pytest 9.2's node ids no
+    longer take (pytest-xdist#1386): it then splits every file over both processes, silently, and
+    each process makes the file's shared runs again. A scheduler's scope is its own method here."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return FileScheduling(config, log)
+
+
 _TIERS = {"unit": "unit", "cluster": "unit", "docs": "docs", "integration": "integration", "e2e": "e2e", "gpu": "gpu"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = os.path.dirname(os.path.abspath(__file__))
     for item in items:
@@ -45,21 +71,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _TIERS.get(relative.split(os.sep)[0])
         if tier is not None and tier not in {m.name for m in item.iter_markers()}:
             item.add_marker(getattr(pytest.mark, tier))
-        # pytest -n 2 --dist loadgroup (pyproject.toml): a test file runs whole in one process, so
-        # its module-scoped runs are made once; the end-to-end files share one, so that their Ray
-        # heads never start together (the first makes the machine's Ray token).
-        item.add_marker(pytest.mark.xdist_group("e2e" if tier == "e2e" else relative))
     if hasattr(config, "workerinput"):  # a pytest-xdist process: the controller takes the groups in its order
         items[:] = _longest_groups_first(items, root)
 
 
 def _longest_groups_first(items: list[pytest.Item], root: str) -> list[pytest.Item]:
-    """The tests, their groups in the order the processes should take them: the longest first, by
-    the seconds of the newest kept run of the whole suite (a group it does not know, a new file,
-    before all), each group's tests in the order collected. The groups start in this order
-    (--no-loadscope-reorder), and a process is handed its next group while its current one still
-    has two tests to run: a long group handed out late leaves the other process idle at the end
-    (the kept run of commit 32216c9: test_trainer.py, handed out behind test_scale.py, ran alone)."""
+    """The tests, their groups (``group_of``) in the order the processes should take them: the
+    longest first, by the seconds of the newest kept run of the whole suite (a group it does not
+    know, a new file, before all), each group's tests in the order collected. The groups start in
+    this order (--no-loadscope-reorder), and a process is handed its next group while its current
+    one still has two tests to run: a long group handed out late leaves the other process idle at
+    the end (the kept run of commit 32216c9: test_trainer.py, handed out behind test_scale.py, ran alone)."""
     import json
 
     took: dict[str, float] = {}
@@ -69,20 +91,13 @@ def _longest_groups_first(items: list[pytest.Item], root: str) -> list[pytest.It
         # As docs/contributing.md picks it: passed, and neither -m nor -k (a tier's run knows one tier).
         whole = [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])]
         for nodeid, seconds in (whole[-1]["tests_s"] if whole else {}).items():
-            if "@" in nodeid:  # pytest-xdist's node ids end with the test's group
-                group = nodeid.rsplit("@", 1)[1]
-            else:
-                group = os.path.relpath(nodeid.split("::")[0], "tests")
-                group = "e2e" if group.startswith("e2e" + os.sep) else group
-            took[group] = took.get(group, 0.0) + seconds
+            # Older records' node ids end with pytest-xdist's ``@group``; group_of drops it.
+            took[group_of(nodeid)] = took.get(group_of(nodeid), 0.0) + seconds
     except (OSError, ValueError, KeyError):
         pass  # no record to go by: the order collected
 
-    def group(item: pytest.Item) -> str:
-        return next(m.args[0] for m in item.iter_markers("xdist_group"))
-
-    order = {g: i for i, g in enumerate(dict.fromkeys(group(item) for item in items))}
-    return sorted(items, key=lambda item: (-took.get(group(item), float("inf")), order[group(item)]))
+    order = {g: i for i, g in enumerate(dict.fromkeys(group_of(item.nodeid) for item in items))}
+    return sorted(items, key=lambda item: (-took.get(group_of(item.nodeid), float("inf")), order[group_of(item.nodeid)]))
 
 
 # ``python -m pytest --suite-record tests/records/suite.jsonl``: one JSON line of what the run took

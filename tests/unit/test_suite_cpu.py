@@ -43,14 +43,10 @@ def test_the_cpu_of_processes_started_below_counts_and_stays_counted_after_they_
 
 
 class _Test:
-    """What tests/conftest.py reads of a collected test: its pytest-xdist group."""
+    """What tests/conftest.py reads of a collected test: its node id."""
 
     def __init__(self, group: str, name: str) -> None:
-        self.group, self.name = group, name
-
-    def iter_markers(self, name: str):
-        assert name == "xdist_group"
-        return iter([pytest.mark.xdist_group(self.group).mark])
+        self.nodeid, self.name = f"tests/{group}::{name}", name
 
 
 def test_the_suite_hands_out_its_files_longest_first_by_the_newest_whole_run(tmp_path):
@@ -74,9 +70,43 @@ def test_the_suite_hands_out_its_files_longest_first_by_the_newest_whole_run(tmp
              _Test("integration/a.py", "a2"), _Test("integration/new.py", "n1"), _Test("unit/u.py", "u2")]
     ordered = _longest_groups_first(tests, str(tmp_path))
     assert [t.name for t in ordered] == ["n1", "b1", "a1", "a2", "u1", "u2"]
+    # A record's node ids with pytest-xdist's ``@group`` and without it name the same files.
+    lines[0]["tests_s"] = {k.split("@")[0]: v for k, v in lines[0]["tests_s"].items()}
+    (tmp_path / "records" / "suite.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert [t.name for t in _longest_groups_first(tests, str(tmp_path))] == ["n1", "b1", "a1", "a2", "u1", "u2"]
     # With no record, the order collected.
     (tmp_path / "records" / "suite.jsonl").unlink()
     assert [t.name for t in _longest_groups_first(tests, str(tmp_path))] == ["u1", "u2", "a1", "a2", "b1", "n1"]
+
+
+def test_a_pytest_process_takes_a_file_whole_and_every_end_to_end_file_together():
+    """The suite's scheduler (tests/conftest.py, ``--dist loadfile`` in pyproject.toml) splits the
+    tests by file, the end-to-end files one unit, from the node ids pytest gives, whatever pytest
+    does with pytest-xdist's ``@group`` suffix (pytest 9.2 drops it: pytest-xdist#1386)."""
+    import pytest
+
+    from tests.conftest import group_of, pytest_xdist_make_scheduler
+
+    class Config:
+        def __init__(self, dist: str) -> None:
+            self.dist = dist
+            self.option = type("Option", (), {"loadscopereorder": False, "maxschedchunk": None})()
+
+        def getvalue(self, name: str):
+            return {"dist": self.dist, "tx": ["2*popen"]}[name]  # -n 2, as pyproject.toml's addopts
+
+        def getoption(self, name: str, default=None):
+            return getattr(self.option, name, default)
+
+    assert pytest_xdist_make_scheduler(Config("load"), None) is None  # another --dist: pytest-xdist's own
+    pytest.importorskip("xdist")
+    scheduler = pytest_xdist_make_scheduler(Config("loadfile"), None)
+    ids = ["tests/integration/test_a.py::test_one[x-1]", "tests/integration/test_a.py::T::test_two",
+           "tests/integration/test_b.py::test_one", "tests/e2e/test_job_submit.py::test_one",
+           "tests/e2e/test_autoscaler.py::test_one@e2e", "tests/unit/test_u.py::test_one"]
+    assert [scheduler._split_scope(i) for i in ids] == [
+        "integration/test_a.py", "integration/test_a.py", "integration/test_b.py", "e2e", "e2e", "unit/test_u.py"]
+    assert [group_of(i) for i in ids] == [scheduler._split_scope(i) for i in ids]
 
 
 def test_the_reference_measures_the_machine_with_a_workers_tensorflow(tmp_path):
