@@ -152,9 +152,8 @@ _RERUN_FILES: set[str] = set()  # files with a test rerun after a crash: not che
 
 def _integration_file(nodeid: str) -> str | None:
     """The test's file under tests/ (``integration/test_x.py``) where it is an integration test, else None."""
-    path = nodeid.split("::")[0]
-    parts = path.split("/")
-    return "/".join(parts[1:]) if len(parts) > 2 and parts[1] == "integration" else None
+    group = group_of(nodeid)
+    return group if group.startswith("integration/") else None
 
 
 @pytest.hookimpl(hookwrapper=True)
