@@ -151,11 +151,11 @@ def test_warm_standbys_start_at_the_first_step_or_report_or_a_while_after_a_sile
     assert warm._trains(stepping)  # at its first step, not later
 
 
-def test_cpu_workers_standbys_are_made_once_every_rank_answered_for_its_shards_or_the_answer_wait_ran_out(
+def test_cpu_workers_standbys_are_made_once_every_rank_answered_for_its_shards_however_long_it_takes(
         monkeypatch):
     """A rank lost once its standby is up is one whose shards are kept: the standbys wait for the
-    ranks' answers (a slow answer otherwise lost the rank's shards: a new split at the restart),
-    and no longer than the keeper waits for them at the restart."""
+    ranks' answers (a slow answer otherwise lost the rank's shards: a new split at the restart, the
+    warm-standby test's failure in CI on the oldest versions, where a wait of 10 s ran out first)."""
     from raytf._internal.driver import warm
 
     made = []
@@ -176,23 +176,20 @@ def test_cpu_workers_standbys_are_made_once_every_rank_answered_for_its_shards_o
     node_a, node_b = "a" * 56, "b" * 56  # Ray's node ids: 28 bytes in hex
     group = _group(MirroredShape(), _members([(WORKER, node_a), (WORKER, node_b)]), watch=watch,
                    run=types.SimpleNamespace(run_name="run"), run_ref="run-ref")
-    for answer in ("answered", "ran out"):
-        standbys, made[:] = warm.WarmStandbys(["train"], ["train"]), []
-        standbys._keeper = keeper = Keeper()
-        standbys.before_start(group, attempt=0)
+    standbys, made[:] = warm.WarmStandbys(["train"], ["train"]), []
+    standbys._keeper = keeper = Keeper()
+    standbys.before_start(group, attempt=0)
+    standbys.after_poll(group, GroupStatus())
+    assert keeper.asked == [(node_a, node_b)] and made == []  # asked; no standby before the answers
+    for _ in range(3):  # the answers are slow: minutes go by, and still no standby
+        now[0] += 60.0
         standbys.after_poll(group, GroupStatus())
-        assert keeper.asked == [(node_a, node_b)] and made == []  # asked; no standby before the answers
-        now[0] += warm.ANSWER_TIMEOUT_S - 1.0
-        standbys.after_poll(group, GroupStatus())
-        assert made == []
-        if answer == "answered":
-            keeper.answers = True
-        else:
-            now[0] += 2.0
-        standbys.after_poll(group, GroupStatus())
-        standbys.after_poll(group, GroupStatus())
-        assert made == ["raytf:run:standby:1", "raytf:run:standby:2"], answer  # one per rank, once
-        assert keeper.asked == [(node_a, node_b)]
+    assert made == []
+    keeper.answers = True
+    standbys.after_poll(group, GroupStatus())
+    standbys.after_poll(group, GroupStatus())
+    assert made == ["raytf:run:standby:1", "raytf:run:standby:2"]  # one per rank, once
+    assert keeper.asked == [(node_a, node_b)]
 
 
 def test_a_silent_workers_process_is_ended_by_its_pid_and_no_other_process_is():

@@ -28,8 +28,8 @@ from raytf._internal.driver import cluster
 
 logger = logging.getLogger(__name__)
 
-# A rank's answer, asked for once the attempt trained, is long in by the restart; the CPU workers'
-# standbys (warm.py) wait for it no longer than this either.
+# A rank's answer, asked for once the attempt trained, is long in by the restart (the CPU workers'
+# standbys, warm.py, are made only once it is).
 ANSWER_TIMEOUT_S = 10.0
 
 

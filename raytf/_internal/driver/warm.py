@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raytf._internal.driver.actors import new_worker
 from raytf._internal.driver.callbacks import GroupCallback
-from raytf._internal.driver.kept_shards import ANSWER_TIMEOUT_S, ShardKeeper
+from raytf._internal.driver.kept_shards import ShardKeeper
 from raytf._internal.driver.members import GroupView, Member
 from raytf._internal.driver.watch import GroupWatch, Milestone
 from raytf._internal.protocol import GroupStatus
@@ -45,7 +45,6 @@ class WarmStandbys(GroupCallback):
         self._at_start = at_start  # start the standbys with the attempt's workers, not once it trains
         self._made = False  # standbys, for this attempt
         self._kept = False  # the ranks' shards, for this attempt
-        self._asked_at = 0.0  # when this attempt's ranks were asked for their shards (the watch's clock)
         self._count = 0  # names them apart
         self._bundle_gpus: dict[int, tuple[str, ...]] = {}  # bundle index -> its GPUs' ids (standbys take them)
         self._bundle_nodes: Optional[dict[int, str]] = None  # bundle index -> node id, this attempt
@@ -85,15 +84,14 @@ class WarmStandbys(GroupCallback):
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
         if not self._kept and not status.finished and _trains(group.watch):
             self._kept = True
-            self._asked_at = group.watch.now()
             trained = self._trained(group)
             self._keeper.ask([m.actor for m in trained], [m.address.node_id for m in trained])
-        # The standbys come once the ranks have answered for their shards: a rank lost after its
-        # standby is up is then always one whose shards are kept (a rank that never answers waits
-        # no longer than the keeper does at the restart).
-        if self._kept and not self._made:
-            if self._keeper.answered() or group.watch.now() - self._asked_at > ANSWER_TIMEOUT_S:
-                self._make_standbys(group)
+        # The standbys come once every rank has answered for its shards (or died): a rank lost
+        # after its standby is up is then always one whose shards are kept, however slow its answer
+        # was. No wait bounds this: a rank answers its calls in order, so one that answers the polls
+        # after the ask has answered the ask, and one that answers nothing is found unresponsive.
+        if self._kept and not self._made and self._keeper.answered():
+            self._make_standbys(group)
         return status
 
     @staticmethod
