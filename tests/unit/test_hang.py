@@ -69,6 +69,37 @@ def test_the_stack_says_whether_a_thread_is_in_its_own_code_or_in_a_library_it_c
     assert kind == "python" and where.endswith("in sleeps_in_own_code") and "test_hang.py:" in where
 
 
+def test_a_torn_read_of_another_threads_stack_ends_the_walk_and_never_fails_the_poll(monkeypatch):
+    """A poll samples the training thread's stack while that thread may run: on CPython 3.11 a
+    link of the chain then at times names a function, not a frame (a worker's every poll raised
+    AttributeError for 30 s, and its rank was taken for unresponsive). The walk ends there, and a
+    sample that cannot be read at all keeps the kind it had."""
+    from raytf._internal.worker import activity
+
+    def not_a_frame():
+        pass
+
+    assert classify(not_a_frame) == ("raytf", "")  # what a torn f_back handed the walk
+
+    def sleeps_in_own_code(ready, done):
+        ready.set()
+        done.wait(5)
+
+    frame, done, thread = _frame_of(sleeps_in_own_code)
+    now = [0.0]
+    tracker = ActivityTracker(clock=lambda: now[0])
+    first = tracker.sample(thread.ident)
+    assert first.kind == "python"
+
+    def torn(frame):
+        raise SystemError("a frame's memory was reused")
+
+    monkeypatch.setattr(activity, "classify", torn)
+    now[0] = 4.0
+    assert tracker.sample(thread.ident) == Activity("python", 4.0, "")  # the kind it had, still aging
+    done.set(), thread.join()
+
+
 def test_a_tracker_measures_how_long_a_kind_has_lasted():
     now = [0.0]
     tracker = ActivityTracker(clock=lambda: now[0])

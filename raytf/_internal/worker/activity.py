@@ -11,6 +11,7 @@ user's. The driver compares the ranks (:mod:`raytf._internal.driver.hang`).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -19,6 +20,11 @@ from types import FrameType
 from typing import Callable, Optional
 
 from raytf._internal.protocol import Activity, ActivityKind
+
+logger = logging.getLogger(__name__)
+
+# How deep the walk goes at most: far past any training stack, short of a loop in a torn read.
+_MAX_FRAMES = 1000
 
 # raytf's package directory (this file is raytf/_internal/worker/activity.py).
 _RAYTF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -86,15 +92,24 @@ def classify(frame: Optional[FrameType]) -> tuple[ActivityKind, str]:
     kind: Optional[ActivityKind] = None
     where = ""
     current = frame
-    while current is not None and not where:
-        path = current.f_code.co_filename
+    # The frames are another thread's, read while it may run between two of this loop's steps:
+    # on CPython 3.11 a frame's f_back then at times names what is no frame at all (a function,
+    # seen in a worker whose every poll then failed, and whose rank was taken for unresponsive).
+    # The walk ends at the first such link, with what it found up to there.
+    for _ in range(_MAX_FRAMES):
+        if where or not isinstance(current, FrameType):
+            break
+        code = current.f_code
+        path = getattr(code, "co_filename", None)
+        if not isinstance(path, str):
+            break
         if tensorflow and path.startswith(tensorflow):
             kind = kind or ActivityKind.TENSORFLOW
         elif path.startswith(_RAYTF_DIR):
             kind = kind or ActivityKind.RAYTF
         elif not _is_library(path):
             kind = kind or ActivityKind.PYTHON
-            where = f"{path}:{current.f_lineno} in {current.f_code.co_name}"
+            where = f"{path}:{current.f_lineno} in {code.co_name}"
         current = current.f_back
     return kind or ActivityKind.RAYTF, where
 
@@ -114,8 +129,15 @@ class ActivityTracker:
         return Activity(kind, now - self._since, where)
 
     def sample(self, thread_ident: Optional[int]) -> Activity:
-        frame = sys._current_frames().get(thread_ident) if thread_ident is not None else None
-        return self._update(*classify(frame))
+        """The thread's activity now. It never raises: a poll answers for the worker's life, and a
+        sample that could not be read (see ``classify``) must not make a live rank silent."""
+        try:
+            frame = sys._current_frames().get(thread_ident) if thread_ident is not None else None
+            kind, where = classify(frame)
+        except Exception:  # noqa: BLE001 - whatever a torn read of another thread's frames raises
+            logger.debug("could not read the training thread's stack", exc_info=True)
+            kind, where = self._kind or ActivityKind.RAYTF, ""
+        return self._update(kind, where)
 
     def finished(self) -> Activity:
         return self._update(ActivityKind.FINISHED, "")
