@@ -192,6 +192,20 @@ class FailureConfig:
     (CUDA_VISIBLE_DEVICES, set before TensorFlow first lists its devices);
     until then no GPU waits on it. For raytf.Trainer (a parameter-server
     run's workers are replaced one by one instead, and ``"auto"`` is off).
+
+    ``keep_survivors`` makes a restart start only the workers it lost: the
+    ranks that outlived the attempt train the next one in their own
+    processes, TensorFlow and ``train_fn``'s modules still loaded. As the
+    attempt ends, each has its collectives aborted, its ``train_fn`` stopped
+    and TensorFlow's eager context made new; a restart of the same size on
+    the same placement group hands each its own bundle back. A process whose
+    ``train_fn`` does not end within 3 s of its collectives failing is
+    killed, as is every kept one when the group is placed anew (it shrank or
+    grew, a node went away). Modules stay imported across attempts: a
+    TensorFlow object a module makes when imported belongs to the attempt
+    that imported it (make such objects inside ``train_fn``, or set this
+    to False). ``"auto"`` (the default) keeps CPU workers, ``True`` GPU
+    workers too, ``False`` none. For raytf.Trainer.
     """
 
     max_failures: int = 0
@@ -200,6 +214,7 @@ class FailureConfig:
     start_timeout_s: float = 120.0
     hang_timeout_s: Optional[float] = 300.0
     warm_standby: Union[bool, str] = "auto"
+    keep_survivors: Union[bool, str] = "auto"
     max_preemptions: int = 100
     policy: Optional[FailurePolicy] = None
 
@@ -219,6 +234,14 @@ class FailureConfig:
         check_bool("FailureConfig.retry_on_exception", self.retry_on_exception)
         if not (isinstance(self.warm_standby, bool) or self.warm_standby == "auto"):
             raise ConfigError(f'FailureConfig.warm_standby must be True, False or "auto", got {self.warm_standby!r}')
+        if not (isinstance(self.keep_survivors, bool) or self.keep_survivors == "auto"):
+            raise ConfigError(
+                f'FailureConfig.keep_survivors must be True, False or "auto", got {self.keep_survivors!r}'
+            )
+
+    def _keeps_survivors(self, gpu_workers: bool) -> bool:
+        """Whether this run's restarts keep the ranks that outlived the attempt (driver/survivors.py)."""
+        return self.keep_survivors is True or (self.keep_survivors == "auto" and not gpu_workers)
 
     def _standbys(self, gpu_workers: bool) -> Optional[str]:
         """When this run's restarts get warm standbys: ``"at_start"`` (GPU workers: started with the

@@ -22,7 +22,9 @@ class Result:
     rank 0's first step, ``first_step``, or its first report, ``first_report``,
     where the loop tells raytf of no step; and the ``total``), one dict per
     attempt, with ``restored_from`` (``"memory"`` or ``"storage"``) where the
-    attempt resumed from a checkpoint (``CheckpointConfig.restore_from_memory``).
+    attempt resumed from a checkpoint (``CheckpointConfig.restore_from_memory``),
+    and ``kept_processes``, how many of its workers were the last attempt's
+    processes (``FailureConfig.keep_survivors``), on a restart.
     """
 
     metrics: dict[str, Any]

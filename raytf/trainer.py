@@ -212,7 +212,8 @@ class Trainer:
         """Whether an evaluator reads committed checkpoints while the run trains."""
         return False
 
-    _warm_standby_works = True  # FailureConfig.warm_standby: restarts hand ranks to pre-warmed processes
+    # FailureConfig.warm_standby and keep_survivors: restarts hand ranks to processes with train_fn loaded
+    _warm_standby_works = True
 
     def _payload(self) -> bytes:
         """What every worker is sent to run: ``train_fn`` and its config, pickled."""
@@ -318,6 +319,10 @@ class Trainer:
         callbacks: list[Any] = [StartupTiming(), DrainWatch()]
         if run.restore_from_memory:
             callbacks.append(MemoryCopies())
+        if self._warm_standby_works and failures._keeps_survivors(gpu_workers=self.scaling.gpus_per_worker > 0):
+            from raytf._internal.driver.survivors import Survivors
+
+            callbacks.append(Survivors())  # before WarmStandbys: a survivor takes its own bundle first
         standbys = (
             failures._standbys(gpu_workers=self.scaling.gpus_per_worker > 0) if self._warm_standby_works else None
         )

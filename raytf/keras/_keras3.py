@@ -33,11 +33,19 @@ def on_strategy(strategy: Any, keras3: bool) -> None:
         install(strategy)
 
 
+_strategy: Any = None  # the worker's strategy now (a process kept for the next attempt gets a new one)
+
+
 def install(strategy: Any) -> None:
-    """Route Keras 3's fit and evaluate through raytf for models built under ``strategy``."""
+    """Route Keras 3's fit and evaluate through raytf for models built under ``strategy`` (from now
+    on: the worker's strategy of a later attempt replaces it)."""
     import keras
 
-    if not keras.__version__.startswith("3") or getattr(keras.Model.fit, "_raytf", False):
+    global _strategy
+    if not keras.__version__.startswith("3"):
+        return
+    _strategy = strategy
+    if getattr(keras.Model.fit, "_raytf", False):
         return
     original_fit, original_evaluate = keras.Model.fit, keras.Model.evaluate
 
@@ -60,6 +68,7 @@ def install(strategy: Any) -> None:
         validation_batch_size: Any = None,
         validation_freq: int = 1,
     ) -> Any:
+        strategy = _strategy
         given = dict(
             y=y,
             batch_size=batch_size,
@@ -111,6 +120,7 @@ def install(strategy: Any) -> None:
         return_dict: bool = False,
         **kwargs: Any,
     ) -> Any:
+        strategy = _strategy
         if self.distribute_strategy is not strategy:
             return original_evaluate(
                 self,

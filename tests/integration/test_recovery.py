@@ -83,8 +83,11 @@ def test_a_run_with_one_kill_ends_with_the_weights_of_a_run_with_none(cluster, t
         context.execution_options.preserve_order = preserve
     assert (clean.attempts, killed.attempts) == (1, 2)
     # Rank 1 died; the chief's copy in host memory of epoch 1's checkpoint served the restart, and
-    # every rank restored the same step (the weights below match a run without the kill).
+    # every rank restored the same step (the weights below match a run without the kill). Rank 0
+    # trained the restart in its own process, kept (FailureConfig.keep_survivors) with its
+    # TensorFlow context made new: still the weights of a run with no kill.
     assert killed.startup[1]["restored_from"] == "memory"
+    assert killed.startup[1]["kept_processes"] == 1
     # Checkpoints every 2 epochs: epochs 1 and 3. The kill in epoch 2 resumed from epoch 1's.
     assert [h["epoch"] for h in killed.history] == [0, 1, 2, 3]
     assert [h["resumed_at"] for h in killed.history] == [None, None, 2 * steps_per_epoch, 2 * steps_per_epoch]

@@ -150,7 +150,7 @@ def split_coordinators() -> int:
 
 def test_warm_standby_processes_take_the_ranks_of_the_restarted_group_a_dead_one_a_cold_worker_and_a_lost_node_a_new_split(
         cluster, tmp_path, no_leaks):
-    """FailureConfig(warm_standby=True), two workers on nodes of their own, rank 1 lost three
+    """FailureConfig(warm_standby=True, keep_survivors=False), two workers on nodes of their own, rank 1 lost three
     times. The first retry runs in processes that were started while the first attempt trained
     (the standbys), none of them the first attempt's, and each rank reads the rows its predecessor
     read, kept in the object store, without a new split of the dataset. Before the second loss one
@@ -178,7 +178,9 @@ def test_warm_standby_processes_take_the_ranks_of_the_restarted_group_a_dead_one
             data_config=raytf.DataConfig(datasets_to_split=["train"], exactly_once=False),
             scaling=raytf.ScalingConfig(num_workers=2, resources_per_worker={"warm": 1}),
             run=raytf.RunConfig(name="warm", storage_path=str(tmp_path / "results"), verbose=0,
-                                failure_config=raytf.FailureConfig(max_failures=3, warm_standby=True)),
+                                # The standbys alone: a survivor kept would take rank 0's bundle first.
+                                failure_config=raytf.FailureConfig(max_failures=3, warm_standby=True,
+                                                                   keep_survivors=False)),
         ))
         hold = wait_for(lambda: (tmp_path / "hold2.json").exists() and tmp_path / "hold2.json", 300,
                         "the third attempt to hold")

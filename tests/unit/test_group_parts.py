@@ -275,3 +275,80 @@ def test_a_member_replaced_in_place_after_going_silent_has_its_process_ended_and
     assert killed.pop() == [old]
     replace(silent_ranks=set())  # it died: nothing left to end
     assert killed.pop() == []
+
+
+def test_survivors_are_kept_for_the_next_attempt_on_their_own_bundles_and_the_lost_start_anew(monkeypatch):
+    """As an attempt ends, every member still there is asked to recycle; those that did are taken
+    from the group (its shutdown kills only the members it holds) and handed their own bundles at
+    the next start. A lost or silent member is not asked, one that cannot recycle is left to the
+    kill, and a new placement group, or the run's end, kills every kept process."""
+    from raytf._internal.driver import survivors
+
+    answers, killed = {}, []
+
+    class Ref:
+        def __init__(self, actor, timeout_s):
+            self.actor, self.timeout_s = actor, timeout_s
+
+    class Recycling(_Actor):
+        def __getattr__(self, name):
+            if name == "recycle":
+                return types.SimpleNamespace(remote=lambda timeout_s: Ref(self, timeout_s))
+            return super().__getattr__(name)
+
+    def get(ref, timeout=None):
+        answer = answers[ref.actor]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    fake_ray = types.SimpleNamespace(
+        wait=lambda refs, num_returns, timeout: ([r for r in refs if answers[r.actor] != "silent"], []),
+        get=get, kill=lambda actor, no_restart: killed.append(actor))
+    monkeypatch.setattr(survivors, "ray", fake_ray)
+
+    def group_of(n, phases=None, silent=()):
+        members = _members([(WORKER, "node-a")] * n)
+        for m in members:
+            m.actor = Recycling()
+        watch = types.SimpleNamespace(phases=phases or dict.fromkeys(range(n), Phase.TRAINING),
+                                      silent_ranks=set(silent))
+        return _group(MirroredShape(), members, watch=watch)
+
+    keep = survivors.Survivors(stop_timeout_s=3.0)
+    group = group_of(6, phases={0: Phase.TRAINING, 1: Phase.LOST, 2: Phase.FAILED, 3: Phase.TRAINING,
+                                4: Phase.TRAINING}, silent={4})
+    actors = [m.actor for m in group.members]
+    answers.update({actors[0]: None, actors[2]: None, actors[3]: "its train_fn did not end within 3 s"})
+    keep.before_shutdown(group)
+    # Asked: every member but the lost one (1), the silent one (4) and one never heard from (5).
+    assert [m.actor is None for m in group.members] == [True, False, True, False, False, False]
+    assert killed == []  # the group's shutdown kills members 1, 3, 4 and 5
+
+    # The next attempt on the same placement group: bundles 0 and 2 get their processes back.
+    new = _members([(WORKER, "node-a")] * 6)
+    handed = [keep.actor_for(group, m) for m in new]
+    assert handed == [(actors[0], {}), None, (actors[2], {}), None, None, None]
+    # The attempt's start-up timing says so, once StartupTiming has it.
+    assert keep.after_poll(group, GroupStatus()) == GroupStatus()
+    assert keep.after_poll(group, GroupStatus(startup={"total": 9.0})).startup == {"total": 9.0, "kept_processes": 2}
+    keep.after_start(group)
+    assert killed == []  # nothing left over
+
+    # Kept again, then the group is placed anew (it shrank): the kept process is killed.
+    group = group_of(2)
+    first = group.members[0].actor
+    answers.update({first: None, group.members[1].actor: RuntimeError("actor died")})
+    keep.before_shutdown(group)
+    assert [m.actor is None for m in group.members] == [True, False]
+    keep.after_placement(group)
+    assert killed == [first] and keep.actor_for(group, _members([(WORKER, "node-a")])[0]) is None
+
+    # An attempt that never started (no watch) keeps no one; nor does the run's end (its last shutdown).
+    group = group_of(2)
+    group.watch = None
+    keep.before_shutdown(group)
+    keep.on_close(group)
+    group = group_of(2)
+    keep.before_shutdown(group)
+    assert all(m.actor is not None for m in group.members)

@@ -21,6 +21,7 @@ RAY_MODULES = {
     "_internal/driver/group.py",
     "_internal/driver/shapes.py",  # a parameter-server chief's shard manifests, a placement error's figures
     "_internal/driver/warm.py",
+    "_internal/driver/survivors.py",
     "_internal/driver/growth.py",  # the missing workers' placement group
     "_internal/driver/relay.py",  # an answer's Ray errors, read where the relay polls
     "_internal/driver/kept_shards.py",

@@ -181,8 +181,9 @@ def ask_each(actors: Sequence[Any], method: str, *args: Any, timeout_s: float) -
 
 
 def reserve(members: Sequence[Any], timeout_s: float, new_actor: Callable[[Any], Any], attempt: int) -> None:
-    """Each member's address, once its actor reserved its port. A warm standby found dead (an
-    OOM kill, a stray ``ray.kill``) or unable to take its bundle's GPUs is replaced by a cold
+    """Each member's address, once its actor reserved its port. A warm process (a standby, or a
+    survivor of the last attempt) found dead (an OOM kill, a stray ``ray.kill``) or a standby
+    unable to take its bundle's GPUs is replaced by a cold
     actor: a slower start, never a lost attempt. Another actor that dies: WorkerStartError."""
     deadline = time.monotonic() + timeout_s
     pending = {m.actor.reserve.remote(**m.reserve_args): m for m in members}
@@ -205,7 +206,8 @@ def reserve(members: Sequence[Any], timeout_s: float, new_actor: Callable[[Any],
                 raise WorkerStartError(f"a worker actor could not start: {why}") from None
             why = f"cannot take it ({error.cause})" if isinstance(error, RayTaskError) else "is dead"
             logger.warning(
-                "attempt %d: the warm standby for bundle %d %s; starting a new worker there instead",
+                "attempt %d: the warm process for bundle %d (a standby, or the last attempt's, kept) %s; "
+                "starting a new worker there instead",
                 attempt,
                 member.bundle,
                 why,

@@ -36,6 +36,14 @@ class TrainWorker:
     calls the driver."""
 
     def __init__(self) -> None:
+        self._reuses = 0  # attempts this process trained after its first (worker/recycle.py)
+        self._output = _logs.OutputFilter()
+        self._output.install()  # before TensorFlow is imported: its first lines are the noisiest
+        self._fresh()
+        self._catch_sigterm()
+
+    def _fresh(self) -> None:
+        """This actor's state for one attempt: as new, or after ``recycle``."""
         self._sock: Optional[socket.socket] = None
         self._address: Optional[WorkerAddress] = None
         self._thread: Optional[threading.Thread] = None
@@ -52,9 +60,6 @@ class TrainWorker:
         self._task = ""  # "ps 0", "worker 1", ... in a parameter-server group; "" in a synchronous one
         self.warmed = False  # warm() ran: TensorFlow and train_fn are loaded, before any rank
         self._activity = ActivityTracker()
-        self._output = _logs.OutputFilter()
-        self._output.install()  # before TensorFlow is imported: its first lines are the noisiest
-        self._catch_sigterm()
 
     def _catch_sigterm(self) -> None:
         """A node about to go away (a cloud preemption, `ray stop`) sends its
@@ -143,6 +148,25 @@ class TrainWorker:
         self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
         in_background(load, "raytf-warm")
         self.warmed = True
+
+    def recycle(self, timeout_s: float) -> Optional[str]:
+        """The attempt ended and the driver keeps this process for the next one (worker/recycle.py):
+        stop this attempt's ``train_fn``, undo what it set up, and wait, as a warm standby waits,
+        for ``reserve`` and ``start``. None once done; else why it cannot be kept (the driver then
+        kills it)."""
+        from raytf._internal.worker import recycle
+
+        if self._reuses >= recycle.MAX_REUSES:
+            return f"it trained {self._reuses + 1} attempts already"
+        self._halted = True  # raytf.report raises from now on
+        self._go.set()  # a worker still at the start barrier goes no further
+        why = recycle.stop(self._payload, self._thread, timeout_s) or recycle.reset()
+        if why is None:
+            self.release_port()
+            self._fresh()
+            self.warmed = True
+            self._reuses += 1
+        return why
 
     def start(self, run: RunSpec, spec: WorkerSpec, payload: PayloadKind) -> None:
         """Start the role's payload in a thread and return at once; the driver polls for progress."""

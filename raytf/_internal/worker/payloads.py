@@ -53,16 +53,11 @@ class Host(Protocol):
     node_ip: str
 
     def set_phase(self, phase: Phase) -> None: ...
-
     def wait_for_go(self) -> Any: ...  # every peer is ready; returns what the driver sent with the go
-
     def release_port(self) -> None: ...  # just before TensorFlow's server binds it
-
     def sink(self, report: Report) -> None: ...
-
     def preempt_requested(self) -> bool: ...
-
-    def halted(self) -> bool: ...  # the run is stopping: no further report
+    def halted(self) -> bool: ...  # the run or attempt is stopping: no further report
 
 
 class TrainFnPayload:
@@ -99,6 +94,8 @@ class TrainFnPayload:
         )
         host.set_phase(Phase.READY)
         host.wait_for_go()
+        if host.halted():  # the attempt ended before its start barrier (a process kept: actor.recycle)
+            return
         host.set_phase(Phase.CONNECTING)
         host.release_port()
         _strategy.wait_for_leader(spec.tf_config)

@@ -435,6 +435,10 @@ class WorkerSession:
                 "checkpoint is taken, and the checkpoint in flight is committed if it can be"
             )
 
+    def uploading(self) -> bool:
+        """Whether an asynchronous checkpoint is still on its way to storage (uploads.py)."""
+        return self._uploads.in_flight()
+
     def finish_uploads(self) -> None:
         """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
         an earlier one was not). ``train_fn``'s end calls it: a run ends once its last checkpoint is."""
