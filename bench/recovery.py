@@ -1,6 +1,6 @@
 """Recovery from a killed worker on W1: raytf against Ray Train's TensorflowTrainer, in one invocation.
 
-    python bench/recovery.py [--systems raytf,raytf_warm,ray_train] [--kill-step 351]
+    python bench/recovery.py [--systems raytf,raytf_warm,raytf_kept,ray_train] [--kill-step 351]
 
 Each system trains W1 (tf-keras ``model.fit``, a checkpoint of the model and
 optimizer at every epoch end, resuming from the latest one) twice: once
@@ -17,6 +17,10 @@ epoch 1. Prints one JSON line per run and a summary line:
 - ``retries``: attempts after the first;
 - ``wall_s`` and ``wall_vs_fault_free``: fit() wall time, and its ratio to the
   same system's fault-free run.
+
+raytf's restarts three ways: ``raytf`` cold (every rank a new process: ``keep_survivors=False``),
+``raytf_warm`` in warm standbys alone (``warm_standby=True``), ``raytf_kept`` as by default on CPU
+workers (the rank that outlived the attempt kept in its process, ``keep_survivors``; the lost one new).
 
 Target here: raytf resumes within 3 s of the kill with warm standbys (`raytf_warm`), redoes at most the work
 since the last checkpoint, and uses one retry.
@@ -126,7 +130,8 @@ def _raytf_train(config):
           marks=config["marks"], kill_step=config["kill_step"])
 
 
-def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None, warm_standby: bool = False) -> dict:
+def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None, warm_standby: bool = False,
+              keep_survivors: bool = False) -> dict:
     import raytf
 
     start = time.perf_counter()
@@ -135,8 +140,9 @@ def run_raytf(dataset, workdir: str, marks: str, kill_step: int | None, warm_sta
         config={"marks": marks, "kill_step": kill_step},
         datasets={"train": dataset},
         scaling=w1.raytf_scaling(),
-        run=raytf.RunConfig(name=f"recovery-raytf-{kill_step}-{warm_standby}", storage_path=workdir, verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=3, warm_standby=warm_standby)),
+        run=raytf.RunConfig(name=f"recovery-raytf-{kill_step}-{warm_standby}-{keep_survivors}", storage_path=workdir,
+                            verbose=0, failure_config=raytf.FailureConfig(max_failures=3, warm_standby=warm_standby,
+                                                                          keep_survivors=keep_survivors)),
         tensorflow=raytf.TensorflowConfig(communication=w1.communication(), worker_env={"TF_USE_LEGACY_KERAS": "1"}),
     ).fit()
     # Where the retry's start went (placement, actors, loading, connect, first step), from result.startup,
@@ -201,7 +207,13 @@ def run_raytf_warm(dataset, workdir: str, marks: str, kill_step: int | None) -> 
     return run_raytf(dataset, workdir, marks, kill_step, warm_standby=True)
 
 
-SYSTEMS = {"raytf": run_raytf, "raytf_warm": run_raytf_warm, "ray_train": run_ray_train}
+def run_raytf_kept(dataset, workdir: str, marks: str, kill_step: int | None) -> dict:
+    """raytf as by default on CPU workers: the retry keeps the rank that outlived the attempt in its
+    process (FailureConfig.keep_survivors); only the lost rank's is new."""
+    return run_raytf(dataset, workdir, marks, kill_step, keep_survivors=True)
+
+
+SYSTEMS = {"raytf": run_raytf, "raytf_warm": run_raytf_warm, "raytf_kept": run_raytf_kept, "ray_train": run_ray_train}
 
 
 def _components(killed: float, retry: dict | None, noticed: float | None, marks: str) -> dict | None:

@@ -6,18 +6,22 @@ For each N, on a local Ray of ``--cpus`` CPUs whatever N is (this machine's two 
 share them, as a node's cores are shared by its workers), a group of N workers
 (``cpus_per_worker=cpus/N``, one TensorFlow thread each) trains a small tf-keras model in a custom
 loop on its shard,
-checkpointing every 20 steps, until rank 1 exits at step 30 (``os._exit``, a crash); the default
-``FailureConfig`` (a cold restart) resumes from the step-20 checkpoint. One JSON line per N:
+checkpointing every 20 steps, until rank 1 exits at step 30 (``os._exit``, a crash); the group
+restarts from the step-20 checkpoint, once with the default ``FailureConfig`` (the N-1 ranks that
+outlived the attempt kept in their processes, ``keep_survivors``: ``"restart": "kept"``) and once
+with ``keep_survivors=False`` (every rank a new process: ``"cold"``). One JSON line per N and way:
 
 - ``kill_to_first_step_s``: from the kill (rank 1's clock) to the retry's first step (rank 0's);
 - ``components_s``: ``detect``, from the kill to the driver hearing of it (the failure's time in
   ``result.failures``), then the retry's own start-up as ``result.startup`` records it (placement,
   actors, loading: importing TensorFlow and ``train_fn``, connect, first step, as the driver saw
   them); what is left of the total is the driver deciding and the old group stopping;
-- ``first_start_s``: the first attempt's start-up, the same parts, for comparison.
+- ``first_start_s``: the first attempt's start-up, the same parts, for comparison;
+- ``kept_processes``: how many of the retry's ranks were the first attempt's processes.
 
-What grows with N on one machine is the loading (N processes import TensorFlow at once on the
-same cores) and the first step; the driver's own parts (detect, stop, placement) should not.
+What grows with N on one machine, cold, is the loading (N processes import TensorFlow at once on
+the same cores) and the first step; the driver's own parts (detect, stop, placement) should not,
+and with the survivors kept the loading is one process's, whatever N.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def _train(config):
             return
 
 
-def measure(workers: int, cpus: float, workdir: str) -> dict:
+def measure(workers: int, cpus: float, workdir: str, keep: bool) -> dict:
     import numpy as np
     import ray
 
@@ -94,8 +98,8 @@ def measure(workers: int, cpus: float, workdir: str) -> dict:
         config={"marks": marks},
         datasets={"train": dataset.materialize()},
         scaling=raytf.ScalingConfig(num_workers=workers, cpus_per_worker=cpus / workers),
-        run=raytf.RunConfig(name=f"restart-{workers}", storage_path=workdir, verbose=0,
-                            failure_config=raytf.FailureConfig(max_failures=1)),
+        run=raytf.RunConfig(name=f"restart-{workers}-{'kept' if keep else 'cold'}", storage_path=workdir, verbose=0,
+                            failure_config=raytf.FailureConfig(max_failures=1, keep_survivors="auto" if keep else False)),
         tensorflow=raytf.TensorflowConfig(keras="tf_keras", intra_op_threads=1, inter_op_threads=1),
     ).fit()
 
@@ -107,6 +111,7 @@ def measure(workers: int, cpus: float, workdir: str) -> dict:
     retry = {k: v for k, v in result.startup[1].items() if isinstance(v, float) and k != "total"}
     return {
         "workers": workers,
+        "restart": "kept" if keep else "cold",
         "cpus": cpus,
         "attempts": result.attempts,
         "kill_to_first_step_s": round(resumed - killed, 2),
@@ -114,6 +119,7 @@ def measure(workers: int, cpus: float, workdir: str) -> dict:
         "components_s": {"detect": round(result.failures[0].time - killed, 2), **retry},
         "retry_restored_from": result.startup[1].get("restored_from"),
         "first_start_s": result.startup[0],
+        "kept_processes": result.startup[1].get("kept_processes", 0),
     }
 
 
@@ -128,9 +134,11 @@ def main(argv=None) -> None:
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         for n in (int(v) for v in args.workers.split(",")):
-            results.append(measure(n, args.cpus, workdir))
-            print(json.dumps(results[-1]), flush=True)
+            for keep in (False, True):
+                results.append(measure(n, args.cpus, workdir, keep))
+                print(json.dumps(results[-1]), flush=True)
     print(json.dumps({"summary": {"workers": [r["workers"] for r in results],
+                                  "restart": [r["restart"] for r in results],
                                   "kill_to_first_step_s": [r["kill_to_first_step_s"] for r in results]}}))
 
 

@@ -155,6 +155,8 @@ COLUMNS = {
     ],
     "restart_scaling": [
         ("workers", "workers (on 2 cores)", "n"),
+        ("restart", "restart", "n"),
+        ("kept_processes", "ranks kept in their processes", "n"),
         ("kill_to_first_step_s", "kill → first resumed step, s", "n"),
         ("components_s.detect", "detect", "n"),
         ("components_s.placement", "placement", "n"),

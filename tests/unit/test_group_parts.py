@@ -344,11 +344,19 @@ def test_survivors_are_kept_for_the_next_attempt_on_their_own_bundles_and_the_lo
     keep.after_placement(group)
     assert killed == [first] and keep.actor_for(group, _members([(WORKER, "node-a")])[0]) is None
 
-    # An attempt that never started (no watch) keeps no one; nor does the run's end (its last shutdown).
+    # An attempt that never started (no watch) keeps no one; nor does the run's end (its last shutdown),
+    # which kills what is still kept and waits for it to be gone.
     group = group_of(2)
     group.watch = None
     keep.before_shutdown(group)
+    assert all(m.actor is not None for m in group.members)
+    group = group_of(2)
+    answers.update({m.actor: None for m in group.members})
+    keep.before_shutdown(group)
+    waited = []
+    monkeypatch.setattr(survivors, "kill_and_wait", lambda actors, what: waited.extend(actors))
     keep.on_close(group)
+    assert len(waited) == 2 and all(m.actor is None for m in group.members)
     group = group_of(2)
     keep.before_shutdown(group)
     assert all(m.actor is not None for m in group.members)

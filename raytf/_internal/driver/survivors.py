@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import ray
 
+from raytf._internal.driver.actors import kill_and_wait
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView, Member
 from raytf._internal.protocol import GroupStatus, Phase
@@ -91,7 +92,9 @@ class Survivors(GroupCallback):
 
     def on_close(self, group: GroupView) -> None:
         self._closing = True  # the run's end: its last shutdown kills every member
-        self._drop()
+        kept, self._kept = list(self._kept.values()), {}
+        if kept:  # gone, as every member is, when fit() returns
+            kill_and_wait(kept, "kept worker")
 
     def _drop(self) -> None:
         kept, self._kept = list(self._kept.values()), {}

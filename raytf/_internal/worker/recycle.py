@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from raytf._internal import hooks as _hooks
 from raytf._internal.hooks import tensorflow as _tf_hooks
+from raytf._internal.hooks._hook import warn_once
 from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
@@ -33,6 +34,7 @@ from raytf.errors import HookError
 logger = logging.getLogger(__name__)
 
 MAX_REUSES = 4  # attempts a process trains after its first (each leaves an idle gRPC server behind)
+_ABORTED = "raytf: the attempt ended; this worker goes on to the next one"
 
 
 def stop(payload: Any, thread: Optional[threading.Thread], timeout_s: float) -> Optional[str]:
@@ -48,12 +50,9 @@ def stop(payload: Any, thread: Optional[threading.Thread], timeout_s: float) -> 
     if thread is None or not thread.is_alive():
         return None
     if "tensorflow" in sys.modules:
-        try:
-            _hooks.named("tensorflow.abort_collectives").call(
-                _tf_hooks.abort_collectives, "raytf: the attempt ended; this worker goes on to the next one"
-            )
-        except HookError as error:
-            return str(error)
+        why = _through("tensorflow.abort_collectives", _tf_hooks.abort_collectives, _ABORTED)
+        if why is not None:
+            return why
     thread.join(timeout_s)
     return f"its train_fn did not end within {timeout_s:g} s of the attempt's end" if thread.is_alive() else None
 
@@ -71,8 +70,16 @@ def reset() -> Optional[str]:
     gc.collect()
     if "tensorflow" not in sys.modules:
         return None
+    return _through("tensorflow.reset_context", _tf_hooks.reset_context)
+
+
+def _through(name: str, reach: Any, *args: Any) -> Optional[str]:
+    """``reach(*args)`` through the optional hook ``name``: None, or the HookError's text, warned
+    once in this process (the process is then not kept: the restart starts a new one)."""
+    hook = _hooks.named(name)
     try:
-        _hooks.named("tensorflow.reset_context").call(_tf_hooks.reset_context)
+        hook.call(reach, *args)
     except HookError as error:
+        warn_once(hook, error)
         return str(error)
     return None
