@@ -3,9 +3,12 @@ most the TrainWorker processes its budget below allows (standbys included), or t
 
 What the suite's minutes are made of is those processes: each one's start (the process, Ray's
 worker, TensorFlow's import) is several CPU-seconds on a 2-core machine, whatever the test then
-does (docs/contributing.md, the suite's time). A file's count does not depend on the machine's
-speed: it is what its runs are, groups and restarts (every kept record since the count began has
-the same count, file by file, at every hour of the machine). So a change that starts more is a
+does (docs/contributing.md, the suite's time). A file's budget does not depend on the machine's
+speed: it is what its runs are, groups and restarts, every restart counted cold (every kept record
+until restarts kept their survivors had that count, file by file, at every hour of the machine).
+A restart that keeps the ranks that outlived its attempt (FailureConfig.keep_survivors) starts
+fewer, so a file's count is now at most its budget: below it where its restarts kept their
+survivors, which a loaded machine may give up (a train_fn that did not end in time). So a change that starts more is a
 change of the tests, seen at once, on any machine, in any run of the file: the assertions it adds
 belong in a shared run that already trains what they need. Where no shared run can show it, raise
 the file's budget here in the same commit, and say why in the test's docstring.
