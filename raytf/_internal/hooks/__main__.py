@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Optional
 
 from raytf._internal import hooks
 
@@ -38,13 +39,29 @@ def check(hook: hooks.Hook) -> dict:
     return report
 
 
+def _ignoring_failure(behaves: Callable[[], None]) -> None:
+    """Run a behaviour check ahead; a failure is not cached, so the hook's own check meets it again."""
+    try:
+        behaves()
+    except Exception:  # noqa: BLE001 - reported by the hook's check
+        pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raytf._internal.hooks", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON object per hook")
     parser.add_argument("--address", help="a running Ray cluster for Ray's hooks (default: start a local one)")
     args = parser.parse_args(argv)
-    # TensorFlow's first: the eager context starts before any Ray worker could want it otherwise.
-    reports = [check(h) for h in hooks.all_hooks() if not h.needs_ray]
+    # TensorFlow's first: the eager context starts before any Ray worker could want it otherwise. The
+    # checks that run clusters of processes of their own start together, in threads, and are
+    # waited for after the others (each such check runs once a process: a second hook's is cached).
+    local = [h for h in hooks.all_hooks() if not h.needs_ray]
+    apart = list({h.behaves: None for h in local if h.in_processes and h.behaves is not None})
+    with ThreadPoolExecutor(max(1, len(apart))) as pool:
+        started = [pool.submit(_ignoring_failure, behaves) for behaves in apart]
+        reports = [check(h) for h in local if not h.in_processes]
+        wait(started)
+    reports += [check(h) for h in local if h.in_processes]  # their checks' outcomes, from the cache
     with_ray = [h for h in hooks.all_hooks() if h.needs_ray]
     import ray
 

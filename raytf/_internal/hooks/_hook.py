@@ -35,6 +35,7 @@ class Hook:
     # only a cluster of workers can show it (the tests that train through it do).
     behaves: Optional[Callable[[], None]] = None
     needs_ray: bool = False  # ``behaves`` asks a connected Ray
+    in_processes: bool = False  # ``behaves`` runs TensorFlow in processes of its own (seconds, mostly waiting)
     optional: bool = False  # a run goes on without it, warned once of what it loses
 
     def check(self) -> None:

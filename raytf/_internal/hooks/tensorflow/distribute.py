@@ -306,6 +306,7 @@ HOOKS = [
         "ParameterServerTrainer (use raytf.Trainer)",
         _probe_server_def,
         behaves=_behaves_coordinator,
+        in_processes=True,
     ),
     Hook(
         "tensorflow.coordinator_closures",
@@ -316,6 +317,7 @@ HOOKS = [
         "ParameterServerTrainer (use raytf.Trainer)",
         _probe_closures,
         behaves=_behaves_coordinator,
+        in_processes=True,
     ),
     Hook(
         "tensorflow.physical_devices",

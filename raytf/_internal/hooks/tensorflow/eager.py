@@ -127,6 +127,7 @@ HOOKS = [
         "FailureConfig.keep_survivors",
         _probe,
         behaves=_behaves,
+        in_processes=True,
         optional=True,
     ),
     Hook(
@@ -137,6 +138,7 @@ HOOKS = [
         "FailureConfig.keep_survivors",
         _probe,
         behaves=_behaves,
+        in_processes=True,
         optional=True,
     ),
 ]
