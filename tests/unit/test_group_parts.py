@@ -192,6 +192,73 @@ def test_cpu_workers_standbys_are_made_once_every_rank_answered_for_its_shards_h
     assert keeper.asked == [(node_a, node_b)]
 
 
+def test_a_rank_still_reading_when_first_asked_is_asked_again_at_the_first_report_before_the_standbys_come(
+        monkeypatch):
+    """Asked a while after the connect, with no step or report yet, a rank may be still reading its
+    shard (a slow read: Ray Data's tasks waiting for the CPUs the workers hold). Its "not whole" is
+    no final answer: the standbys wait for the first report, the ranks that had not read whole are
+    asked again then, and the standbys come once they answer (the warm-standby test's failure on the
+    oldest versions: standbys up before the report, rank 1 killed at once, its shard split anew)."""
+    from raytf._internal.driver import warm
+    from raytf._internal.driver.watch import Milestone
+
+    made = []
+    monkeypatch.setattr(warm, "new_worker", lambda run_name, name, **options: made.append(name) or _Actor())
+
+    class Keeper:
+        def __init__(self):
+            self.asked = self.asked_again = 0
+            self.answers, self.whole = True, False
+
+        def ask(self, actors, nodes):
+            self.asked += 1
+
+        def ask_again(self, actors):
+            self.asked_again += 1
+            self.answers = False  # out again
+
+        def answered(self):
+            return self.answers
+
+        def all_whole(self):
+            return self.whole
+
+    now, reported = [100.0], [None]
+    watch = types.SimpleNamespace(now=lambda: now[0], trained_since=lambda: reported[0],
+                                  reached={Milestone.CONNECTED: 100.0})
+    group = _group(MirroredShape(), _members([(WORKER, "a" * 56), (WORKER, "b" * 56)]), watch=watch,
+                   run=types.SimpleNamespace(run_name="run"), run_ref="run-ref")
+    standbys = warm.WarmStandbys(["train"], ["train"])
+    standbys._keeper = keeper = Keeper()
+    standbys.before_start(group, attempt=0)
+    now[0] += warm._WARM_AFTER_S + 1  # connected, silent: asked, and "not read whole" comes back
+    standbys.after_poll(group, GroupStatus())
+    assert keeper.asked == 1 and made == []
+    now[0] += 20.0  # still no report: still no standby
+    standbys.after_poll(group, GroupStatus())
+    assert made == []
+    reported[0] = now[0]  # the first report: the ranks are asked again, and the standbys wait for that
+    standbys.after_poll(group, GroupStatus())
+    assert keeper.asked_again == 1 and made == []
+    keeper.answers, keeper.whole = True, True
+    standbys.after_poll(group, GroupStatus())
+    assert made == ["raytf:run:standby:1", "raytf:run:standby:2"] and keeper.asked_again == 1
+
+    # A loop that never tells raytf of a step or report gets its standbys _UNTOLD_WAIT_S after the ask.
+    reported[0], made[:] = None, []
+    standbys = warm.WarmStandbys(["train"], ["train"])
+    standbys._keeper = keeper = Keeper()
+    standbys.before_start(group, attempt=0)
+    asked_at = now[0]
+    standbys.after_poll(group, GroupStatus())
+    now[0] = asked_at + warm._UNTOLD_WAIT_S - 1
+    standbys.after_poll(group, GroupStatus())
+    assert made == []
+    now[0] = asked_at + warm._UNTOLD_WAIT_S + 1
+    standbys.after_poll(group, GroupStatus())
+    assert len(made) == 2 and keeper.asked_again == 0
+
+
 def test_a_silent_workers_process_is_ended_by_its_pid_and_no_other_process_is():
     """group.shutdown's last resort for an actor that answers nothing (actors.end_process): a
     stopped process titled as a worker actor is killed; a process of another title is left."""

@@ -69,6 +69,29 @@ class ShardKeeper:
         ready, _ = ray.wait(flags, num_returns=len(flags), timeout=0, fetch_local=False)
         return len(ready) == len(flags)
 
+    def all_whole(self) -> bool:
+        """Once :meth:`answered`: whether every rank asked said it had read its shards whole (a rank
+        that died is no answer to wait for)."""
+        flags = [flag for asked, _, _ in self._asked.values() for flag in asked]
+        try:
+            return all(ray.get(flags, timeout=0))
+        except (RayActorError, GetTimeoutError):
+            return True
+
+    def ask_again(self, actors: Sequence[Any]) -> None:
+        """Ask again each rank (by world rank) that has not said it read a shard whole: asked while
+        its loop was still reading (before the attempt's first step or report), it may have now."""
+        for name, (flags, columns, _) in self._asked.items():
+            for rank, flag in enumerate(flags):
+                try:
+                    whole = bool(ray.get(flag, timeout=0))
+                except RayActorError:
+                    continue  # gone: this dataset is split anew
+                except GetTimeoutError:
+                    whole = False  # not answered yet: its answer may be from before the read ended
+                if not whole:
+                    flags[rank], columns[rank] = actors[rank].shard_read_whole.options(num_returns=2).remote(name)
+
     def take(self, workers: int) -> dict[str, list[KeptShard]]:
         """At the start of an attempt of ``workers`` ranks: what it can read in place of a new split.
 

@@ -33,6 +33,10 @@ from raytf._internal.protocol import GroupStatus
 # Warm standbys wait for an attempt's first step or report, so that their imports do not slow its
 # start; a loop that tells raytf of neither gets them this long after its strategy connected.
 _WARM_AFTER_S = 10.0
+# Asked that early, a rank may still be reading its shard: the standbys then wait for its first step
+# or report (when the ranks that had not read their shards whole are asked again), or this long for
+# a loop that tells raytf of neither.
+_UNTOLD_WAIT_S = 60.0
 
 
 class WarmStandbys(GroupCallback):
@@ -45,13 +49,15 @@ class WarmStandbys(GroupCallback):
         self._at_start = at_start  # start the standbys with the attempt's workers, not once it trains
         self._made = False  # standbys, for this attempt
         self._kept = False  # the ranks' shards, for this attempt
+        self._asked_at: Optional[float] = None  # when the ranks were asked for their shards (watch.now)
+        self._asked_early = False  # asked before the attempt's first step or report
         self._count = 0  # names them apart
         self._bundle_gpus: dict[int, tuple[str, ...]] = {}  # bundle index -> its GPUs' ids (standbys take them)
         self._bundle_nodes: Optional[dict[int, str]] = None  # bundle index -> node id, this attempt
         self._keeper = ShardKeeper(datasets, split)
 
     def before_start(self, group: GroupView, attempt: int) -> None:
-        self._made = self._kept = False
+        self._made = self._kept = self._asked_early = False
         self._bundle_nodes = None
 
     def after_placement(self, group: GroupView) -> None:
@@ -82,17 +88,32 @@ class WarmStandbys(GroupCallback):
             self._make_standbys(group)
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
-        if not self._kept and not status.finished and _trains(group.watch):
-            self._kept = True
+        watch = group.watch
+        told = watch.trained_since() is not None  # the attempt's first step or report came
+        if not self._kept and not status.finished and _trains(watch):
+            self._kept, self._asked_at, self._asked_early = True, watch.now(), not told
             trained = self._trained(group)
             self._keeper.ask([m.actor for m in trained], [m.address.node_id for m in trained])
+        elif self._asked_early and told and not status.finished:
+            # Asked a while after the connect with no step or report yet, a rank may have been
+            # still reading its shard (a slow read: Ray Data's tasks waiting for a CPU the workers
+            # hold): what it had not read whole then, it is asked for again now.
+            self._asked_early = False
+            self._keeper.ask_again([m.actor for m in self._trained(group)])
         # The standbys come once every rank has answered for its shards (or died): a rank lost
         # after its standby is up is then always one whose shards are kept, however slow its answer
         # was. No wait bounds this: a rank answers its calls in order, so one that answers the polls
         # after the ask has answered the ask, and one that answers nothing is found unresponsive.
-        if self._kept and not self._made and self._keeper.answered():
+        # Answers from before the first step or report that a shard was not read whole are waited
+        # past (for that step or report, or _UNTOLD_WAIT_S for a loop that tells raytf of neither).
+        if self._kept and not self._made and self._keeper.answered() and self._answers_final(watch):
             self._make_standbys(group)
         return status
+
+    def _answers_final(self, watch: GroupWatch) -> bool:
+        if not self._asked_early or self._keeper.all_whole():
+            return True
+        return self._asked_at is not None and watch.now() - self._asked_at > _UNTOLD_WAIT_S
 
     @staticmethod
     def _trained(group: GroupView) -> list[Member]:
