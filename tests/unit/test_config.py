@@ -153,6 +153,7 @@ INF = float("inf")
         (lambda: FailureConfig(retry_on_exception="yes"), "retry_on_exception must be True or False"),
         (lambda: FailureConfig(warm_standby="yes"), 'warm_standby must be True, False or "auto", got \'yes\''),
         (lambda: FailureConfig(warm_standby=1), 'warm_standby must be True, False or "auto", got 1'),
+        (lambda: FailureConfig(keep_survivors="yes"), 'keep_survivors must be True, False or "auto", got \'yes\''),
         (lambda: TensorflowConfig(collective_timeout_s=INF), "collective_timeout_s must be a finite number"),
         (lambda: TensorflowConfig(gpu_memory_growth="false"), "gpu_memory_growth must be True or False"),
         (lambda: TensorflowConfig(worker_env="A=1"), "worker_env must be a dict, got str"),
@@ -175,6 +176,10 @@ def test_warm_standbys_by_default_for_gpu_workers_from_their_start_and_for_cpu_w
     assert FailureConfig(warm_standby=True)._standbys(gpu_workers=False) == "when_trained"
     assert FailureConfig(warm_standby=True)._standbys(gpu_workers=True) == "at_start"
     assert FailureConfig(warm_standby=False)._standbys(gpu_workers=True) is None
+    # Survivors kept: CPU workers by default, GPU workers only when asked.
+    assert FailureConfig()._keeps_survivors(gpu_workers=False) and not FailureConfig()._keeps_survivors(gpu_workers=True)
+    assert FailureConfig(keep_survivors=True)._keeps_survivors(gpu_workers=True)
+    assert not FailureConfig(keep_survivors=False)._keeps_survivors(gpu_workers=False)
 
 
 def test_none_for_a_mapping_means_empty_as_in_ray_train():

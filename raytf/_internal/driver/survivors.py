@@ -16,8 +16,8 @@ cannot move to another group's bundle. On by default for CPU workers; for GPU wo
 
 from __future__ import annotations
 
-import logging
 import dataclasses
+import logging
 from typing import Any, Optional
 
 import ray
@@ -25,6 +25,7 @@ import ray
 from raytf._internal.driver.actors import kill_and_wait
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView, Member
+from raytf._internal.driver.relay import first_line
 from raytf._internal.protocol import GroupStatus, Phase
 
 logger = logging.getLogger(__name__)
@@ -107,4 +108,4 @@ def _answer(ref: Any) -> Optional[str]:
     try:
         return ray.get(ref, timeout=0)
     except Exception as error:  # noqa: BLE001 - a dead actor, or one whose recycle raised: not kept
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        return f"{type(error).__name__}: {first_line(error)}"

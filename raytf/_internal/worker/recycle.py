@@ -18,7 +18,6 @@ kept for at most :data:`MAX_REUSES` attempts after its first.
 from __future__ import annotations
 
 import gc
-import logging
 import sys
 import threading
 from typing import Any, Optional
@@ -30,8 +29,6 @@ from raytf._internal.worker import compression as _compression
 from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
 from raytf.errors import HookError
-
-logger = logging.getLogger(__name__)
 
 MAX_REUSES = 4  # attempts a process trains after its first (each leaves an idle gRPC server behind)
 _ABORTED = "raytf: the attempt ended; this worker goes on to the next one"
