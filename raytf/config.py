@@ -197,11 +197,14 @@ class FailureConfig:
     ranks that outlived the attempt train the next one in their own
     processes, TensorFlow and ``train_fn``'s modules still loaded. As the
     attempt ends, each has its collectives aborted, its ``train_fn`` stopped
-    and TensorFlow's eager context made new; a restart of the same size on
-    the same placement group hands each its own bundle back. A process whose
-    ``train_fn`` does not end within 3 s of its collectives failing is
-    killed, as is every kept one when the group is placed anew (it shrank or
-    grew, a node went away). Modules stay imported across attempts: a
+    and TensorFlow's eager context made new; a restart on the same placement
+    group hands each its own bundle back, and one placed anew (the group
+    shrank or grew, a node went away) a bundle on its node. A CPU worker
+    runs outside the placement group for this, pinned to its bundle's node
+    while the bundle reserves its CPUs; a GPU worker holds its bundle and is
+    kept only while the placement group is. A process whose ``train_fn``
+    does not end within 3 s of its collectives failing is killed and
+    started anew. Modules stay imported across attempts: a
     TensorFlow object a module makes when imported belongs to the attempt
     that imported it (make such objects inside ``train_fn``, or set this
     to False). ``"auto"`` (the default) keeps CPU workers, ``True`` GPU

@@ -438,3 +438,6 @@ class WorkerSpec:
     resume: ResumePoint = ResumePoint()
     datasets: dict[str, Any] = field(default_factory=dict)  # name -> ray.data.DataIterator
     task: Optional["TaskId"] = None  # its TF_CONFIG task in a parameter-server group
+    # The attempt's placement group (hex id): the owner of its checkpoints' memory copies, also for a
+    # worker that runs outside it (a warm standby, a survivor; group.py's floating workers).
+    placement_group: str = ""

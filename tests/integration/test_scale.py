@@ -92,6 +92,12 @@ def test_eight_workers_on_four_nodes_train_every_row_once_through_ranks_lost_on_
         assert taken == {rows_a_step}, (attempt, taken)
     died, grown = result.failures
     assert died.kind == "died" and grown.kind == "resized" and "growing from 6 to 8 workers" in grown.message
+    # Both restarts placed a new group (6 workers, then 8), and the ranks that outlived each attempt
+    # trained the next in their own processes (FailureConfig.keep_survivors: CPU workers run outside
+    # the placement group). Each restart's start-up says how many: up to 5 of the 6, then 6 of the 8
+    # (a process that could not be recycled in time starts cold instead).
+    assert len(result.startup) == 3 and "kept_processes" not in result.startup[0]
+    assert 1 <= result.startup[1]["kept_processes"] <= 5 and 1 <= result.startup[2]["kept_processes"] <= 6
     assert result.history[-1]["epoch"] == EPOCHS - 1
     wrong = {(int(e), int(r)): int(counts[e, r]) for e, r in zip(*np.nonzero(counts != 1))}
     assert not wrong, f"(epoch, row): times trained, where not once: {dict(list(wrong.items())[:20])}"

@@ -344,11 +344,12 @@ def test_a_member_replaced_in_place_after_going_silent_has_its_process_ended_and
     assert killed.pop() == []
 
 
-def test_survivors_are_kept_for_the_next_attempt_on_their_own_bundles_and_the_lost_start_anew(monkeypatch):
+def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_the_lost_start_anew(monkeypatch):
     """As an attempt ends, every member still there is asked to recycle; those that did are taken
     from the group (its shutdown kills only the members it holds) and handed their own bundles at
-    the next start. A lost or silent member is not asked, one that cannot recycle is left to the
-    kill, and a new placement group, or the run's end, kills every kept process."""
+    the next start, or a bundle on their node where the group was placed anew. A lost or silent
+    member is not asked, one that cannot recycle is left to the kill, and the run's end kills
+    every kept process."""
     from raytf._internal.driver import survivors
 
     answers, killed = {}, []
@@ -402,28 +403,89 @@ def test_survivors_are_kept_for_the_next_attempt_on_their_own_bundles_and_the_lo
     keep.after_start(group)
     assert killed == []  # nothing left over
 
-    # Kept again, then the group is placed anew (it shrank): the kept process is killed.
-    group = group_of(2)
-    first = group.members[0].actor
-    answers.update({first: None, group.members[1].actor: RuntimeError("actor died")})
+    # Kept again, then the group is placed anew (a node was lost, the group shrank): a CPU worker,
+    # outside the placement group, takes a new bundle on its own node (whatever its index), a GPU
+    # worker died with the old group's bundle and is killed, and a CPU worker whose node has no
+    # bundle of the new group is killed once the attempt started.
+    gpu_worker = RoleSpec("worker", 1, 4, {"CPU": 1, "GPU": 1})
+    members = _members([(WORKER, "node-a"), (WORKER, "node-b"), (gpu_worker, "node-a"), (WORKER, "node-c")])
+    for m in members:
+        m.actor = Recycling()
+    group = _group(MirroredShape(), members, watch=types.SimpleNamespace(
+        phases=dict.fromkeys(range(4), Phase.TRAINING), silent_ranks=set()))
+    on_a, on_b, gpu, on_c = [m.actor for m in members]
+    answers.update({on_a: None, on_b: None, gpu: None, on_c: RuntimeError("actor died")})
+    keep.before_start(group, attempt=2)
     keep.before_shutdown(group)
-    assert [m.actor is None for m in group.members] == [True, False]
+    assert [m.actor is None for m in group.members] == [True, True, True, False]
+    keep.before_start(group, attempt=3)
     keep.after_placement(group)
-    assert killed == [first] and keep.actor_for(group, _members([(WORKER, "node-a")])[0]) is None
+    assert killed == [gpu]
+    group.bundle_nodes = lambda: {0: "node-b", 1: "node-d", 2: "node-a"}
+    new = _members([(WORKER, "node-b"), (WORKER, "node-d"), (WORKER, "node-a")])
+    assert [keep.actor_for(group, m) for m in new] == [(on_b, {}), None, (on_a, {})]
+    keep.after_start(group)
+    assert killed == [gpu]  # both CPU workers were handed a bundle
 
-    # An attempt that never started (no watch) keeps no one; nor does the run's end (its last shutdown),
-    # which kills what is still kept and waits for it to be gone.
+    # An attempt whose start failed (no watch yet) keeps every process that answers; the run's end
+    # (its last shutdown) keeps none, and kills what is still kept and waits for it to be gone.
     group = group_of(2)
     group.watch = None
+    answers.update({group.members[0].actor: None, group.members[1].actor: "silent"})
     keep.before_shutdown(group)
-    assert all(m.actor is not None for m in group.members)
+    assert [m.actor is None for m in group.members] == [True, False]
     group = group_of(2)
     answers.update({m.actor: None for m in group.members})
     keep.before_shutdown(group)
     waited = []
     monkeypatch.setattr(survivors, "kill_and_wait", lambda actors, what: waited.extend(actors))
     keep.on_close(group)
-    assert len(waited) == 2 and all(m.actor is None for m in group.members)
+    assert len(waited) == 3 and all(m.actor is None for m in group.members)
     group = group_of(2)
     keep.before_shutdown(group)
     assert all(m.actor is not None for m in group.members)
+
+
+def test_a_floating_groups_cpu_workers_run_outside_the_placement_group_on_their_bundles_nodes(monkeypatch):
+    """With Survivors (floats_workers), a CPU-only training worker holds no resources of its own and
+    is pinned to its bundle's node, so that it can outlive the placement group; a GPU worker, a
+    parameter-server group's tasks, and any worker of a group without such a callback hold their
+    bundles."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+    from raytf._internal.driver import group as group_module
+    from raytf._internal.driver.group import WorkerGroup
+    from raytf._internal.driver.survivors import Survivors
+
+    made = {}
+    monkeypatch.setattr(group_module, "new_worker", lambda run_name, name, **options: made.setdefault(name, options))
+    gpu_worker, ps = RoleSpec("worker", 1, 4, {"CPU": 1, "GPU": 1}), RoleSpec("ps", 1, 1, {"CPU": 1})
+
+    def new_actors(shape, roles, callbacks):
+        made.clear()
+        members = _members([(role, "node-x") for role in roles])
+        fake = _group(shape, members, _callbacks=callbacks, _pg=object(), _attempt=0,
+                      run=types.SimpleNamespace(run_name="r"), bundle_nodes=lambda: {0: "a" * 56, 1: "b" * 56})
+        fake._floats = lambda member: WorkerGroup._floats(fake, member)
+        for m in members:
+            WorkerGroup._new_actor(fake, m)
+        return list(made.values())
+
+    cpu, gpu = new_actors(MirroredShape(), [WORKER, gpu_worker], [Survivors()])
+    assert cpu["num_cpus"] == 0 and "num_gpus" not in cpu and "resources" not in cpu
+    assert isinstance(cpu["scheduling_strategy"], NodeAffinitySchedulingStrategy)
+    assert cpu["scheduling_strategy"].node_id == "a" * 56 and cpu["scheduling_strategy"].soft is False
+    assert gpu["num_gpus"] == 1 and isinstance(gpu["scheduling_strategy"], PlacementGroupSchedulingStrategy)
+    assert gpu["scheduling_strategy"].placement_group_bundle_index == 1
+    # A user's own resource (a node label) the bundle reserves; a device Ray assigns by id the actor holds.
+    labelled = RoleSpec("worker", 1, 4, {"CPU": 1, "scale": 1})
+    [floating] = new_actors(MirroredShape(), [labelled], [Survivors()])
+    assert floating["num_cpus"] == 0 and isinstance(floating["scheduling_strategy"], NodeAffinitySchedulingStrategy)
+    from raytf._internal.driver.actors import floats
+
+    assert not floats({"CPU": 1, "TPU": 4}) and not floats({"CPU": 1, "neuron_cores": 2})
+    [held] = new_actors(MirroredShape(), [WORKER], [])
+    assert held["num_cpus"] == 1 and isinstance(held["scheduling_strategy"], PlacementGroupSchedulingStrategy)
+    # A parameter-server group's tasks (its train_fn runs on the chief) keep their bundles.
+    assert all(isinstance(o["scheduling_strategy"], PlacementGroupSchedulingStrategy)
+               for o in new_actors(ParameterServerShape(), [WORKER, ps], [Survivors()]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -36,6 +36,20 @@ def new_worker(run_name: str, name: str, **options: Any) -> Any:
             f"another run named {run_name!r} is training in this driver (its worker actor {name!r} exists "
             "in this Ray namespace): give each run that trains at the same time its own RunConfig.name"
         ) from None
+
+
+# Resources Ray hands an actor one by one, by id (a device it makes visible to the process): the
+# actor must hold them itself. GPU, and Ray's custom_unit_instance_resources (2.60's list; 2.50's
+# is its first five).
+_ASSIGNED_BY_ID = frozenset({"GPU", "neuron_cores", "TPU", "NPU", "HPU", "RBLN", "FURIOSA", "TTNPU", "MBLT"})
+
+
+def floats(bundle: Mapping[str, float]) -> bool:
+    """Whether a worker for ``bundle`` can run outside its placement group, pinned to the bundle's
+    node while the bundle reserves what it holds: one with no GPU or other device that Ray assigns
+    by id, since Ray names an actor its devices only from resources the actor itself holds. CPUs,
+    memory and a user's own resources (a node label such as ``{"spot": 1}``) the bundle reserves."""
+    return not _ASSIGNED_BY_ID & set(bundle)
 
 
 # Groups up to this many members are polled from a thread of the driver (relay.ThreadRelay); larger

@@ -23,6 +23,9 @@ The interface, in the order of a group's life:
 
 A callback that sets ``keeps_placement`` keeps the placement group across
 attempts while its nodes stay (the group checks that), for what lives on them.
+One that sets ``floats_workers`` has the group start its CPU-only training
+workers outside the placement group, pinned to their bundles' nodes while the
+bundles reserve their CPUs, so that a worker can outlive the group.
 
 Here: :class:`StartupTiming`, :class:`DrainWatch`, :class:`FinishEvaluator` and
 :class:`MemoryCopies`; warm standbys and their kept shards are in warm.py.
@@ -48,6 +51,7 @@ class GroupCallback:
     """A feature of a worker group, acting at points of its lifecycle (see the module docstring)."""
 
     keeps_placement = False
+    floats_workers = False
 
     def before_start(self, group: GroupView, attempt: int) -> None:
         pass

@@ -23,11 +23,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import call_each, kill_and_wait, new_worker, relay_for, reserve
+from raytf._internal.driver.actors import call_each, floats, kill_and_wait, new_worker, relay_for, reserve
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -185,16 +185,34 @@ class WorkerGroup:
             name = member.label.replace(" ", "-") + (f":{member.generation}" if member.generation else "")
         else:
             name = str(member.bundle)
+        if self._floats(member):
+            # Outside the placement group, pinned to its bundle's node, the bundle reserving its CPUs
+            # (as a warm standby runs): the process can outlive the group, and Survivors hands it a
+            # bundle of the next one on its node.
+            placement: dict[str, Any] = dict(
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(self.bundle_nodes()[member.bundle], soft=False),
+            )
+        else:
+            placement = dict(
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=member.bundle
+                ),
+            )
         return new_worker(
-            self.run.run_name,
-            f"raytf:{self.run.run_name}:{self._attempt}:{name}",
-            num_cpus=bundle.get("CPU", 0),
-            num_gpus=bundle.get("GPU", 0),
-            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-            max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self._pg, placement_group_bundle_index=member.bundle
-            ),
+            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}", max_restarts=0, **placement
+        )
+
+    def _floats(self, member: Member) -> bool:
+        """A training member whose worker runs outside the placement group: a callback asks for it
+        (``floats_workers``) and its bundle holds only CPUs (actors.floats)."""
+        return (
+            member.role.name == self.shape.train_role
+            and floats(member.role.bundle)
+            and any(callback.floats_workers for callback in self._callbacks)
         )
 
     def _start_members(self) -> None:
@@ -255,6 +273,7 @@ class WorkerGroup:
             resume=self._resume,
             datasets=self.shape.datasets(self, member),
             task=task_id(member, self.shape),
+            placement_group=self._pg.id.hex(),
         )
 
     def _reserve(self, members: Sequence[Member]) -> None:

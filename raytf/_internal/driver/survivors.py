@@ -5,24 +5,26 @@ A restart used to end every worker and start the group anew, so a restart after 
 cost as many TensorFlow imports as the group has workers, on nodes that had them loaded. Now, as
 an attempt of a MultiWorkerMirroredStrategy group ends, every member that still answers is asked to
 ``recycle`` (worker/recycle.py: its ``train_fn`` stopped, its collectives aborted, TensorFlow's
-eager context new) instead of being killed. The placement group is kept across attempts while its
-nodes stay, so when the next attempt reuses it, each kept process is handed its own bundle back,
-as a warm standby would be, and only the lost ranks start cold: a restart's imports no longer grow
-with the group. A process that cannot be recycled (its ``train_fn`` does not end once its
-collectives fail, an asynchronous checkpoint still uploading) is killed as before; a new
-placement group (the group shrank or grew, a node went away) kills the kept ones, since a process
-cannot move to another group's bundle. On by default for CPU workers; for GPU workers where asked.
+eager context new) instead of being killed, and the next attempt hands each kept process a bundle
+on its node, as a warm standby is handed one: only the lost ranks start cold, and a restart's
+imports no longer grow with the group. When the next attempt reuses the placement group (same
+size, live nodes), a kept process gets its own bundle back. CPU workers run outside the placement
+group (``floats_workers``: the bundle only reserves their CPUs), so they outlive it too: after a
+shrink, a growth or a lost node, the new group's bundles on a kept process's node go to it first.
+A GPU worker holds its GPUs in the group and dies with it. A process that cannot be recycled (its
+``train_fn`` does not end once its collectives fail, an asynchronous checkpoint still uploading) is
+killed as before. On by default for CPU workers; for GPU workers where asked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
-from raytf._internal.driver.actors import kill_and_wait
+from raytf._internal.driver.actors import floats, kill_and_wait
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView, Member
 from raytf._internal.driver.relay import first_line
@@ -35,18 +37,23 @@ _ANSWER_MARGIN_S = 5.0  # on top of it, for the recycle call's answer
 
 
 class Survivors(GroupCallback):
-    """Keeps the members that outlive an attempt for the next one, on their own bundles."""
+    """Keeps the members that outlive an attempt for the next one, on bundles of their nodes."""
 
     keeps_placement = True
+    floats_workers = True
 
     def __init__(self, stop_timeout_s: float = STOP_TIMEOUT_S):
         self._stop_timeout_s = stop_timeout_s
-        self._kept: dict[int, Any] = {}  # bundle index -> a recycled actor waiting for it
+        self._kept: list[_Kept] = []  # recycled actors waiting for a bundle
+        self._placed_anew = False  # this attempt has a new placement group: bundles go by node
+        self._bundle_nodes: Optional[dict[int, str]] = None  # this attempt's, once asked
         self._closing = False
         self.handed = 0  # members this attempt started on a kept process
 
     def before_start(self, group: GroupView, attempt: int) -> None:
         self.handed = 0
+        self._placed_anew = False
+        self._bundle_nodes = None
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
         if status.startup is None or self.handed == 0:  # StartupTiming's, once per attempt
@@ -55,16 +62,21 @@ class Survivors(GroupCallback):
 
     def before_shutdown(self, group: GroupView) -> None:
         watch = group.watch
-        if self._closing or watch is None:  # the run's end, or an attempt that never started
+        if self._closing:  # the run's end: its last shutdown kills every member
             return
-        # Asked: the training members that answered this attempt's polls and are neither lost nor silent.
+
+        def alive(index: int) -> bool:
+            # Once the attempt started, a member that answered its polls and is neither lost nor
+            # silent. Before (a start that failed: a node that died under the placement, an actor
+            # that did not start in time), any: one that is gone or stuck does not answer the ask.
+            return watch is None or (
+                watch.phases.get(index, Phase.LOST) != Phase.LOST and index not in watch.silent_ranks
+            )
+
         asked = [
             (member, member.actor.recycle.remote(self._stop_timeout_s))
             for index, member in enumerate(group.members)
-            if member.actor is not None
-            and member.role.name == group.shape.train_role
-            and watch.phases.get(index, Phase.LOST) != Phase.LOST
-            and index not in watch.silent_ranks
+            if member.actor is not None and member.role.name == group.shape.train_role and alive(index)
         ]
         if not asked:
             return
@@ -73,34 +85,58 @@ class Survivors(GroupCallback):
         for member, ref in asked:
             why = "no answer" if ref not in ready else _answer(ref)
             if why is None:
-                self._kept[member.bundle] = member.actor
+                floating = floats(member.role.bundle)
+                self._kept.append(_Kept(member.actor, member.bundle, member.address.node_id, floating))
                 member.actor = None  # spared: the group's shutdown kills only the members it still holds
             else:
                 logger.info("%s is not kept for the next attempt: %s", member.label, why)
 
     def after_placement(self, group: GroupView) -> None:
-        self._drop()  # a new placement group: the kept processes' bundles are gone with the old one
+        # A new placement group: a kept GPU worker's bundle is gone with the old one (and the
+        # worker with it); a CPU worker, outside the group, takes a new bundle on its node.
+        self._placed_anew = True
+        self._drop(lambda kept: not kept.floating)
 
     def actor_for(self, group: GroupView, member: Member) -> Optional[tuple[Any, dict]]:
-        actor = self._kept.pop(member.bundle, None) if member.role.name == group.shape.train_role else None
-        if actor is None:
+        if member.role.name != group.shape.train_role or not self._kept:
             return None
+        if self._placed_anew:
+            if self._bundle_nodes is None:
+                self._bundle_nodes = dict(group.bundle_nodes())
+            node = self._bundle_nodes.get(member.bundle)
+            found = next((k for k in self._kept if k.floating and k.node_id == node), None)
+        else:
+            found = next((k for k in self._kept if k.bundle == member.bundle), None)
+        if found is None:
+            return None
+        self._kept.remove(found)
         self.handed += 1
-        return actor, {}
+        return found.actor, {}
 
     def after_start(self, group: GroupView) -> None:
         self._drop()  # any not handed a bundle
 
     def on_close(self, group: GroupView) -> None:
         self._closing = True  # the run's end: its last shutdown kills every member
-        kept, self._kept = list(self._kept.values()), {}
+        kept, self._kept = [k.actor for k in self._kept], []
         if kept:  # gone, as every member is, when fit() returns
             kill_and_wait(kept, "kept worker")
 
-    def _drop(self) -> None:
-        kept, self._kept = list(self._kept.values()), {}
-        for actor in kept:
-            ray.kill(actor, no_restart=True)
+    def _drop(self, which: Callable[[_Kept], bool] = lambda kept: True) -> None:
+        dropped = [k for k in self._kept if which(k)]
+        self._kept = [k for k in self._kept if not which(k)]
+        for kept in dropped:
+            ray.kill(kept.actor, no_restart=True)
+
+
+@dataclasses.dataclass
+class _Kept:
+    """A recycled process waiting for the next attempt."""
+
+    actor: Any
+    bundle: int  # the bundle it held: its own again while the placement group is kept
+    node_id: str
+    floating: bool  # outside the placement group (a CPU worker): it outlives the group
 
 
 def _answer(ref: Any) -> Optional[str]:

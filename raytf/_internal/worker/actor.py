@@ -178,7 +178,8 @@ class TrainWorker:
         _logs.name_in_log_prefix(f"raytf {self._task}" if self._task else f"raytf rank {self._rank}")
         self._payload = PAYLOADS[payload]()
         context = ray.get_runtime_context()
-        memory.configure(context.gcs_address, context.get_placement_group_id() or "", _live_placement_groups)
+        owner = spec.placement_group or context.get_placement_group_id() or ""
+        memory.configure(context.gcs_address, owner, _live_placement_groups)
         self._phase = Phase.STARTING
         self._thread = threading.Thread(target=self._run, args=(run, spec), name="raytf-train", daemon=True)
         self._thread.start()
