@@ -36,6 +36,9 @@ def parser(description: str, *, epochs: int, batch_size: int, num_workers: int =
     p.add_argument("--name", default=None, help="run name; the same name resumes the run")
     p.add_argument("--max-failures", type=int, default=3,
                    help="lost workers or nodes survived (each restart resumes from the latest checkpoint)")
+    p.add_argument("--warm-standby", choices=("auto", "on", "off"), default="auto",
+                   help="a process per worker that loads TensorFlow ahead of a restart (FailureConfig.warm_standby; "
+                        "auto: for GPU workers)")
     return p
 
 
@@ -47,8 +50,10 @@ def scaling(args: argparse.Namespace) -> raytf.ScalingConfig:
 
 
 def run_config(args: argparse.Namespace, **kwargs: Any) -> raytf.RunConfig:
+    warm_standby = {"auto": "auto", "on": True, "off": False}[args.warm_standby]
     return raytf.RunConfig(name=args.name, storage_path=args.storage_path,
-                           failure_config=raytf.FailureConfig(max_failures=args.max_failures), **kwargs)
+                           failure_config=raytf.FailureConfig(max_failures=args.max_failures, warm_standby=warm_standby),
+                           **kwargs)
 # --8<-- [end:configs]
 
 

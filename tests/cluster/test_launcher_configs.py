@@ -187,3 +187,14 @@ def test_the_docs_commands_for_clusters_name_jobs_that_take_their_flags():
         job_module(script).build_parser().parse_args(args)
     for path in re.findall(r"cluster/[\w./-]+\.yaml", text):
         assert os.path.exists(os.path.join(REPO, path)), path
+
+
+def test_every_job_takes_warm_standby_and_passes_it_to_failure_config():
+    for script in job_scripts():
+        module = job_module(script)
+        for flag, value in (("auto", "auto"), ("on", True), ("off", False)):
+            args = module.build_parser().parse_args(["--warm-standby", flag])
+            assert module.common.run_config(args).failure_config.warm_standby == value, (script, flag)
+        assert module.build_parser().parse_args([]).warm_standby == "auto"
+    with pytest.raises(SystemExit):
+        job_module("train_mlp.py").build_parser().parse_args(["--warm-standby", "yes"])

@@ -133,10 +133,12 @@ def test_gpu_workers_make_the_autoscaler_add_nodes_and_a_lost_node_is_replaced(a
     # a live node and said nothing of waiting. The job's Ray Data makes no such request here, so the
     # first GPU node is the one raytf's placement group asks for.
     no_data_scaling = ["env", "RAY_DATA_MIN_GAP_BETWEEN_AUTOSCALING_REQUESTS=1000000000"]
+    # No warm standbys (on by default for GPU workers: a process per worker from the start, and again
+    # after the restart): the autoscaler's part is the nodes; standbys on GPU nodes are test_gpu_nodes.py's.
     job_id = submit_no_wait(
         autoscaling_head[:2], tmp_path, "train_mlp.py", "--num-workers", "2", "--gpus-per-worker", "1",
         "--rows", "16384", "--epochs", "6", "--name", "autoscaled", "--storage-path", str(results),
-        prefix=no_data_scaling,
+        "--warm-standby", "off", prefix=no_data_scaling,
     )
     deadline = time.monotonic() + 300
 
