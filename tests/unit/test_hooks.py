@@ -169,3 +169,28 @@ def test_the_hook_checker_reports_a_hook_that_is_there_but_does_not_behave():
     assert reports[1]["probe"] == "ok" and "the records from byte 35 read []" in reports[1]["behaviour"]
     assert "[hook x.changed]" in reports[1]["behaviour"] and "turn off an option" in reports[1]["behaviour"]
     assert "ZeroDivisionError" in reports[2]["probe"] and reports[2]["behaviour"] == "none"
+
+
+def test_a_behaviour_check_shared_by_hooks_runs_once_a_process_and_keeps_its_failure():
+    """The checks that start clusters of processes (eager.py's regroup, distribute.py's coordinator)
+    serve two hooks each: the second hook gets the first's outcome, a failure (a timeout) too,
+    rather than waiting for it a second time."""
+    import pytest
+
+    from raytf._internal.hooks._hook import once_a_process
+
+    runs = []
+    passing = once_a_process(lambda: runs.append("ok"))
+    passing()
+    passing()
+    assert runs == ["ok"]
+
+    def times_out():
+        runs.append("timed out")
+        raise TimeoutError("the cluster did not form in 240 s")
+
+    failing = once_a_process(times_out)
+    for _ in range(2):
+        with pytest.raises(TimeoutError, match="240 s"):
+            failing()
+    assert runs == ["ok", "timed out"]

@@ -102,3 +102,21 @@ def version(library: str) -> str:
         return importlib.import_module(library).__version__
     except Exception:  # noqa: BLE001 - not installed, or no version attribute
         return "(version unknown)"
+
+
+def once_a_process(check: Callable[[], None]) -> Callable[[], None]:
+    """A behaviour check that runs at most once a process, for several hooks: its outcome, a
+    failure included, is kept (a check that timed out is not waited for a second time)."""
+    outcome: list[Optional[BaseException]] = []
+
+    def checked() -> None:
+        if not outcome:
+            try:
+                check()
+                outcome.append(None)
+            except Exception as error:  # noqa: BLE001 - kept, and raised to every caller
+                outcome.append(error)
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    return checked

@@ -7,10 +7,9 @@ See the package docstring of ``raytf._internal.hooks``.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
-from raytf._internal.hooks._hook import Hook
+from raytf._internal.hooks._hook import Hook, once_a_process
 
 
 def collective_strategy_class() -> type:
@@ -179,17 +178,26 @@ def _probe_closures() -> None:
 # A coordinator whose one worker is killed and never comes back, in a process of its own (it
 # redials for ever, and its threads would hold an exit): the reconnect is seen, it redials the
 # address in the ServerDef raytf writes, and its closures count as ended and pending as they do.
-# Prints "ok" and leaves at once.
+# Prints "ok" and leaves at once. The ports are chosen once both processes have TensorFlow imported,
+# milliseconds before their servers bind them (as in eager.py's regroup check).
 _COORDINATOR_SCRIPT = """
-import json, os, subprocess, sys, time
+import json, os, socket, subprocess, sys, time
 import tensorflow as tf
 from raytf._internal.hooks.tensorflow.distribute import (
     closures_pending, coordinator_recovering, coordinator_server_def, count_closures_ended)
-worker, ps, chief = sys.argv[1:4]
-cluster = {"worker": [worker], "ps": [ps], "chief": [chief]}
-serve = "import sys, json, tensorflow as tf; tf.distribute.Server(json.loads(sys.argv[1]), 'worker', 0).join()"
-server = subprocess.Popen([sys.executable, "-c", serve, json.dumps(cluster)])
+serve = "import sys, json, tensorflow as tf; print('ready', flush=True); tf.distribute.Server(json.loads(sys.stdin.readline()), 'worker', 0).join()"
+server = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 try:
+    assert server.stdout.readline().strip() == "ready", "the worker's server did not start"
+    held = [socket.socket() for _ in range(3)]
+    for s in held:
+        s.bind(("127.0.0.1", 0))
+    worker, ps, chief = [f"127.0.0.1:{s.getsockname()[1]}" for s in held]
+    for s in held:
+        s.close()
+    cluster = {"worker": [worker], "ps": [ps], "chief": [chief]}
+    server.stdin.write(json.dumps(cluster) + "\\n")
+    server.stdin.flush()
     ps_server = tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
@@ -219,23 +227,12 @@ finally:
 """
 
 
-@functools.cache  # once a process, though two hooks' checks: a second coordinator costs seconds
+@once_a_process  # two hooks' checks: a second coordinator would cost seconds
 def _behaves_coordinator() -> None:
-    import socket
     import subprocess
     import sys
 
-    addresses = []
-    for _ in range(3):  # held together, so that the three differ
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        addresses.append(sock)
-    ports = [f"127.0.0.1:{s.getsockname()[1]}" for s in addresses]
-    for sock in addresses:
-        sock.close()
-    done = subprocess.run(
-        [sys.executable, "-c", _COORDINATOR_SCRIPT, *ports], capture_output=True, text=True, timeout=240
-    )
+    done = subprocess.run([sys.executable, "-c", _COORDINATOR_SCRIPT], capture_output=True, text=True, timeout=240)
     assert done.stdout.strip().endswith("ok"), (done.stdout + done.stderr)[-1500:]
 
 

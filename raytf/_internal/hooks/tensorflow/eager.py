@@ -14,9 +14,8 @@ See the package docstring of ``raytf._internal.hooks``.
 
 from __future__ import annotations
 
-import functools
 
-from raytf._internal.hooks._hook import Hook
+from raytf._internal.hooks._hook import Hook, once_a_process
 
 
 def abort_collectives(message: str) -> None:
@@ -46,13 +45,17 @@ def _probe() -> None:
 # Two processes form a MultiWorkerMirroredStrategy cluster and all-reduce; the peer exits; the
 # first aborts its collectives (one more all-reduce fails), resets its context, joins a new cluster
 # with a new peer on new ports, and all-reduces and trains a mirrored variable there. Prints "ok".
+# A peer says "ready" once TensorFlow is imported and then reads the cluster: the ports are chosen
+# only then, milliseconds before the servers bind them, so that no other process on a busy machine
+# (a Ray worker's outgoing connection) takes one in between and leaves a server waiting for ever.
 _PEER_SCRIPT = """
 import json, os, sys
 import tensorflow as tf
-os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": json.loads(sys.argv[1])}, "task": {"type": "worker", "index": 1}})
+print("ready", flush=True)
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": json.loads(sys.stdin.readline())}, "task": {"type": "worker", "index": 1}})
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 print(float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.0)), axis=None)), flush=True)
-if sys.argv[2] == "live":
+if sys.argv[1] == "live":
     with strategy.scope():
         v = tf.Variable(1.0)
     strategy.run(lambda: v.assign_add(1.0))
@@ -75,15 +78,19 @@ def ports(n):
         s.close()
     return found
 
-def join(cluster, mode):
-    peer = subprocess.Popen([sys.executable, "-c", peer_script, json.dumps(cluster), mode], stdout=subprocess.PIPE, text=True)
+def join(mode):
+    peer = subprocess.Popen([sys.executable, "-c", peer_script, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert peer.stdout.readline().strip() == "ready", "the peer did not start"
+    cluster = ports(2)
+    peer.stdin.write(json.dumps(cluster) + "\\n")
+    peer.stdin.flush()
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": 0}})
     return peer, tf.distribute.MultiWorkerMirroredStrategy()
 
 def all_reduce(strategy, value):
     return float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(value)), axis=None))
 
-peer, strategy = join(ports(2), "die")
+peer, strategy = join("die")
 assert all_reduce(strategy, 1.0) == 3.0, "the first cluster's all-reduce"
 peer.wait()
 abort_collectives("the peer is gone")
@@ -94,7 +101,7 @@ except tf.errors.OpError:
     pass
 del strategy
 reset_context()
-peer, strategy = join(ports(2), "live")
+peer, strategy = join("live")
 assert all_reduce(strategy, 1.0) == 3.0, "the new cluster's all-reduce"
 with strategy.scope():
     v = tf.Variable(1.0)
@@ -107,7 +114,7 @@ os._exit(0)
 """
 
 
-@functools.cache  # once a process, though two hooks' checks
+@once_a_process  # two hooks' checks
 def _behaves() -> None:
     import subprocess
     import sys
