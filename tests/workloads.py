@@ -325,7 +325,12 @@ def in_turn(config: dict) -> None:
 
 def bad_requests(config: dict) -> None:
     """Each bad request in turn; records the message of the error each raises; then, given
-    ``config["unhandled"]``, makes that request without catching its error."""
+    ``config["unhandled"]``, once every rank has recorded its messages (and reported what it
+    trained before), rank 0 makes that request without catching its error while the others wait in
+    a collective. The run's error is then always rank 0's, after its reports and files: a rank that
+    raised at once would end the run while a slower rank was still in an earlier part."""
+    import tensorflow as tf
+
     ctx = raytf.get_context()
     messages = {}
     for key, request in config["requests"].items():
@@ -336,7 +341,15 @@ def bad_requests(config: dict) -> None:
             messages[key] = str(error)
     _write(config["out_dir"], f"rank{ctx.world_rank}.json", messages)
     if config.get("unhandled"):
-        raytf.get_dataset_shard(**config["unhandled"])
+        strategy = raytf.strategy()
+
+        def barrier():
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+        barrier()  # every rank is past its earlier parts and has written its messages
+        if ctx.world_rank == 0:
+            raytf.get_dataset_shard(**config["unhandled"])
+        barrier()  # never completes: rank 0's error ends the run
 
 
 def train_from_shards(config: dict) -> None:

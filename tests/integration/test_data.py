@@ -202,9 +202,9 @@ def test_training_from_parquet_tfrecord_and_csv_files(data_run):
 
 
 def test_bad_requests_name_the_column_or_setting_and_an_unhandled_one_fails_the_run(data_run):
-    """Each rank makes every bad request, catching its error, then one more without catching it:
-    the run fails with that error's type and message. An empty shard is named as such, cached and
-    streamed."""
+    """Each rank makes every bad request, catching its error, then (once every rank has) rank 0 one
+    more without catching it: the run fails with that error's type and message. An empty shard is
+    named as such, cached and streamed."""
     root, failure, _ = data_run
     assert failure.failure.error_type == "DatasetShardError"
     assert "column 'g' is not in the dataset" in str(failure)

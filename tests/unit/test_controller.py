@@ -22,6 +22,7 @@ class FakeGroup:
         self.script = script
         self.start_error = start_error
         self.started, self.shutdowns, self.attempt = [], 0, None
+        self.restarting = []  # each shutdown's: whether another attempt followed
         self.live = False
         self.acks = []
 
@@ -37,8 +38,9 @@ class FakeGroup:
         self.polls += 1
         return answer
 
-    def shutdown(self):
+    def shutdown(self, restarting=True):
         self.shutdowns += 1
+        self.restarting.append(restarting)
         self.live = False
 
     def acknowledge(self, rank, seq, error):
@@ -131,6 +133,8 @@ def test_exception_in_train_fn_is_raised_not_retried():
         controller.run()
     assert info.value.rank == 1 and "boom" in str(info.value) and "tb" in str(info.value)
     assert group.started == [0] and not group.live
+    # The attempt's shutdown knew no attempt follows (Survivors then keeps no process for one).
+    assert group.restarting[0] is False
 
 
 def test_exception_is_retried_when_the_user_asks():
@@ -147,6 +151,7 @@ def test_n_failures_with_max_failures_n_succeed():
     controller, _ = run(group, FailureConfig(max_failures=3))
     assert controller.run() == Finished(attempt=3)
     assert group.started == [0, 1, 2, 3]
+    assert group.restarting[:3] == [True, True, True]  # each failed attempt's shutdown: a restart follows
 
 
 def test_n_plus_one_failures_raise_listing_every_attempt():
@@ -159,6 +164,7 @@ def test_n_plus_one_failures_raise_listing_every_attempt():
     text = str(info.value)
     assert "attempt 0: rank 0" in text and "attempt 2: rank 0" in text and "attempt 1: rank 1" in text
     assert group.started == [0, 1, 2] and not group.live
+    assert group.restarting[:3] == [True, True, False]  # max_failures=2 spent at the third loss
 
 
 def test_unlimited_retries():

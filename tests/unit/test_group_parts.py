@@ -381,7 +381,7 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
             m.actor = Recycling()
         watch = types.SimpleNamespace(phases=phases or dict.fromkeys(range(n), Phase.TRAINING),
                                       silent_ranks=set(silent))
-        return _group(MirroredShape(), members, watch=watch)
+        return _group(MirroredShape(), members, watch=watch, restarting=True)
 
     keep = survivors.Survivors(stop_timeout_s=3.0)
     group = group_of(6, phases={0: Phase.TRAINING, 1: Phase.LOST, 2: Phase.FAILED, 3: Phase.TRAINING,
@@ -411,7 +411,7 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
     members = _members([(WORKER, "node-a"), (WORKER, "node-b"), (gpu_worker, "node-a"), (WORKER, "node-c")])
     for m in members:
         m.actor = Recycling()
-    group = _group(MirroredShape(), members, watch=types.SimpleNamespace(
+    group = _group(MirroredShape(), members, restarting=True, watch=types.SimpleNamespace(
         phases=dict.fromkeys(range(4), Phase.TRAINING), silent_ranks=set()))
     on_a, on_b, gpu, on_c = [m.actor for m in members]
     answers.update({on_a: None, on_b: None, gpu: None, on_c: RuntimeError("actor died")})
@@ -442,6 +442,13 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
     keep.on_close(group)
     assert len(waited) == 3 and all(m.actor is None for m in group.members)
     group = group_of(2)
+    keep.before_shutdown(group)
+    assert all(m.actor is not None for m in group.members)
+    # Nor does an attempt's shutdown when no attempt follows it (the policy said no retry).
+    keep = survivors.Survivors(stop_timeout_s=3.0)
+    group = group_of(2)
+    group.restarting = False
+    answers.update({m.actor: None for m in group.members})
     keep.before_shutdown(group)
     assert all(m.actor is not None for m in group.members)
 

@@ -29,7 +29,7 @@ class WorkerGroup(Protocol):
 
     def connect(self) -> None: ...  # release the start barrier
 
-    def shutdown(self) -> None: ...  # this attempt's actors: the attempt ended
+    def shutdown(self, restarting: bool = True) -> None: ...  # this attempt's actors: the attempt ended
 
     def close(self) -> None: ...  # the run ended: shut down, and end what outlives attempts (standbys)
 
@@ -281,7 +281,7 @@ class Controller:
                 continue
             decision = self._policy.decide(failure)
             if not decision.retry:
-                self._group.shutdown()
+                self._group.shutdown(restarting=False)
                 return self._failed(attempt, failure, decision)
             logger.warning("attempt %d: %s; replacing it in place%s", attempt, failure.describe(), _after(decision))
             self._wait(decision.delay_s)
@@ -296,9 +296,10 @@ class Controller:
         return tuple(kept)
 
     def _end_attempt(self, attempt: int, failure: WorkerFailure) -> State:
-        """Shut the group down and restart it, or stop, as the policy decides."""
-        self._group.shutdown()
+        """Shut the group down and restart it, or stop, as the policy decides (decided first: a
+        group that will not restart keeps nothing of the attempt for the next one)."""
         decision = self._policy.decide(failure)
+        self._group.shutdown(restarting=decision.retry)
         if decision.retry:
             logger.warning(
                 "attempt %d ended (%s); restarting the worker group%s", attempt, failure.describe(), _after(decision)

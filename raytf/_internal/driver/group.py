@@ -81,6 +81,7 @@ class WorkerGroup:
         self.attempt_shards: Optional[list[dict[str, Any]]] = None  # split for this attempt, by world rank
         self.shard_manifests: Any = None  # parameter-server workers' shard files, for the chief
         self.preempt_reason: Optional[str] = None  # the group's preemption, once requested
+        self.restarting = True  # during shutdown: whether another attempt follows (Survivors)
         self.preempt_kind = FailureKind.PREEMPTED  # what the preemption is: RESIZED to grow
         self.run_ref: Optional[ray.ObjectRef] = None  # the RunSpec, put once: train_fn travels once
         self._callbacks = list(callbacks)
@@ -438,10 +439,12 @@ class WorkerGroup:
             elif member.actor is not None:
                 ray.kill(member.actor, no_restart=True)
 
-    def shutdown(self) -> None:
+    def shutdown(self, restarting: bool = True) -> None:
         """The attempt ended: let members that keep files on their node remove them, kill every
         actor and wait until they are gone; remove the placement group unless a callback keeps it
-        for the next attempt."""
+        for the next attempt. ``restarting``: whether another attempt follows (callbacks read it
+        as ``group.restarting``: with none, nothing is kept for one)."""
+        self.restarting = restarting
         for callback in self._callbacks:
             callback.before_shutdown(self)
         members, self.members = self.members, []

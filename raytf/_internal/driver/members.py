@@ -51,6 +51,7 @@ class GroupView(Protocol):
     attempt_shards: Optional[list[dict[str, Any]]]
     shard_manifests: Any
     preempt_reason: Optional[str]
+    restarting: bool  # during shutdown: whether another attempt follows this one
     run_ref: Any
     notify: Callable[[str], None]
 

@@ -62,7 +62,7 @@ class Survivors(GroupCallback):
 
     def before_shutdown(self, group: GroupView) -> None:
         watch = group.watch
-        if self._closing:  # the run's end: its last shutdown kills every member
+        if self._closing or not group.restarting:  # the run's end: its last shutdown kills every member
             return
 
         def alive(index: int) -> bool:
