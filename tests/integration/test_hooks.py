@@ -15,10 +15,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_every_hook_behaves_as_raytf_uses_it_with_the_installed_libraries(cluster):
-    done = subprocess.run(
-        [sys.executable, "-m", "raytf._internal.hooks", "--json", "--address", cluster.address],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+    import signal
+
+    checking = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-m", "raytf._internal.hooks", "--json", "--address", cluster.address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
     )
+    try:
+        out, err = checking.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # where each of its threads waited (faulthandler), then the failure
+        checking.send_signal(signal.SIGABRT)
+        out, err = checking.communicate(timeout=30)
+        raise AssertionError(f"python -m raytf._internal.hooks ran past 300 s:\n{err[-8000:]}") from None
+    done = subprocess.CompletedProcess(checking.args, checking.returncode, out, err)
     reports = {r["hook"]: r for r in map(json.loads, (line for line in done.stdout.splitlines() if line.startswith("{")))}
     assert set(reports) == {h.name for h in hooks.all_hooks()}, done.stderr[-3000:]
     broken = {name: r for name, r in reports.items() if r["probe"] != "ok" or r["behaviour"] not in ("ok", "none")}

@@ -120,3 +120,45 @@ def once_a_process(check: Callable[[], None]) -> Callable[[], None]:
             raise outcome[0]
 
     return checked
+
+
+def run_check_script(script: str, *args: str, timeout_s: float = 90.0, tries: int = 2) -> str:
+    """A behaviour check's script run in a new Python (and the processes it starts, in a session of
+    their own): its output once it printed "ok". A run that outlasts ``timeout_s`` is stopped with
+    SIGABRT first, so that faulthandler prints where each of its threads waited, then with its
+    whole session killed, and tried again, ``tries`` runs in all: a check of clusters of processes
+    on a loaded machine may meet a stall of its own making once. AssertionError with each run's
+    output if none printed "ok"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    said = []
+    for _ in range(tries):
+        process = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-c", script, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            try:
+                out, err = process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+            err = f"(stopped after {timeout_s:g} s)\n{err}"
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # its peers and servers, wherever it stopped
+            except OSError:
+                pass
+        if out.strip().endswith("ok"):
+            return out
+        said.append((out + err)[-3000:])
+    raise AssertionError("\n--- next run ---\n".join(said))

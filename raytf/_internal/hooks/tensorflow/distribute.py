@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from raytf._internal.hooks._hook import Hook, once_a_process
+from raytf._internal.hooks._hook import Hook, once_a_process, run_check_script
 
 
 def collective_strategy_class() -> type:
@@ -229,11 +229,7 @@ finally:
 
 @once_a_process  # two hooks' checks: a second coordinator would cost seconds
 def _behaves_coordinator() -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _COORDINATOR_SCRIPT], capture_output=True, text=True, timeout=240)
-    assert done.stdout.strip().endswith("ok"), (done.stdout + done.stderr)[-1500:]
+    run_check_script(_COORDINATOR_SCRIPT)
 
 
 def _probe_devices() -> None:

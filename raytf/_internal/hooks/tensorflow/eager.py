@@ -15,7 +15,7 @@ See the package docstring of ``raytf._internal.hooks``.
 from __future__ import annotations
 
 
-from raytf._internal.hooks._hook import Hook, once_a_process
+from raytf._internal.hooks._hook import Hook, once_a_process, run_check_script
 
 
 def abort_collectives(message: str) -> None:
@@ -116,13 +116,7 @@ os._exit(0)
 
 @once_a_process  # two hooks' checks
 def _behaves() -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", _REGROUP_SCRIPT, _PEER_SCRIPT], capture_output=True, text=True, timeout=240
-    )
-    assert done.stdout.strip().endswith("ok"), (done.stdout + done.stderr)[-1500:]
+    run_check_script(_REGROUP_SCRIPT, _PEER_SCRIPT)
 
 
 HOOKS = [
