@@ -194,3 +194,20 @@ def test_a_behaviour_check_shared_by_hooks_runs_once_a_process_and_keeps_its_fai
         with pytest.raises(TimeoutError, match="240 s"):
             failing()
     assert runs == ["ok", "timed out"]
+
+
+def test_a_check_script_that_hangs_is_stopped_with_its_stacks_and_tried_once_more(tmp_path):
+    import pytest
+
+    from raytf._internal.hooks._hook import run_check_script
+
+    assert run_check_script("print('ok')").strip() == "ok"
+    # A script that prints "ok" only on its second run (a stall of its own making, once).
+    marker = tmp_path / "ran"
+    flaky = f"import os, time\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w').close()\n    time.sleep(60)\nprint('ok')"
+    assert run_check_script(flaky, timeout_s=2).strip() == "ok"
+    with pytest.raises(AssertionError) as info:
+        run_check_script("import time\ntime.sleep(60)", timeout_s=1)
+    said = str(info.value)
+    # Both runs stopped, each with where its thread waited (faulthandler's dump on SIGABRT).
+    assert said.count("(stopped after 1 s)") == 2 and said.count("time.sleep") + said.count("line 2") >= 2, said
