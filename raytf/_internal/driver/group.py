@@ -209,7 +209,7 @@ class WorkerGroup:
 
     def _floats(self, member: Member) -> bool:
         """A training member whose worker runs outside the placement group: a callback asks for it
-        (``floats_workers``) and its bundle holds only CPUs (actors.floats)."""
+        (``floats_workers``) and its bundle holds no GPU or other device Ray assigns by id (actors.floats)."""
         return (
             member.role.name == self.shape.train_role
             and floats(member.role.bundle)
