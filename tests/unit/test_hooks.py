@@ -211,3 +211,30 @@ def test_a_check_script_that_hangs_is_stopped_with_its_stacks_and_tried_once_mor
     said = str(info.value)
     # Both runs stopped, each with where its thread waited (faulthandler's dump on SIGABRT).
     assert said.count("(stopped after 1 s)") == 2 and said.count("time.sleep") + said.count("line 2") >= 2, said
+
+
+def test_what_the_hook_checker_runs_in_threads_imports_nothing():
+    """``python -m raytf._internal.hooks`` runs the checks that start clusters of processes in
+    threads while its main thread checks the other hooks. A first import in such a thread deadlocked
+    against the main thread's load of TensorFlow 2.16, which imports distutils under Python's global
+    import lock (run_check_script's docstring; the oldest versions' CI run showed both stacks). Each
+    function those threads run has no import statement: what they need is imported beforehand."""
+    import dis
+
+    from raytf._internal.hooks._hook import run_check_script
+
+    def imported(function):
+        found, codes = [], [function.__code__]
+        while codes:
+            code = codes.pop()
+            found += [i.argval for i in dis.get_instructions(code) if i.opname in ("IMPORT_NAME", "IMPORT_FROM")]
+            codes += [c for c in code.co_consts if hasattr(c, "co_code")]
+        return found
+
+    threaded = {h.behaves for h in hooks.all_hooks() if h.in_processes}
+    assert len(threaded) == 2  # eager.py's regroup, distribute.py's coordinator
+    for shared in threaded:  # once_a_process's wrapper, and the check it wraps
+        [check] = [cell.cell_contents for cell in shared.__closure__ if callable(cell.cell_contents)]
+        assert "run_check_script" in check.__code__.co_names
+        assert imported(shared) == [] and imported(check) == [], check.__qualname__
+    assert imported(run_check_script) == []

@@ -57,6 +57,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     # waited for after the others (each such check runs once a process: a second hook's is cached).
     local = [h for h in hooks.all_hooks() if not h.needs_ray]
     apart = list({h.behaves: None for h in local if h.in_processes and h.behaves is not None})
+    # The libraries load here, before the threads start: no thread then imports while another loads
+    # TensorFlow, whose 2.16 imports distutils under the global import lock (run_check_script).
+    for library in sorted({h.library for h in local}):
+        hooks.version(library)
     with ThreadPoolExecutor(max(1, len(apart))) as pool:
         started = [pool.submit(_ignoring_failure, behaves) for behaves in apart]
         reports = [check(h) for h in local if not h.in_processes]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -128,12 +132,15 @@ def run_check_script(script: str, *args: str, timeout_s: float = 90.0, tries: in
     SIGABRT first, so that faulthandler prints where each of its threads waited, then with its
     whole session killed, and tried again, ``tries`` runs in all: a check of clusters of processes
     on a loaded machine may meet a stall of its own making once. AssertionError with each run's
-    output if none printed "ok"."""
-    import os
-    import signal
-    import subprocess
-    import sys
+    output if none printed "ok".
 
+    It runs in threads (``python -m raytf._internal.hooks`` runs the checks of clusters together),
+    so it imports nothing: what it needs is imported with this module. A first import in a thread
+    can deadlock against TensorFlow's load in another. TensorFlow up to 2.16 imports ``distutils``,
+    and setuptools' shim for it (``distutils-precedence.pth``) then imports setuptools while holding
+    Python's global import lock; setuptools imports ``subprocess``, and a thread that was importing
+    ``subprocess`` itself waits for that lock with the module's own held (the oldest versions' CI
+    run, 2026-12-05: both threads' stacks, found by the SIGABRT below in the integration test)."""
     said = []
     for _ in range(tries):
         process = subprocess.Popen(
