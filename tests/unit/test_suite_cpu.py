@@ -210,3 +210,27 @@ def test_each_integration_files_budget_holds_what_the_newest_whole_run_started()
     for nodeid, count in newest["worker_starts"].items():
         started[nodeid.split("::")[0].removeprefix("tests/")] += count
     assert {f: n for f, n in started.items() if n > WORKER_STARTS.get(f, 0)} == {}, newest["commit"]
+
+
+def test_raytf_and_the_tests_are_compiled_once_where_python_writes_no_bytecode_itself(tmp_path):
+    """What the suite's processes import of the checkout, they read compiled (tests/conftest.py's
+    compile_checkout), where PYTHONDONTWRITEBYTECODE would have each compile it from source again;
+    where Python writes its bytecode itself, the suite leaves it to."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for name in ("raytf", "tests", "docs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "module.py").write_text("VALUE = 1\n")
+    compile_it = f"from tests.conftest import compile_checkout; compile_checkout({str(tmp_path)!r})"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = repo
+    subprocess.run([sys.executable, "-c", compile_it], env=env, check=True, timeout=120)
+    assert not any(tmp_path.rglob("*.pyc"))  # Python writes its own as it imports
+    subprocess.run([sys.executable, "-B", "-c", compile_it], env=env, check=True, timeout=120)
+    compiled = {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*.pyc")}
+    assert compiled == {"raytf", "tests"}
+    assert (tmp_path / "raytf" / importlib.util.cache_from_source("module.py")).exists()
