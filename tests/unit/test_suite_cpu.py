@@ -234,3 +234,42 @@ def test_raytf_and_the_tests_are_compiled_once_where_python_writes_no_bytecode_i
     compiled = {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*.pyc")}
     assert compiled == {"raytf", "tests"}
     assert (tmp_path / "raytf" / importlib.util.cache_from_source("module.py")).exists()
+
+
+RERUN_DB_PROBE = """
+import socket
+
+
+def test_the_rerun_db_socket_sends_at_once(request):
+    sock = request.config.failures_db.sock
+    assert type(request.config.failures_db).__name__ == "ClientStatusDB"
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+"""
+
+
+def test_each_pytest_process_asks_pytest_rerunfailures_without_waiting_on_nagle(tmp_path):
+    """In a pytest-xdist process with --reruns (the suite's addopts), pytest-rerunfailures' socket to
+    its controller sends each message at once (tests/conftest.py's pytest_configure): with Nagle's
+    algorithm, each test waited 40 ms for an acknowledgement, idle. Checked in a pytest run of one
+    process of pytest-xdist with the installed plugins, and on a socket this test connects."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests import conftest
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "test_probe.py").write_text(RERUN_DB_PROBE)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-o", "addopts=",
+         "-n", "1", "--reruns", "1", "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": repo})
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sock:
+        config = type("Config", (), {"failures_db": type("Db", (), {"sock": sock})()})()
+        assert not sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        conftest.pytest_configure(config)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        conftest.pytest_configure(type("Config", (), {})())  # no pytest-rerunfailures' database: nothing to do
