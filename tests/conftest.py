@@ -75,7 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if isinstance(connection, socket.socket) and connection.family in (socket.AF_INET, socket.AF_INET6):
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:  # not connected (the controller's listening socket) or closed
+        except OSError:  # a socket the plugin has closed already: nothing left to send on it
             pass
 
 
