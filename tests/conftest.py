@@ -365,7 +365,26 @@ def files_over_budget(budget: dict[str, int] | None = None) -> list[str]:
                        WORKER_STARTS if budget is None else budget)
 
 
+# With --suite-record, each pytest process's CPU-seconds by kind of process (tests/cpu.py: TrainWorker,
+# pooled Ray workers, raylets, agents, ...), sent to the controller when it ends: where the whole run's
+# CPU went, which the tests' own CPU-seconds do not say (a cluster's daemons belong to no test).
+_BY_KIND: list[dict[str, float]] = []
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, in its controller
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001
+    by_kind = getattr(node, "workeroutput", {}).get("cpu_by_kind")
+    if by_kind:
+        _BY_KIND.append(by_kind)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _TREE_CPU is not None:
+        if hasattr(session.config, "workeroutput"):
+            session.config.workeroutput["cpu_by_kind"] = _TREE_CPU.by_kind()
+        else:  # -n 0: this process ran the tests and writes the record
+            _BY_KIND.append(_TREE_CPU.by_kind())
+        _TREE_CPU.stop()
     if hasattr(session.config, "workerinput"):  # the controller checks and writes, not each xdist worker
         return
     # Checked where every test passed: a failure says more first, and its retries start more workers.
@@ -405,6 +424,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # The TrainWorker processes each integration test started (its session cluster's actor table).
         "worker_starts": dict(sorted(_STARTS_OF.items(), key=lambda kv: -kv[1])),
         "machine_cpu_s": round(_machine_cpu_s() - session.config._raytf_machine_cpu, 1),  # noqa: SLF001
+        # The pytest processes' CPU-seconds, their Ray clusters' and subprocesses' included, by kind of
+        # process (tests/cpu.py's kind_of), costliest first.
+        "cpu_by_kind": _summed(_BY_KIND),
         "ran_at": {nodeid: [worker, round(start - session.config._raytf_started, 1),  # noqa: SLF001
                             round(stop - session.config._raytf_started, 1)]  # noqa: SLF001
                    for nodeid, (worker, start, stop) in _RAN_AT.items()},
@@ -420,6 +442,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+def _summed(by_kind: list[dict[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for one in by_kind:
+        for kind, cpu_s in one.items():
+            total[kind] = total.get(kind, 0.0) + cpu_s
+    return {kind: round(cpu_s, 1) for kind, cpu_s in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -322,6 +322,14 @@ def slowest_markdown(root: str) -> str:
                           f"included) and used {integration / 60:.1f} CPU-minutes: "
                           f"{integration / sum(starts.values()):.1f} CPU-seconds a worker process, all they do "
                           "included.")
+        kinds = run.get("cpu_by_kind")  # recorded since the suite tells its processes apart (tests/cpu.py)
+        if kinds:
+            lines += ["", "Where the run's CPU went, by kind of process: the pytest processes', their Ray clusters' "
+                      "and end-to-end heads' and the subprocesses they started (tests/cpu.py's `kind_of`; the "
+                      "CPU-seconds each process had used when last seen):", "",
+                      "| Kind of process | CPU-seconds | Share |", "|---|---:|---:|"]
+            whole = sum(kinds.values())
+            lines += [f"| {kind} | {cpu_s:.0f} | {cpu_s / whole:.0%} |" for kind, cpu_s in kinds.items()]
         ran_at = run.get("ran_at")  # recorded since the suite records when each test ran (tests/conftest.py)
         if ran_at:
             lines += ["", schedule_sentence(ran_at, run["wall_s"])]

@@ -42,6 +42,49 @@ def test_the_cpu_of_processes_started_below_counts_and_stays_counted_after_they_
     cpu.stop()
 
 
+def test_each_process_is_told_apart_by_what_it_is_from_its_command_line():
+    """tests/cpu.py's kinds, from command lines as Ray's processes have them on this machine: a
+    worker's title (an actor's class, IDLE in the pool, a task's name), a daemon's program, a
+    Python daemon's script."""
+    from tests.cpu import kind_of
+
+    python, ray = "/usr/bin/python3", "/venv/lib/python3.11/site-packages/ray"
+    assert kind_of(["ray::TrainWorker", ""]) == kind_of(["ray::TrainWorker.poll"]) == "TrainWorker"
+    assert kind_of(["ray::IDLE"]) == kind_of(["ray::MapBatches(counted_rows)"]) == "pooled Ray workers"
+    assert kind_of([python, f"{ray}/_private/workers/default_worker.py", "--node-ip-address=1"]) == "pooled Ray workers"
+    assert kind_of(["ray::_StatsActor"]) == "Ray Data actors" and kind_of(["ray::RayTrainWorker"]) == "Ray Train"
+    assert kind_of(["ray::DashboardAgent"]) == kind_of([python, "-u", f"{ray}/dashboard/agent.py"]) == "dashboard agents"
+    # A raylet's command line names the agents it starts: its program says what it is.
+    assert kind_of([f"{ray}/core/src/ray/raylet/raylet", f"--dashboard_agent_command={python} {ray}/dashboard/agent.py"]
+                   ) == "raylets"
+    assert kind_of([f"{ray}/core/src/ray/gcs/gcs_server", "--log_dir=/tmp"]) == "GCS servers"
+    assert kind_of([python, "-u", f"{ray}/_private/log_monitor.py", "--session-dir=/tmp"]) == "log monitors"
+    assert kind_of(["ray-dashboard-ReportHead-0 (/venv/bin/python -c)"]) == "dashboards"
+    assert kind_of([python, "train_mlp.py", "--num-workers", "2"]) == kind_of([]) == "other"
+
+
+def test_the_cpu_of_a_tree_is_split_by_kind_of_process():
+    """``TreeCpu.by_kind``: each process's CPU under the kind its title gives (``exec -a`` gives a
+    Python process the title a Ray worker takes), this process's own as pytest's."""
+    cpu = TreeCpu(interval_s=3600.0)
+    if not cpu.available:
+        pytest.skip("no /proc: the suite record has no CPU-seconds on this system")
+    cpu.start()
+    work = "sum(range(20_000_000)); print('done', flush=True); input()"
+    titled = [subprocess.Popen(["bash", "-c", f'exec -a {title} "{sys.executable}" -c "{work}"'], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True) for title in ("ray::TrainWorker", "ray::IDLE")]
+    try:
+        assert [p.stdout.readline().strip() for p in titled] == ["done", "done"]
+        split = cpu.by_kind()
+    finally:
+        for p in titled:
+            p.communicate("")
+    cpu.stop()
+    assert split["TrainWorker"] > 0.1 and split["pooled Ray workers"] > 0.1
+    assert set(split) <= {"TrainWorker", "pooled Ray workers", "pytest", "other"}
+    assert sum(split.values()) == pytest.approx(cpu.total(), abs=0.2)
+
+
 class _Test:
     """What tests/conftest.py reads of a collected test: its node id."""
 
