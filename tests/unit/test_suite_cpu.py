@@ -65,11 +65,13 @@ def test_each_process_is_told_apart_by_what_it_is_from_its_command_line():
 
 def test_the_cpu_of_a_tree_is_split_by_kind_of_process():
     """``TreeCpu.by_kind``: each process's CPU under the kind its title gives (``exec -a`` gives a
-    Python process the title a Ray worker takes), this process's own as pytest's."""
+    Python process the title a Ray worker takes). In the whole suite this pytest process may hold
+    a Ray cluster too: what the two processes add is checked, not what else is there."""
     cpu = TreeCpu(interval_s=3600.0)
     if not cpu.available:
         pytest.skip("no /proc: the suite record has no CPU-seconds on this system")
     cpu.start()
+    before = cpu.by_kind()
     work = "sum(range(20_000_000)); print('done', flush=True); input()"
     titled = [subprocess.Popen(["bash", "-c", f'exec -a {title} "{sys.executable}" -c "{work}"'], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True) for title in ("ray::TrainWorker", "ray::IDLE")]
@@ -80,9 +82,10 @@ def test_the_cpu_of_a_tree_is_split_by_kind_of_process():
         for p in titled:
             p.communicate("")
     cpu.stop()
-    assert split["TrainWorker"] > 0.1 and split["pooled Ray workers"] > 0.1
-    assert set(split) <= {"TrainWorker", "pooled Ray workers", "pytest", "other"}
-    assert sum(split.values()) == pytest.approx(cpu.total(), abs=0.2)
+    for kind in ("TrainWorker", "pooled Ray workers"):  # twenty million additions each: far more than nothing
+        assert split[kind] - before.get(kind, 0.0) > 0.1, (kind, before, split)
+    assert "pytest" in split
+    assert sum(split.values()) == pytest.approx(cpu.total(), abs=0.5)
 
 
 class _Test:
