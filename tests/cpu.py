@@ -145,8 +145,8 @@ class TreeCpu:
 
     @staticmethod
     def _kind_now(pid: int, me: int) -> int:
-        """The kind's place in ``_ORDER``: a process keeps the first it was seen as there (a pooled
-        worker that became a TrainWorker is a TrainWorker)."""
+        """The kind's place in ``_ORDER``. Of the kinds a process was seen as, it keeps the one that
+        comes first there (a pooled worker that became a TrainWorker is a TrainWorker)."""
         if pid == me:
             return _ORDER.index("pytest")
         try:
