@@ -477,7 +477,6 @@ def test_a_floating_groups_cpu_workers_run_outside_the_placement_group_on_their_
         fake = _group(shape, members, _callbacks=callbacks, _pg=object(), _attempt=0,
                       run=types.SimpleNamespace(run_name="r"), bundle_nodes=lambda: {0: "a" * 56, 1: "b" * 56})
         fake._floats = lambda member: WorkerGroup._floats(fake, member)
-        fake._actor_name = lambda member: WorkerGroup._actor_name(fake, member)
         for m in members:
             WorkerGroup._new_actor(fake, m)
         return list(made.values())

@@ -32,25 +32,10 @@ def new_worker(run_name: str, name: str, **options: Any) -> Any:
     except ValueError as error:  # ActorAlreadyExistsError subclasses it
         if "already" not in str(error):
             raise
-        raise _namesake(run_name, name) from None
-
-
-def refuse_a_namesake(run_name: str, name: str) -> None:
-    """Where a bundle is handed a process started under another name (a kept one, a standby, one an
-    earlier run left: driver/pool.py), nothing claims ``name``: refuse the run, as new_worker
-    would, if a live actor holds that name (a run of the same name training at the same time)."""
-    try:
-        ray.get_actor(name)
-    except ValueError:  # no actor of that name in this namespace
-        return
-    raise _namesake(run_name, name)
-
-
-def _namesake(run_name: str, name: str) -> ConfigError:
-    return ConfigError(
-        f"another run named {run_name!r} is training in this driver (its worker actor {name!r} exists "
-        "in this Ray namespace): give each run that trains at the same time its own RunConfig.name"
-    )
+        raise ConfigError(
+            f"another run named {run_name!r} is training in this driver (its worker actor {name!r} exists "
+            "in this Ray namespace): give each run that trains at the same time its own RunConfig.name"
+        ) from None
 
 
 # Resources Ray hands an actor one by one, by id (a device it makes visible to the process): the

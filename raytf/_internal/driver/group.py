@@ -27,16 +27,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.pool import free_name, parked_names
-from raytf._internal.driver.actors import (
-    call_each,
-    floats,
-    kill_and_wait,
-    new_worker,
-    refuse_a_namesake,
-    relay_for,
-    reserve,
-)
+from raytf._internal.driver.pool import free_name
+from raytf._internal.driver.actors import call_each, floats, kill_and_wait, new_worker, relay_for, reserve
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -45,7 +37,7 @@ from raytf._internal.driver.shapes import GroupShape, addresses_by_role, task_id
 from raytf._internal.driver.topology import build_tf_config
 from raytf._internal.driver.watch import GroupWatch
 from raytf._internal.protocol import GroupStatus, Phase, ResumePoint, RoleSpec, RunSpec, WorkerSpec, WorkerStatus
-from raytf.errors import ConfigError, FailureKind, WorkerFailure, WorkerStartError
+from raytf.errors import FailureKind, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +184,10 @@ class WorkerGroup:
     def _new_actor(self, member: Member) -> Any:
         """A new actor for ``member``'s bundle, which loads TensorFlow and train_fn when it starts."""
         bundle = member.role.bundle
+        if self.shape.named_tasks:  # "worker-1", then "worker-1:1" for its first replacement
+            name = member.label.replace(" ", "-") + (f":{member.generation}" if member.generation else "")
+        else:
+            name = str(member.bundle)
         if self._floats(member):
             # Outside the placement group, pinned to its bundle's node, the bundle reserving its CPUs
             # (as a warm standby runs): the process can outlive the group, and Survivors hands it a
@@ -209,28 +205,9 @@ class WorkerGroup:
                     placement_group=self._pg, placement_group_bundle_index=member.bundle
                 ),
             )
-        member.actor_name = self._actor_name(member)
+        member.actor_name = f"raytf:{self.run.run_name}:{self._attempt}:{name}"
         free_name(member.actor_name)  # a process an earlier run of this name left parked (pool.py)
         return new_worker(self.run.run_name, member.actor_name, max_restarts=0, **placement)
-
-    def _actor_name(self, member: Member) -> str:
-        """raytf:<run>:<attempt>:<bundle>, or the task's name in a parameter-server group."""
-        if self.shape.named_tasks:  # "worker-1", then "worker-1:1" for its first replacement
-            name = member.label.replace(" ", "-") + (f":{member.generation}" if member.generation else "")
-        else:
-            name = str(member.bundle)
-        return f"raytf:{self.run.run_name}:{self._attempt}:{name}"
-
-    def _refuse_namesakes(self, members: Sequence[Member]) -> None:
-        """A bundle handed a process started under another name (kept, a standby, one an earlier
-        run left) claims no name: refuse the run, as a new worker's name would, where an actor
-        that is not this group's holds the name its worker would have had (a run of the same name
-        training meanwhile in this Ray namespace)."""
-        ours = {m.actor_name for m in members} | parked_names()
-        for member in members:
-            name = self._actor_name(member)
-            if member.warm and name not in ours:
-                refuse_a_namesake(self.run.run_name, name)
 
     def _floats(self, member: Member) -> bool:
         """A training member whose worker runs outside the placement group: a callback asks for it
@@ -253,11 +230,6 @@ class WorkerGroup:
                 member.actor, member.reserve_args, member.warm = taken[0], taken[1], True
             else:
                 member.actor = self._new_actor(member)
-        try:
-            self._refuse_namesakes(members)
-        except ConfigError:
-            kill_and_wait([m.actor for m in members], "worker")
-            raise
         self.members = members  # until they are ordered: all of them, for shutdown
         self._reserve(members)
         self.times["actors_up"] = time.monotonic()
