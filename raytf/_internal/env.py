@@ -14,7 +14,6 @@ FAILURE_GRACE_S = "RAYTF_FAILURE_GRACE_S"  # after an exception, how long to loo
 STORAGE_PATH = "RAYTF_STORAGE_PATH"  # RunConfig.storage_path when none is given
 DEFAULT_STORAGE_PATH = "~/raytf_results"
 LEASE_TTL_S = "RAYTF_LEASE_TTL_S"  # a dead driver's lease on its run expires after this long
-REUSE_WORKERS_S = "RAYTF_REUSE_WORKERS_S"  # a finished run's CPU workers wait this long for the next run; 0: off
 
 # Set in each worker before TensorFlow is imported.
 TF_CONFIG = "TF_CONFIG"  # the cluster and this worker's task, built from its rank
@@ -43,7 +42,6 @@ WORLD_SIZE = "RAYTF_WORLD_SIZE"  # how many ranks run the script
 ATTEMPT = "RAYTF_ATTEMPT"  # 0 for the first attempt, then 1, 2, ... after each restart
 
 _DEFAULTS = {POLL_INTERVAL_S: 0.1, SHUTDOWN_TIMEOUT_S: 30.0, FAILURE_GRACE_S: 3.0, LEASE_TTL_S: 60.0}
-_ZERO_OR_MORE = {REUSE_WORKERS_S: 0.0}  # settings where 0 turns the feature off
 
 
 def get_float(name: str) -> float:
@@ -68,26 +66,7 @@ def get_float(name: str) -> float:
     return value
 
 
-def reuse_workers_s() -> float:
-    """``RAYTF_REUSE_WORKERS_S``: seconds, 0 or more (0, or unset: off)."""
-    raw = os.environ.get(REUSE_WORKERS_S)
-    if raw is None or raw.strip() == "":
-        return _ZERO_OR_MORE[REUSE_WORKERS_S]
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(
-            f"environment variable {REUSE_WORKERS_S} must be a finite number of seconds >= 0, got {raw!r}; "
-            "set it to how long a finished run's workers wait for this driver's next run (0, the default: "
-            "they end with the run), or unset it"
-        )
-    return value
-
-
 def check() -> None:
     """Every raytf setting read from the environment, checked before any actor starts."""
     for name in _DEFAULTS:
         get_float(name)
-    reuse_workers_s()

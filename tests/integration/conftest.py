@@ -33,11 +33,6 @@ os.environ.setdefault("RAY_health_check_period_ms", "1000")
 # whole run used 36 CPU-seconds, 2026-11-29). Listed every 0.5 s from the start, a new worker's
 # first lines reach the driver at most half a second later.
 os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
-# The tests' drivers keep a finished run's CPU workers for their next run (raytf/_internal/driver/
-# pool.py), as a notebook or a sweep in one process may: most of the integration tests start a
-# two-worker run after another's in the same pytest process, and a worker's start (its process,
-# TensorFlow's import) is seconds of CPU each. The runs that show a cold start set it to 0.
-os.environ.setdefault("RAYTF_REUSE_WORKERS_S", "120")
 # Credentials for the loopback S3 server (s3_filesystem), where AWS's clients look for them, as on a
 # machine set up for S3: a storage URI (s3_uri) then needs no secret. Set before the cluster
 # starts, so its workers have them too; no metadata server to ask on this machine.
@@ -135,26 +130,7 @@ def actors(*filters: tuple) -> list[Actor]:
 
 
 def live_workers() -> list:
-    """The live TrainWorker actors, but those a finished run left parked in this driver for its next
-    run (RAYTF_REUSE_WORKERS_S, above): a run's own workers are gone when its fit() returns."""
-    from raytf._internal.driver.pool import parked_names
-
-    parked = parked_names()
-    return [a for a in actors(("class_name", "=", "TrainWorker"), ("state", "!=", "DEAD")) if a.name not in parked]
-
-
-@contextlib.contextmanager
-def cold_workers():
-    """Runs in the body start every worker anew, as a driver's first run does (RAYTF_REUSE_WORKERS_S=0)."""
-    before = os.environ.get("RAYTF_REUSE_WORKERS_S")
-    os.environ["RAYTF_REUSE_WORKERS_S"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["RAYTF_REUSE_WORKERS_S"]
-        else:
-            os.environ["RAYTF_REUSE_WORKERS_S"] = before
+    return actors(("class_name", "=", "TrainWorker"), ("state", "!=", "DEAD"))
 
 
 def live_placement_groups() -> list:

@@ -82,10 +82,6 @@ def test_a_run_with_one_kill_ends_with_the_weights_of_a_run_with_none(cluster, t
     finally:
         context.execution_options.preserve_order = preserve
     assert (clean.attempts, killed.attempts) == (1, 2)
-    # The second run's first attempt started on the first run's two processes, recycled and parked
-    # for it (RAYTF_REUSE_WORKERS_S, tests/integration/conftest.py; raytf/_internal/driver/pool.py),
-    # and trained as new ones would: the weights below are a fresh run's.
-    assert killed.startup[0]["reused_processes"] == 2 and killed.startup[0]["loading"] < 0.5
     # Rank 1 died; the chief's copy in host memory of epoch 1's checkpoint served the restart, and
     # every rank restored the same step (the weights below match a run without the kill). Rank 0
     # trained the restart in its own process, kept (FailureConfig.keep_survivors) with its

@@ -13,8 +13,7 @@ import pytest
 
 import raytf
 from tests import workloads
-from tests.integration.conftest import (actors, assert_no_leaks, cold_workers, live_placement_groups, live_workers,
-                                        wait_for)
+from tests.integration.conftest import actors, assert_no_leaks, live_placement_groups, live_workers, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,12 +36,10 @@ def trainer(fn, tmp_path, name, **scaling):
 @pytest.fixture(scope="module")
 def pack_run(cluster, tmp_path_factory):
     """small_train on 2 workers packed onto one node, pinned there by a custom resource: (its
-    result, its directory). Several tests read this one run. Its workers start cold, as a driver's
-    first run's do (its start-up's phases are checked below), and end with it."""
+    result, its directory). Several tests read this one run."""
     tmp_path = tmp_path_factory.mktemp("pack")
-    with cold_workers():
-        result = trainer(workloads.small_train, tmp_path, "pack", placement="PACK",
-                         resources_per_worker={"node_b": 1}).fit()
+    result = trainer(workloads.small_train, tmp_path, "pack", placement="PACK",
+                     resources_per_worker={"node_b": 1}).fit()
     assert_no_leaks()
     return result, tmp_path
 

@@ -23,7 +23,6 @@ class FakeGroup:
         self.start_error = start_error
         self.started, self.shutdowns, self.attempt = [], 0, None
         self.restarting = []  # each shutdown's: whether another attempt followed
-        self.reused = []  # each close's: whether the run finished, its workers free for the next run
         self.live = False
         self.acks = []
 
@@ -47,8 +46,7 @@ class FakeGroup:
     def acknowledge(self, rank, seq, error):
         self.acks.append((rank, seq, error))
 
-    def close(self, reuse=False):
-        self.reused.append(reuse)
+    def close(self):
         self.shutdown()
 
     def halt(self):
@@ -97,7 +95,6 @@ def test_success_passes_reports_through_and_shuts_down():
     assert isinstance(controller.run(), Finished)
     assert [r.seq for r in seen] == [0, 1]
     assert not group.live and group.started == [0]
-    assert group.reused == [True]  # a finished run's workers may serve the driver's next run (driver/pool.py)
 
 
 def test_an_exception_caused_by_a_peer_death_seen_a_poll_later_is_retried():
@@ -136,9 +133,8 @@ def test_exception_in_train_fn_is_raised_not_retried():
         controller.run()
     assert info.value.rank == 1 and "boom" in str(info.value) and "tb" in str(info.value)
     assert group.started == [0] and not group.live
-    # The attempt's shutdown knew no attempt follows (Survivors then keeps no process for one),
-    # and the run's close that it failed: none of its processes waits for the next run.
-    assert group.restarting[0] is False and group.reused == [False]
+    # The attempt's shutdown knew no attempt follows (Survivors then keeps no process for one).
+    assert group.restarting[0] is False
 
 
 def test_exception_is_retried_when_the_user_asks():
@@ -196,7 +192,6 @@ def test_driver_side_error_shuts_the_group_down(error):
     with pytest.raises(error):
         controller.run()
     assert isinstance(controller.state, Running) and not group.live
-    assert group.reused == [False]  # a stopped run's workers end with it
 
 
 def test_root_cause_prefers_a_lost_worker_then_the_earliest_exception():

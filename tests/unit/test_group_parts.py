@@ -1,11 +1,8 @@
 """The worker group's pure parts: the two cluster shapes (shapes.py) and the callbacks
 (callbacks.py), run against a plain stand-in for the group (members.py's GroupView), no Ray."""
 
-import dataclasses
 import json
 import types
-
-import pytest
 
 from raytf._internal.driver import callbacks as group_callbacks
 from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, StartupTiming
@@ -386,7 +383,7 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
                                       silent_ranks=set(silent))
         return _group(MirroredShape(), members, watch=watch, restarting=True)
 
-    keep = survivors.Survivors(stop_timeout_s=3.0, reuse_s=0)
+    keep = survivors.Survivors(stop_timeout_s=3.0)
     group = group_of(6, phases={0: Phase.TRAINING, 1: Phase.LOST, 2: Phase.FAILED, 3: Phase.TRAINING,
                                 4: Phase.TRAINING}, silent={4})
     actors = [m.actor for m in group.members]
@@ -448,7 +445,7 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
     keep.before_shutdown(group)
     assert all(m.actor is not None for m in group.members)
     # Nor does an attempt's shutdown when no attempt follows it (the policy said no retry).
-    keep = survivors.Survivors(stop_timeout_s=3.0, reuse_s=0)
+    keep = survivors.Survivors(stop_timeout_s=3.0)
     group = group_of(2)
     group.restarting = False
     answers.update({m.actor: None for m in group.members})
@@ -499,122 +496,3 @@ def test_a_floating_groups_cpu_workers_run_outside_the_placement_group_on_their_
     # A parameter-server group's tasks (its train_fn runs on the chief) keep their bundles.
     assert all(isinstance(o["scheduling_strategy"], PlacementGroupSchedulingStrategy)
                for o in new_actors(ParameterServerShape(), [WORKER, ps], [Survivors()]))
-
-
-def test_a_finished_runs_cpu_workers_wait_in_the_drivers_pool_and_the_next_runs_first_attempt_takes_them(monkeypatch):
-    """RAYTF_REUSE_WORKERS_S (driver/pool.py): a run that finished has its CPU workers recycled and
-    parked; the driver's next run with the same worker environment takes them for bundles on their
-    nodes, in its first attempt only, and says how many (``reused_processes``). A worker that cannot
-    recycle, a GPU worker, and a run that did not finish leave nothing; a parked process whose name a
-    new worker takes (a run of the same name) ends first; the pool ends what no run took once its
-    time is up."""
-    from raytf._internal.driver import pool, survivors
-
-    answers, asked, ended, timers = {}, [], [], []
-
-    class Ref:
-        def __init__(self, actor):
-            self.actor = actor
-
-    class Recycling(_Actor):
-        def __getattr__(self, name):
-            if name == "recycle":
-                def remote(timeout_s, next_run=False):
-                    asked.append((self, timeout_s, next_run))
-                    return Ref(self)
-                return types.SimpleNamespace(remote=remote)
-            return super().__getattr__(name)
-
-    monkeypatch.setattr(survivors, "ray", types.SimpleNamespace(
-        wait=lambda refs, num_returns, timeout: (list(refs), []), get=lambda ref, timeout=None: answers[ref.actor]))
-    clock = [100.0]
-    the_pool = pool.WorkerPool("job", kill=ended.extend, clock=lambda: clock[0],
-                               timer=lambda delay_s, fn: timers.append((delay_s, fn)))
-    monkeypatch.setattr(pool, "driver_pool", lambda: the_pool)
-    from raytf._internal.protocol import TensorflowSettings
-
-    settings = TensorflowSettings(communication="auto", collective_timeout_s=None, intra_op_threads=1,
-                                  inter_op_threads=1, use_gpu=False)
-    run = types.SimpleNamespace(run_name="first", tensorflow=settings)
-    gpu_worker = RoleSpec("worker", 1, 4, {"CPU": 1, "GPU": 1})
-
-    def finished(roles_and_nodes, run, reusing=True):
-        members = _members(roles_and_nodes)
-        for i, m in enumerate(members):
-            m.actor, m.actor_name = Recycling(), f"raytf:{run.run_name}:0:{i}"
-        return _group(MirroredShape(), members, run=run, reusing=reusing, restarting=True)
-
-    # The first run finished: its two CPU workers are parked for 60 s; the GPU worker and the one
-    # whose recycle failed are left to the group's shutdown.
-    group = finished([(WORKER, "node-a"), (WORKER, "node-b"), (WORKER, "node-b"), (gpu_worker, "node-a")], run)
-    actors = [m.actor for m in group.members]
-    answers.update({actors[0]: None, actors[1]: "its train_fn did not end within 3 s", actors[2]: None})
-    keep = survivors.Survivors(stop_timeout_s=3.0, reuse_s=60.0)
-    keep.on_close(group)
-    assert [(a, t, n) for a, t, n in asked] == [(actors[0], 3.0, True), (actors[1], 3.0, True), (actors[2], 3.0, True)]
-    assert [m.actor is None for m in group.members] == [True, False, True, False]
-    assert the_pool.names() == {"raytf:first:0:0", "raytf:first:0:2"} and [t for t, _ in timers] == [60.0]
-
-    # A run with another worker environment (another Keras) finds none to take.
-    other = types.SimpleNamespace(run_name="other", tensorflow=dataclasses.replace(settings, keras="tf_keras"))
-    group = _group(MirroredShape(), [], run=other, bundle_nodes=lambda: {0: "node-a", 1: "node-b"})
-    keep = survivors.Survivors(stop_timeout_s=3.0, reuse_s=60.0)
-    keep.before_start(group, attempt=0)
-    assert [keep.actor_for(group, m) for m in _members([(WORKER, "node-a"), (WORKER, "node-b")])] == [None, None]
-
-    # The next run with the same environment: each bundle gets the parked process of its node, and
-    # its start-up says so; a bundle on a node with none parked starts a new worker.
-    group = _group(MirroredShape(), [], run=types.SimpleNamespace(run_name="second", tensorflow=run.tensorflow),
-                   bundle_nodes=lambda: {0: "node-b", 1: "node-c", 2: "node-a"})
-    keep = survivors.Survivors(stop_timeout_s=3.0, reuse_s=60.0)
-    keep.before_start(group, attempt=0)
-    new = _members([(WORKER, "node-b"), (WORKER, "node-c"), (WORKER, "node-a")])
-    assert [keep.actor_for(group, m) for m in new] == [(actors[2], {}), None, (actors[0], {})]
-    assert [m.actor_name for m in new] == ["raytf:first:0:2", "", "raytf:first:0:0"]
-    assert keep.after_poll(group, GroupStatus(startup={"total": 2.0})).startup == {"total": 2.0, "reused_processes": 2}
-    keep.after_start(group)
-    assert len(the_pool) == 0 and ended == []
-
-    # Only the first attempt takes parked processes: a restart's new ranks start cold.
-    the_pool.park([pool.Parked("late", "raytf:x:0:0", "node-c", keep._pool_key(group), clock[0])], 60.0)
-    keep.before_start(group, attempt=1)
-    assert keep.actor_for(group, new[1]) is None and len(the_pool) == 1
-
-    # A run named as the one that started a parked process ends it before a new worker takes its
-    # name (the group's _new_actor asks); another name leaves it be.
-    monkeypatch.setattr(pool, "_pool", the_pool)
-    pool.free_name("raytf:x:0:1")
-    assert ended == [] and len(the_pool) == 1
-    pool.free_name("raytf:x:0:0")
-    assert ended == ["late"] and len(the_pool) == 0
-
-    # A run that failed or was stopped (close(reuse=False)) parks nothing, nor does a driver with
-    # RAYTF_REUSE_WORKERS_S at 0.
-    for reuse_s, reusing in ((60.0, False), (0.0, True)):
-        asked.clear()
-        group = finished([(WORKER, "node-a")], run, reusing=reusing)
-        answers[group.members[0].actor] = None
-        survivors.Survivors(stop_timeout_s=3.0, reuse_s=reuse_s).on_close(group)
-        assert asked == [] and group.members[0].actor is not None and len(the_pool) == 0
-
-    # What no run took ends once its time is up, not before.
-    the_pool.park([pool.Parked("idle", "raytf:y:0:0", "node-a", (), clock[0])], 60.0)
-    clock[0] += 59.0
-    assert timers[-1][0] == 60.0 and the_pool.expire(60.0) == 0
-    clock[0] += 1.0
-    assert the_pool.expire(60.0) == 1 and ended == ["late", "idle"]
-
-
-@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
-def test_raytf_reuse_workers_s_is_seconds_zero_or_more(monkeypatch, value):
-    from raytf._internal import env
-    from raytf.errors import ConfigError
-
-    monkeypatch.setenv("RAYTF_REUSE_WORKERS_S", value)
-    with pytest.raises(ConfigError, match="RAYTF_REUSE_WORKERS_S") as info:
-        env.check()  # what fit() runs before anything starts
-    assert repr(value) in str(info.value)
-    for ok, seconds in (("0", 0.0), ("90", 90.0), ("", 0.0)):
-        monkeypatch.setenv("RAYTF_REUSE_WORKERS_S", ok)
-        env.check()
-        assert env.reuse_workers_s() == seconds

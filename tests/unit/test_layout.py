@@ -22,7 +22,6 @@ RAY_MODULES = {
     "_internal/driver/shapes.py",  # a parameter-server chief's shard manifests, a placement error's figures
     "_internal/driver/warm.py",
     "_internal/driver/survivors.py",
-    "_internal/driver/pool.py",  # the driver's Ray job, whose actors the pool keeps
     "_internal/driver/growth.py",  # the missing workers' placement group
     "_internal/driver/relay.py",  # an answer's Ray errors, read where the relay polls
     "_internal/driver/kept_shards.py",

@@ -31,7 +31,7 @@ class WorkerGroup(Protocol):
 
     def shutdown(self, restarting: bool = True) -> None: ...  # this attempt's actors: the attempt ended
 
-    def close(self, reuse: bool = False) -> None: ...  # the run ended: shut down, end what outlives attempts
+    def close(self) -> None: ...  # the run ended: shut down, and end what outlives attempts (standbys)
 
     def halt(self) -> None: ...  # the run is stopping: training stops now, an upload in flight goes on
 
@@ -150,8 +150,7 @@ class Controller:
             self._wait_for_upload("stopping; training stopped", " (Ctrl-C again to stop now)")
             raise
         finally:
-            # Only a run that finished leaves its workers for the next one (driver/pool.py).
-            self._group.close(reuse=isinstance(self.state, Finished))
+            self._group.close()
         if isinstance(self.state, Errored):
             raise self.state.error
         return self.state

@@ -27,7 +27,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.pool import free_name
 from raytf._internal.driver.actors import call_each, floats, kill_and_wait, new_worker, relay_for, reserve
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
@@ -83,7 +82,6 @@ class WorkerGroup:
         self.shard_manifests: Any = None  # parameter-server workers' shard files, for the chief
         self.preempt_reason: Optional[str] = None  # the group's preemption, once requested
         self.restarting = True  # during shutdown: whether another attempt follows (Survivors)
-        self.reusing = False  # during close: the run ended well, its workers may serve the next run (pool.py)
         self.preempt_kind = FailureKind.PREEMPTED  # what the preemption is: RESIZED to grow
         self.run_ref: Optional[ray.ObjectRef] = None  # the RunSpec, put once: train_fn travels once
         self._callbacks = list(callbacks)
@@ -205,9 +203,9 @@ class WorkerGroup:
                     placement_group=self._pg, placement_group_bundle_index=member.bundle
                 ),
             )
-        member.actor_name = f"raytf:{self.run.run_name}:{self._attempt}:{name}"
-        free_name(member.actor_name)  # a process an earlier run of this name left parked (pool.py)
-        return new_worker(self.run.run_name, member.actor_name, max_restarts=0, **placement)
+        return new_worker(
+            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}", max_restarts=0, **placement
+        )
 
     def _floats(self, member: Member) -> bool:
         """A training member whose worker runs outside the placement group: a callback asks for it
@@ -466,11 +464,9 @@ class WorkerGroup:
             placement.remove(self._pg)
             self._pg = None
 
-    def close(self, reuse: bool = False) -> None:
+    def close(self) -> None:
         """The run is over: end what outlives attempts (callbacks' standbys), shut down, remove the
-        placement group. ``reuse``: the run ended well, and a callback may keep its workers for the
-        next run of this driver (``group.reusing``; driver/pool.py)."""
-        self.reusing = reuse
+        placement group."""
         for callback in self._callbacks:
             callback.on_close(self)
         self.shutdown()

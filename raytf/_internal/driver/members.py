@@ -28,7 +28,6 @@ class Member:
     generation: int = 0  # replacements so far
     warm: bool = False  # a warm standby was handed this bundle
     reserve_args: dict = field(default_factory=dict)  # its reserve() call's
-    actor_name: str = ""  # its actor's Ray name, as the group named it when it started the process
 
     @property
     def label(self) -> str:
@@ -53,7 +52,6 @@ class GroupView(Protocol):
     shard_manifests: Any
     preempt_reason: Optional[str]
     restarting: bool  # during shutdown: whether another attempt follows this one
-    reusing: bool  # during close: the run finished, its workers may serve the next run (driver/pool.py)
     run_ref: Any
     notify: Callable[[str], None]
 

@@ -14,23 +14,16 @@ shrink, a growth or a lost node, the new group's bundles on a kept process's nod
 A GPU worker holds its GPUs in the group and dies with it. A process that cannot be recycled (its
 ``train_fn`` does not end once its collectives fail, an asynchronous checkpoint still uploading) is
 killed as before. On by default for CPU workers; for GPU workers where asked.
-
-The same recycling keeps a finished run's CPU workers for the driver's next run, where
-``RAYTF_REUSE_WORKERS_S`` asks for it: they wait in the driver's pool (driver/pool.py), and the
-next run's first attempt takes them, bundle by bundle on their nodes, before it starts new ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import Any, Callable, Optional
 
 import ray
 
-from raytf._internal import env as _env
-from raytf._internal.driver import pool as _pool
 from raytf._internal.driver.actors import floats, kill_and_wait
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView, Member
@@ -49,32 +42,23 @@ class Survivors(GroupCallback):
     keeps_placement = True
     floats_workers = True
 
-    def __init__(self, stop_timeout_s: float = STOP_TIMEOUT_S, reuse_s: Optional[float] = None):
+    def __init__(self, stop_timeout_s: float = STOP_TIMEOUT_S):
         self._stop_timeout_s = stop_timeout_s
-        self._reuse_s = _env.reuse_workers_s() if reuse_s is None else reuse_s  # driver/pool.py; 0: off
         self._kept: list[_Kept] = []  # recycled actors waiting for a bundle
         self._placed_anew = False  # this attempt has a new placement group: bundles go by node
         self._bundle_nodes: Optional[dict[int, str]] = None  # this attempt's, once asked
         self._closing = False
-        self._first = True  # the run's first attempt has not started yet: it may take parked processes
-        self._key: Optional[tuple] = None  # the run's pool key (pool.environment_key), once asked
         self.handed = 0  # members this attempt started on a kept process
-        self.reused = 0  # members this attempt started on a process parked by an earlier run
 
     def before_start(self, group: GroupView, attempt: int) -> None:
-        self.handed = self.reused = 0
+        self.handed = 0
         self._placed_anew = False
         self._bundle_nodes = None
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
-        if status.startup is None or not (self.handed or self.reused):  # StartupTiming's, once per attempt
+        if status.startup is None or self.handed == 0:  # StartupTiming's, once per attempt
             return status
-        startup = dict(status.startup)
-        if self.handed:
-            startup["kept_processes"] = self.handed
-        if self.reused:
-            startup["reused_processes"] = self.reused
-        return dataclasses.replace(status, startup=startup)
+        return dataclasses.replace(status, startup={**status.startup, "kept_processes": self.handed})
 
     def before_shutdown(self, group: GroupView) -> None:
         watch = group.watch
@@ -102,9 +86,7 @@ class Survivors(GroupCallback):
             why = "no answer" if ref not in ready else _answer(ref)
             if why is None:
                 floating = floats(member.role.bundle)
-                self._kept.append(
-                    _Kept(member.actor, member.bundle, member.address.node_id, floating, member.actor_name)
-                )
+                self._kept.append(_Kept(member.actor, member.bundle, member.address.node_id, floating))
                 member.actor = None  # spared: the group's shutdown kills only the members it still holds
             else:
                 logger.info("%s is not kept for the next attempt: %s", member.label, why)
@@ -116,29 +98,22 @@ class Survivors(GroupCallback):
         self._drop(lambda kept: not kept.floating)
 
     def actor_for(self, group: GroupView, member: Member) -> Optional[tuple[Any, dict]]:
-        if member.role.name != group.shape.train_role:
+        if member.role.name != group.shape.train_role or not self._kept:
             return None
-        if self._kept:
-            if self._placed_anew:
-                node = self._node_of(group, member.bundle)
-                found = next((k for k in self._kept if k.floating and k.node_id == node), None)
-            else:
-                found = next((k for k in self._kept if k.bundle == member.bundle), None)
-            if found is not None:
-                self._kept.remove(found)
-                member.actor_name = found.name
-                self.handed += 1
-                return found.actor, {}
-        if self._first and self._reuse_s > 0 and floats(member.role.bundle):
-            parked = _pool.driver_pool().take(self._pool_key(group), self._node_of(group, member.bundle))
-            if parked is not None:
-                member.actor_name = parked.name
-                self.reused += 1
-                return parked.actor, {}
-        return None
+        if self._placed_anew:
+            if self._bundle_nodes is None:
+                self._bundle_nodes = dict(group.bundle_nodes())
+            node = self._bundle_nodes.get(member.bundle)
+            found = next((k for k in self._kept if k.floating and k.node_id == node), None)
+        else:
+            found = next((k for k in self._kept if k.bundle == member.bundle), None)
+        if found is None:
+            return None
+        self._kept.remove(found)
+        self.handed += 1
+        return found.actor, {}
 
     def after_start(self, group: GroupView) -> None:
-        self._first = False
         self._drop()  # any not handed a bundle
 
     def on_close(self, group: GroupView) -> None:
@@ -146,44 +121,6 @@ class Survivors(GroupCallback):
         kept, self._kept = [k.actor for k in self._kept], []
         if kept:  # gone, as every member is, when fit() returns
             kill_and_wait(kept, "kept worker")
-        if self._reuse_s > 0 and group.reusing:
-            self._park(group)
-
-    def _park(self, group: GroupView) -> None:
-        """The run finished: its CPU workers, recycled, wait in the driver's pool for its next run."""
-        asked = [
-            (member, member.actor.recycle.remote(self._stop_timeout_s, True))
-            for member in group.members
-            if member.actor is not None
-            and member.address is not None
-            and member.role.name == group.shape.train_role
-            and floats(member.role.bundle)
-        ]
-        if not asked:
-            return
-        refs = [ref for _, ref in asked]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._stop_timeout_s + _ANSWER_MARGIN_S)
-        key, now, parked = self._pool_key(group), time.monotonic(), []
-        for member, ref in asked:
-            why = "no answer" if ref not in ready else _answer(ref)
-            if why is None:
-                parked.append(_pool.Parked(member.actor, member.actor_name, member.address.node_id, key, now))
-                member.actor = None  # spared: the group's shutdown kills only the members it still holds
-            else:
-                logger.info("%s is not kept for the next run: %s", member.label, why)
-        _pool.driver_pool().park(parked, self._reuse_s)
-
-    def _pool_key(self, group: GroupView) -> tuple:
-        if self._key is None:
-            from raytf._internal.worker.tensorflow import run_environment
-
-            self._key = _pool.environment_key(run_environment(group.run))
-        return self._key
-
-    def _node_of(self, group: GroupView, bundle: int) -> Optional[str]:
-        if self._bundle_nodes is None:
-            self._bundle_nodes = dict(group.bundle_nodes())
-        return self._bundle_nodes.get(bundle)
 
     def _drop(self, which: Callable[[_Kept], bool] = lambda kept: True) -> None:
         dropped = [k for k in self._kept if which(k)]
@@ -200,7 +137,6 @@ class _Kept:
     bundle: int  # the bundle it held: its own again while the placement group is kept
     node_id: str
     floating: bool  # outside the placement group (a CPU worker): it outlives the group
-    name: str = ""  # its Ray actor name
 
 
 def _answer(ref: Any) -> Optional[str]:

@@ -36,8 +36,7 @@ class TrainWorker:
     calls the driver."""
 
     def __init__(self) -> None:
-        self._reuses = 0  # attempts of this run the process trained after its first (worker/recycle.py)
-        self._attempts = 1  # attempts it trained or is set to, over every run it served (driver/pool.py)
+        self._reuses = 0  # attempts this process trained after its first (worker/recycle.py)
         self._output = _logs.OutputFilter()
         self._output.install()  # before TensorFlow is imported: its first lines are the noisiest
         self._fresh()
@@ -150,17 +149,14 @@ class TrainWorker:
         in_background(load, "raytf-warm")
         self.warmed = True
 
-    def recycle(self, timeout_s: float, next_run: bool = False) -> Optional[str]:
+    def recycle(self, timeout_s: float) -> Optional[str]:
         """The attempt ended and the driver keeps this process for the next one (worker/recycle.py):
         stop this attempt's ``train_fn``, undo what it set up, and wait, as a warm standby waits,
-        for ``reserve`` and ``start``. ``next_run``: the run finished, and the process waits for
-        the driver's next run (driver/pool.py), with that run's restarts still before it. None once
-        done; else why it cannot be kept (the driver then kills it)."""
+        for ``reserve`` and ``start``. None once done; else why it cannot be kept (the driver then
+        kills it)."""
         from raytf._internal.worker import recycle
 
-        if next_run and self._attempts + recycle.MAX_REUSES >= recycle.MAX_ATTEMPTS:
-            return f"it trained {self._attempts} attempts already, over the runs it served"
-        if not next_run and self._reuses >= recycle.MAX_REUSES:
+        if self._reuses >= recycle.MAX_REUSES:
             return f"it trained {self._reuses + 1} attempts already"
         self._halted = True  # raytf.report raises from now on
         self._go.set()  # a worker still at the start barrier goes no further
@@ -169,8 +165,7 @@ class TrainWorker:
             self.release_port()
             self._fresh()
             self.warmed = True
-            self._reuses = 0 if next_run else self._reuses + 1
-            self._attempts += 1
+            self._reuses += 1
         return why
 
     def start(self, run: RunSpec, spec: WorkerSpec, payload: PayloadKind) -> None:

@@ -12,8 +12,7 @@ What stays: every module imported, and what they hold. TensorFlow objects a modu
 was imported (a module-level variable or constant) belong to the last attempt's context: make
 them inside ``train_fn``, or set ``FailureConfig.keep_survivors=False``. The old context's gRPC
 server also stays (TensorFlow cannot stop one), listening on the last attempt's port; a process is
-kept for at most :data:`MAX_REUSES` attempts after its first in a run, and :data:`MAX_ATTEMPTS`
-over the runs of a driver that keeps its workers between runs (driver/pool.py).
+kept for at most :data:`MAX_REUSES` attempts after its first.
 """
 
 from __future__ import annotations
@@ -31,10 +30,7 @@ from raytf._internal.worker import session as _session
 from raytf._internal.worker import strategy as _strategy
 from raytf.errors import HookError
 
-MAX_REUSES = 4  # attempts a process trains after its first in a run (each leaves an idle gRPC server behind)
-# Attempts a process trains over every run it serves (driver/pool.py): a run that would leave it
-# fewer than MAX_REUSES restarts does not get it, so a run's restarts keep their survivors alike.
-MAX_ATTEMPTS = 16
+MAX_REUSES = 4  # attempts a process trains after its first (each leaves an idle gRPC server behind)
 _ABORTED = "raytf: the attempt ended; this worker goes on to the next one"
 
 
