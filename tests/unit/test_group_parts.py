@@ -429,11 +429,12 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
 
     # An attempt whose start failed (no watch yet) keeps every process that answers; the run's end
     # (its last shutdown) keeps none, and kills what is still kept and waits for it to be gone.
-    group = group_of(2)
+    group = group_of(3)
     group.watch = None
-    answers.update({group.members[0].actor: None, group.members[1].actor: "silent"})
+    answers.update({group.members[0].actor: None, group.members[1].actor: "silent", group.members[2].actor: None})
+    group.members[2].address = None  # its actor never reserved its port (the start timed out): not asked
     keep.before_shutdown(group)
-    assert [m.actor is None for m in group.members] == [True, False]
+    assert [m.actor is None for m in group.members] == [True, False, False]
     group = group_of(2)
     answers.update({m.actor: None for m in group.members})
     keep.before_shutdown(group)

@@ -76,7 +76,10 @@ class Survivors(GroupCallback):
         asked = [
             (member, member.actor.recycle.remote(self._stop_timeout_s))
             for index, member in enumerate(group.members)
-            if member.actor is not None and member.role.name == group.shape.train_role and alive(index)
+            if member.actor is not None
+            and member.address is not None  # a start that failed before it reserved a port: not kept
+            and member.role.name == group.shape.train_role
+            and alive(index)
         ]
         if not asked:
             return
