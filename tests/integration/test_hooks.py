@@ -10,16 +10,18 @@ import subprocess
 import sys
 
 from raytf._internal import hooks
+from tests.hidden import hiding
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_every_hook_behaves_as_raytf_uses_it_with_the_installed_libraries(cluster):
+def test_every_hook_behaves_as_raytf_uses_it_with_the_installed_libraries(cluster, tmp_path):
     import signal
 
     checking = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "raytf._internal.hooks", "--json", "--address", cluster.address],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env=hiding(tmp_path / "hidden", {**os.environ, "PYTHONPATH": REPO}),
     )
     try:
         out, err = checking.communicate(timeout=300)

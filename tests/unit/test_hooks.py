@@ -1,6 +1,7 @@
 """Each reach into TensorFlow's, Keras's and tf-keras's private code works with the installed
 versions, and one that does not fails loudly, naming what, the versions and the option to turn off."""
 
+import os
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 
 import raytf
 from raytf._internal import hooks
+from tests.hidden import hiding
 
 
 @pytest.mark.parametrize("hook", hooks.all_hooks(), ids=lambda h: h.name)
@@ -15,14 +17,15 @@ def test_every_hook_works_with_the_installed_libraries(hook):
     hook.check()
 
 
-def test_the_probes_do_not_start_tensorflow_before_the_strategy_configures_its_collectives():
+def test_the_probes_do_not_start_tensorflow_before_the_strategy_configures_its_collectives(tmp_path):
     # MultiWorkerMirroredStrategy must configure collective ops before TensorFlow's eager context
     # initializes; a probe that ran an op at worker start would break every run.
     code = ("from raytf._internal import hooks\n"
             "[h.check() for h in hooks.all_hooks()]\n"
             "from tensorflow.python.eager import context\n"
             "assert not context.context()._initialized, 'a probe initialized the eager context'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=hiding(tmp_path / "hidden", dict(os.environ)))
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.hidden import hiding
+
 pytestmark = pytest.mark.unit
 
 SCRIPT = r"""
@@ -61,7 +63,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("onednn", ["1", "0"])
-def test_copies_are_on_this_processs_cpu_once_per_keras_variable_and_prewarm_is_opt_in(onednn):
+def test_copies_are_on_this_processs_cpu_once_per_keras_variable_and_prewarm_is_opt_in(onednn, tmp_path):
     """Keras 3's own copy of its variable is a second variable on the default device (a GPU
     worker's GPU: the state twice, there); raytf copies the TensorFlow variable it wraps, on the
     CPU. ``prewarm`` is off unless asked for (what it gives depends on the machine's allocator, so
@@ -70,7 +72,8 @@ def test_copies_are_on_this_processs_cpu_once_per_keras_variable_and_prewarm_is_
     env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "RAYTF_PREWARM_HOST_COPIES")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     env["TF_ENABLE_ONEDNN_OPTS"] = onednn
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180, env=env)
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180,
+                          env=hiding(tmp_path / "hidden", env))
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["devices"] == [0], out  # this process's CPU, not the default device of the caller
@@ -99,7 +102,7 @@ print(json.dumps(faults))
 """
 
 
-def test_a_workers_host_allocator_keeps_the_memory_of_one_checkpoints_copy_for_the_next():
+def test_a_workers_host_allocator_keeps_the_memory_of_one_checkpoints_copy_for_the_next(tmp_path):
     """Workers run TensorFlow with the BFC host allocator (worker/tensorflow.py: host_allocator),
     whatever oneDNN does: the copy of a large table an asynchronous report makes reuses the memory
     of the copy before, instead of mapping every page anew at every checkpoint (TensorFlow's own
@@ -109,7 +112,8 @@ def test_a_workers_host_allocator_keeps_the_memory_of_one_checkpoints_copy_for_t
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
     env.update(host_allocator(), TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
-    done = subprocess.run([sys.executable, "-c", REUSE], capture_output=True, text=True, timeout=180, env=env)
+    done = subprocess.run([sys.executable, "-c", REUSE], capture_output=True, text=True, timeout=180,
+                          env=hiding(tmp_path / "hidden", env))
     assert done.returncode == 0, done.stderr[-3000:]
     faults = json.loads(done.stdout.strip().splitlines()[-1])
     assert max(faults[1:]) < 0.05, faults  # the second and third copies mapped no new memory

@@ -21,6 +21,7 @@ from raytf._internal.worker.session import WorkerSession, to_plain
 from raytf._internal.worker.tensorflow import reserve_port
 from raytf._internal.worker.tensorflow import worker_environment as _worker_environment
 from raytf.session import TrainContext
+from tests.hidden import hiding
 
 
 def _bind_fails(family, host, port):
@@ -248,7 +249,7 @@ def test_a_parameter_server_template_is_found_as_it_is_but_not_once_transformed(
     assert not derived_from_template(tf.data.Dataset.range(4).batch(2))
 
 
-def test_a_standby_takes_its_gpus_only_before_tensorflow_lists_its_devices():
+def test_a_standby_takes_its_gpus_only_before_tensorflow_lists_its_devices(tmp_path):
     """adopt_gpus (a warm standby handed a GPU bundle) sets CUDA_VISIBLE_DEVICES while TensorFlow,
     imported, has not listed its devices; afterwards the variable would no longer count, and it
     refuses, naming the cause. In a fresh process: this one may have listed its devices."""
@@ -269,7 +270,7 @@ except ConfigError as e:  # raytf's error, naming the setting
 print(json.dumps({"seen": seen, "after": os.environ["CUDA_VISIBLE_DEVICES"], "error": error}))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                         env=hiding(tmp_path / "hidden", {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}))
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["seen"] == "3,5"
