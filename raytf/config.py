@@ -208,7 +208,11 @@ class FailureConfig:
     TensorFlow object a module makes when imported belongs to the attempt
     that imported it (make such objects inside ``train_fn``, or set this
     to False). ``"auto"`` (the default) keeps CPU workers, ``True`` GPU
-    workers too, ``False`` none. For raytf.Trainer.
+    workers too, ``False`` none. For raytf.Trainer; for
+    raytf.ParameterServerTrainer, a restart (a lost chief or ps) keeps the
+    workers' processes with their servers, each serving the new chief as
+    the same task, and starts the chief, the parameter servers and the
+    evaluator anew.
     """
 
     max_failures: int = 0

@@ -10,7 +10,9 @@ runs ``evaluate_fn`` on every checkpoint the chief commits.
 
 A lost worker costs no restart: the coordinator reschedules its steps on the
 other workers while raytf replaces it at the same task index. A lost chief or
-ps restarts the group from the last committed checkpoint.
+ps restarts the group from the last committed checkpoint; the workers' processes
+and their servers serve the next chief (``FailureConfig.keep_survivors``), and
+only the chief, the parameter servers and the evaluator start anew.
 """
 
 from __future__ import annotations
@@ -346,6 +348,7 @@ class ParameterServerTrainer(Trainer):
         from raytf._internal.driver.group import WorkerGroup
         from raytf._internal.driver.scaling import ElasticPolicy
         from raytf._internal.driver.shapes import ParameterServerShape
+        from raytf._internal.driver.survivors import Survivors
 
         failures = self.run.failure_config
         workers = self.scaling._count("worker")
@@ -366,6 +369,8 @@ class ParameterServerTrainer(Trainer):
                 DrainWatch(),
                 FinishEvaluator(),
                 *([MemoryCopies()] if run.restore_from_memory else []),
+                # A restart (a lost chief or ps) keeps the workers' processes and their servers.
+                *([Survivors()] if failures._keeps_survivors(gpu_workers=self.scaling.gpus_per_worker > 0) else []),
             ],
         )
 

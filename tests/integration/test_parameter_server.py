@@ -320,6 +320,8 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group(cluste
             taken["socket"].close()
     assert "socket" in taken, "the worker was not killed during the run"
     assert result.history[-1]["epoch"] == 2
+    # A restart kept worker 0's process (its server served the next chief as worker 0 again).
+    assert all(startup.get("kept_processes", 0) >= 1 for startup in result.startup[1:]), result.startup
     failures = [(f.task, f.kind) for f in result.failures]
     assert failures[0] == ("worker 1", raytf.FailureKind.DIED), failures
     for failure in result.failures:  # a restart after the move: the redial, a chief held by it, or a wedged one

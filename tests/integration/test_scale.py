@@ -168,6 +168,11 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
     assert result.history[-1]["epoch"] == config["epochs"] - 1
     restarts = [[h for h in result.history if h["attempt"] == a] for a in range(1, result.attempts)]
     assert any(restarts)  # the lost ps restarted the group, from a checkpoint
+    # The restart kept the workers' processes, their servers serving the new chief as the same
+    # tasks, and started the chief and the parameter servers anew (FailureConfig.keep_survivors):
+    # at least the two never lost (the lost node's replacements, in the old placement group's
+    # bundles, end with it; where a restart replaced them instead, all four are kept).
+    assert result.startup[-1]["kept_processes"] in (2, 4), result.startup
     for resumed in filter(None, restarts):
         assert resumed[0]["resumed_at"] >= 1, resumed
     lost = {int(task.split("-")[1]): 1 for task in seen["lost_workers"]}

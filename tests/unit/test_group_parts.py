@@ -454,6 +454,69 @@ def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_t
     assert all(m.actor is not None for m in group.members)
 
 
+def test_a_parameter_server_restart_keeps_its_workers_each_as_its_own_task_on_a_bundle_of_its_node(monkeypatch):
+    """A parameter-server group's restart keeps the workers that still serve (not the chief or the
+    parameter servers, which start anew); each kept server serves as the task it was, so a group
+    placed anew gives each kept task a bundle on its process's node, swapping the workers'
+    bundles, and a kept worker whose node has none left removes its shard files and is killed."""
+    from raytf._internal.driver import survivors
+
+    killed, closed = [], []
+
+    class Serving(_Actor):
+        def __getattr__(self, name):
+            if name == "recycle":
+                return types.SimpleNamespace(remote=lambda timeout_s: ("kept", self))
+            if name == "close":
+                return types.SimpleNamespace(remote=lambda: closed.append(self) or ("closed", self))
+            return super().__getattr__(name)
+
+    monkeypatch.setattr(survivors, "ray", types.SimpleNamespace(
+        wait=lambda refs, num_returns, timeout: (list(refs), []), get=lambda ref, timeout=None: None,
+        kill=lambda actor, no_restart: killed.append(actor)))
+    chief, ps = RoleSpec("chief", 1, 1, {"CPU": 1}), RoleSpec("ps", 1, 1, {"CPU": 1})
+    shape = ParameterServerShape()
+    members = _members([(chief, "node-c"), (WORKER, "node-a"), (WORKER, "node-b"), (WORKER, "node-b"), (ps, "node-p")])
+    for m in members:
+        m.actor = Serving()
+    w0, w1, w2 = (m.actor for m in members[1:4])
+    members[3].generation = 1  # worker 2 replaced a lost one during the attempt, in the placement group
+    group = _group(shape, members, restarting=True, watch=types.SimpleNamespace(
+        phases={0: Phase.TRAINING, 1: Phase.TRAINING, 2: Phase.TRAINING, 3: Phase.TRAINING, 4: Phase.LOST},
+        silent_ranks=set()))
+    keep = survivors.Survivors(stop_timeout_s=3.0)
+    keep.before_shutdown(group)  # the ps was lost: the group restarts
+    assert [m.actor is None for m in members] == [False, True, True, True, False]  # the workers kept
+
+    # Placed anew: the workers' bundles 1, 2, 3 landed on nodes b, a, d (node b has one bundle now).
+    keep.before_start(group, attempt=1)
+    keep.after_placement(group)
+    assert closed == [w2] and killed == [w2]  # the replacement ended with the old placement group
+    group.bundle_nodes = lambda: {0: "node-c", 1: "node-b", 2: "node-a", 3: "node-d", 4: "node-p"}
+    new = [types.SimpleNamespace(role=role, task=task, bundle=bundle) for bundle, (role, task) in
+           enumerate([(chief, 0), (WORKER, 0), (WORKER, 1), (WORKER, 2), (ps, 0)])]
+    keep.arrange(group, new)
+    # Worker 0 (node a) takes bundle 2, worker 1 (node b) bundle 1, worker 2 the bundle left.
+    assert [m.bundle for m in new] == [0, 2, 1, 3, 4]
+    handed = [keep.actor_for(group, m) for m in new]
+    assert handed == [None, (w0, {}), (w1, {}), None, None]
+    keep.after_start(group)
+    assert closed == [w2] and killed == [w2]  # nothing else was left over
+    # The same placement group again: each kept worker its own bundle, as its own task only.
+    group.members = [Member(role, task, bundle, actor=Serving(), address=WorkerAddress(node, "10.0.0.1", 5000 + bundle))
+                     for bundle, (role, task, node) in enumerate([(chief, 0, "node-c"), (WORKER, 0, "node-a"),
+                                                                 (WORKER, 1, "node-b"), (ps, 0, "node-p")])]
+    group.watch = types.SimpleNamespace(phases=dict.fromkeys(range(4), Phase.TRAINING), silent_ranks=set())
+    kept_0 = group.members[1].actor
+    keep.before_start(group, attempt=2)
+    keep.before_shutdown(group)
+    keep.before_start(group, attempt=3)
+    swapped = [types.SimpleNamespace(role=WORKER, task=1, bundle=1), types.SimpleNamespace(role=WORKER, task=0, bundle=2)]
+    keep.arrange(group, swapped)  # not placed anew: nothing moves
+    assert [keep.actor_for(group, m) for m in swapped] == [None, None]  # a task's bundle, but another task's process
+    assert keep.actor_for(group, types.SimpleNamespace(role=WORKER, task=0, bundle=1)) == (kept_0, {})
+
+
 def test_a_floating_groups_cpu_workers_run_outside_the_placement_group_on_their_bundles_nodes(monkeypatch):
     """With Survivors (floats_workers), a CPU-only training worker holds no resources of its own and
     is pinned to its bundle's node, so that it can outlive the placement group; a GPU worker, a
@@ -494,6 +557,18 @@ def test_a_floating_groups_cpu_workers_run_outside_the_placement_group_on_their_
     assert not floats({"CPU": 1, "TPU": 4}) and not floats({"CPU": 1, "neuron_cores": 2})
     [held] = new_actors(MirroredShape(), [WORKER], [])
     assert held["num_cpus"] == 1 and isinstance(held["scheduling_strategy"], PlacementGroupSchedulingStrategy)
-    # A parameter-server group's tasks (its train_fn runs on the chief) keep their bundles.
-    assert all(isinstance(o["scheduling_strategy"], PlacementGroupSchedulingStrategy)
-               for o in new_actors(ParameterServerShape(), [WORKER, ps], [Survivors()]))
+    # A parameter-server group's workers (the role its restarts keep) float too; its chief and
+    # parameter servers, which every restart starts anew, keep their bundles.
+    chief = RoleSpec("chief", 1, 1, {"CPU": 1})
+    kept, *anew = new_actors(ParameterServerShape(), [WORKER, chief, ps], [Survivors()])
+    assert kept["num_cpus"] == 0 and isinstance(kept["scheduling_strategy"], NodeAffinitySchedulingStrategy)
+    assert all(isinstance(o["scheduling_strategy"], PlacementGroupSchedulingStrategy) for o in anew)
+    # A worker's replacement made while the attempt trains takes its bundle, wherever Ray places it
+    # anew (its node may be the one just lost).
+    made.clear()
+    fake = _group(ParameterServerShape(), [], _callbacks=[Survivors()], _pg=object(), _attempt=0,
+                  run=types.SimpleNamespace(run_name="r"), bundle_nodes=lambda: {0: "a" * 56})
+    fake._floats = lambda member: WorkerGroup._floats(fake, member)
+    WorkerGroup._new_actor(fake, Member(WORKER, 0, 0, generation=1))
+    [replacement] = made.values()
+    assert isinstance(replacement["scheduling_strategy"], PlacementGroupSchedulingStrategy)

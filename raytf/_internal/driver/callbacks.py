@@ -10,6 +10,8 @@ The interface, in the order of a group's life:
 
 - ``before_start(group, attempt)``: an attempt begins (nothing is placed yet).
 - ``after_placement(group)``: a new placement group holds the attempt's bundles.
+- ``arrange(group, members)``: the attempt's members and their bundles, before any
+  has an actor; members of one role may trade bundles (survivors.py).
 - ``actor_for(group, member)``: an actor to use for ``member`` instead of a new
   one, with the arguments of its ``reserve`` call (warm standbys), or None.
 - ``kept_shards(group)``: datasets this attempt may read as an earlier one did,
@@ -23,8 +25,8 @@ The interface, in the order of a group's life:
 
 A callback that sets ``keeps_placement`` keeps the placement group across
 attempts while its nodes stay (the group checks that), for what lives on them.
-One that sets ``floats_workers`` has the group start its CPU-only training
-workers outside the placement group, pinned to their bundles' nodes while the
+One that sets ``floats_workers`` has the group start the CPU-only workers of the
+role a restart may keep (its shape's ``kept_role``) outside the placement group, pinned to their bundles' nodes while the
 bundles reserve their CPUs, so that a worker can outlive the group.
 
 Here: :class:`StartupTiming`, :class:`DrainWatch`, :class:`FinishEvaluator` and
@@ -58,6 +60,10 @@ class GroupCallback:
 
     def after_placement(self, group: GroupView) -> None:
         pass
+
+    def arrange(self, group: GroupView, members: list[Member]) -> None:
+        """The attempt's members, each with its bundle, before any has an actor: a callback may
+        swap the bundles of members of one role (they ask for the same resources)."""
 
     def actor_for(self, group: GroupView, member: Member) -> Optional[tuple[Any, dict]]:
         return None

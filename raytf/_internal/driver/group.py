@@ -208,10 +208,14 @@ class WorkerGroup:
         )
 
     def _floats(self, member: Member) -> bool:
-        """A training member whose worker runs outside the placement group: a callback asks for it
-        (``floats_workers``) and its bundle holds no GPU or other device Ray assigns by id (actors.floats)."""
+        """A member of the role a restart may keep (``shape.kept_role``) whose worker runs outside the
+        placement group: a callback asks for it (``floats_workers``) and its bundle holds no GPU or
+        other device Ray assigns by id (actors.floats). Not a replacement made while the attempt
+        trains (a parameter-server worker's): its bundle's node may be the one just lost, and the
+        bundle takes it wherever Ray places the bundle anew."""
         return (
-            member.role.name == self.shape.train_role
+            member.generation == 0
+            and member.role.name == self.shape.kept_role
             and floats(member.role.bundle)
             and any(callback.floats_workers for callback in self._callbacks)
         )
@@ -222,6 +226,8 @@ class WorkerGroup:
             for task in range(self.shape.count(role, self.num_workers)):
                 members.append(Member(role, task, bundle))
                 bundle += 1
+        for callback in self._callbacks:
+            callback.arrange(self, members)
         for member in members:
             taken = next((t for t in (c.actor_for(self, member) for c in self._callbacks) if t is not None), None)
             if taken is not None:

@@ -41,6 +41,10 @@ class GroupShape:
     coordinator_timeout_s: Optional[float] = None
     closes: tuple[str, ...] = ()  # roles asked to close() (remove what they keep on their node) before the kill
     named_tasks: bool = False  # failures and logs name the task ("ps 0"); else the world rank
+    # The role whose processes a restart may keep (driver/survivors.py): the mirrored workers, which
+    # train the next attempt in their own processes, or a parameter-server group's workers, whose
+    # servers serve its next chief. With named tasks, a kept process keeps its task index.
+    kept_role: str = "worker"
 
     def count(self, role: RoleSpec, workers: int) -> int:
         """How many actors ``role`` has in an attempt of ``workers`` (the elastic size)."""

@@ -152,10 +152,14 @@ class TrainWorker:
     def recycle(self, timeout_s: float) -> Optional[str]:
         """The attempt ended and the driver keeps this process for the next one (worker/recycle.py):
         stop this attempt's ``train_fn``, undo what it set up, and wait, as a warm standby waits,
-        for ``reserve`` and ``start``. None once done; else why it cannot be kept (the driver then
-        kills it)."""
+        for ``reserve`` and ``start``; a parameter-server worker's server keeps serving. None once
+        done; else why it cannot be kept (the driver then kills it)."""
         from raytf._internal.worker import recycle
 
+        if getattr(self._payload, "serves", False):
+            # A parameter-server worker: its server goes on, as the same task, serving the next
+            # attempt's chief, whose start and connect then find it running (driver/survivors.py).
+            return None if self._phase == Phase.TRAINING else f"its server is not serving ({self._phase.value})"
         if self._reuses >= recycle.MAX_REUSES:
             return f"it trained {self._reuses + 1} attempts already"
         self._halted = True  # raytf.report raises from now on

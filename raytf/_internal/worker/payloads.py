@@ -408,9 +408,12 @@ class PsData:
 
 class ServerPayload:
     """A parameter-server worker or ps: TensorFlow's server, serving until the group ends. A
-    worker first writes its pieces of the datasets to files on its node for the chief's pipelines."""
+    worker first writes its pieces of the datasets to files on its node for the chief's pipelines.
+    A worker's server may outlive the attempt and serve the next one's chief (driver/survivors.py):
+    its start and connect calls then find it serving, and its files written."""
 
     session = None
+    serves = True  # kept across a restart as it is (Actor.recycle)
 
     def __init__(self) -> None:
         self.shard_files: Any = None
