@@ -474,6 +474,7 @@ def test_a_parameter_server_restart_keeps_its_workers_each_as_its_own_task_on_a_
     monkeypatch.setattr(survivors, "ray", types.SimpleNamespace(
         wait=lambda refs, num_returns, timeout: (list(refs), []), get=lambda ref, timeout=None: None,
         kill=lambda actor, no_restart: killed.append(actor)))
+    monkeypatch.setattr(survivors, "ask_each", lambda actors, method, timeout_s: [getattr(a, method).remote() for a in actors])
     chief, ps = RoleSpec("chief", 1, 1, {"CPU": 1}), RoleSpec("ps", 1, 1, {"CPU": 1})
     shape = ParameterServerShape()
     members = _members([(chief, "node-c"), (WORKER, "node-a"), (WORKER, "node-b"), (WORKER, "node-b"), (ps, "node-p")])

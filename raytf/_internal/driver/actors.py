@@ -186,6 +186,9 @@ def call_each(
     return results
 
 
+CLOSE_TIMEOUT_S = 5.0  # how long members asked to close() (remove what they keep on their node) get before the kill
+
+
 def ask_each(actors: Sequence[Any], method: str, *args: Any, timeout_s: float) -> None:
     """``actor.method(*args)`` on every actor, waiting up to ``timeout_s`` for them all; a best
     effort (an actor that died or does not answer in time is left as it is)."""

@@ -26,8 +26,9 @@ The interface, in the order of a group's life:
 A callback that sets ``keeps_placement`` keeps the placement group across
 attempts while its nodes stay (the group checks that), for what lives on them.
 One that sets ``floats_workers`` has the group start the CPU-only workers of the
-role a restart may keep (its shape's ``kept_role``) outside the placement group, pinned to their bundles' nodes while the
-bundles reserve their CPUs, so that a worker can outlive the group.
+role a restart may keep (its shape's ``kept_role``) outside the placement group,
+pinned to their bundles' nodes while the bundles reserve their CPUs, so that a
+worker can outlive the group.
 
 Here: :class:`StartupTiming`, :class:`DrainWatch`, :class:`FinishEvaluator` and
 :class:`MemoryCopies`; warm standbys and their kept shards are in warm.py.

@@ -27,7 +27,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
-from raytf._internal.driver.actors import call_each, floats, kill_and_wait, new_worker, relay_for, reserve
+from raytf._internal.driver.actors import (
+    CLOSE_TIMEOUT_S,
+    ask_each,
+    call_each,
+    floats,
+    kill_and_wait,
+    new_worker,
+    relay_for,
+    reserve,
+)
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member
 from raytf._internal.driver.relay import feed
@@ -40,7 +49,6 @@ from raytf.errors import FailureKind, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
-_CLOSE_TIMEOUT_S = 5.0  # how long members asked to close() get before the kill
 _PLACEMENTS_AFTER_DEAD_NODES = 3  # new placements within one start after nodes died under the last one
 
 
@@ -462,9 +470,11 @@ class WorkerGroup:
         self.watch = None
         if self._relay is not None:
             self._relay.watch({})  # the killed actors' deaths are no news
-        closing = [m.actor.close.remote() for m in members if m.role.name in self.shape.closes and m.actor is not None]
-        if closing:
-            ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
+        ask_each(
+            [m.actor for m in members if m.role.name in self.shape.closes and m.actor is not None],
+            "close",
+            timeout_s=CLOSE_TIMEOUT_S,
+        )
         kill_and_wait([m.actor for m in members if m.actor is not None], "worker", silent)
         if not self._keeps_placement():
             placement.remove(self._pg)

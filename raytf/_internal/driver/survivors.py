@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from raytf._internal.driver.actors import floats, kill_and_wait
+from raytf._internal.driver.actors import CLOSE_TIMEOUT_S, ask_each, floats, kill_and_wait
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import GroupView, Member
 from raytf._internal.driver.relay import first_line
@@ -44,7 +44,6 @@ logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 3.0  # how long a survivor's train_fn gets to end once its collectives are aborted
 _ANSWER_MARGIN_S = 5.0  # on top of it, for the recycle call's answer
-_CLOSE_TIMEOUT_S = 5.0  # how long a dropped parameter-server worker gets to remove its shard files
 
 
 class Survivors(GroupCallback):
@@ -189,9 +188,8 @@ class _Kept:
 def _close(group: GroupView, actors: list[Any]) -> None:
     """Before kept processes are killed: let those of a role that keeps files on its node (a
     parameter-server worker's shard files) remove them, as the group's shutdown does."""
-    if actors and group.shape.kept_role in group.shape.closes:
-        closing = [actor.close.remote() for actor in actors]
-        ray.wait(closing, num_returns=len(closing), timeout=_CLOSE_TIMEOUT_S)
+    if group.shape.kept_role in group.shape.closes:
+        ask_each(actors, "close", timeout_s=CLOSE_TIMEOUT_S)
 
 
 def _answer(ref: Any) -> Optional[str]:
