@@ -6,11 +6,9 @@ editing). ``-m docs``: tests/docs, the documentation site built in strict mode a
 ``ray start --head`` of their own (tests/e2e; the autoscaler's test also has ``autoscaler``).
 ``-m gpu``: tests/gpu, on a machine with NVIDIA GPUs only.
 
-The suite runs in three processes (``-n 3`` in pyproject.toml): two run the Ray tiers (the
-integration files, the end-to-end unit), each with its own Ray cluster on ports of its own; much
-of an integration test is waiting (for a timeout it provokes, a process to start, a node to go),
-and the other fills it. The third runs the tiers that start no Ray, at a lower priority, in what
-the two leave of the cores (``takes``). ``-n 0`` runs in one.
+The suite runs in two processes (``-n 2`` in pyproject.toml): much of an integration test is
+waiting (for a timeout it provokes, a process to start, a node to go), and the other process
+fills it. Each process starts its own Ray cluster on ports of its own. ``-n 0`` runs in one.
 
 A test whose run failed because a worker process died when nothing in the test killed it (a
 crash inside TensorFlow or Ray: rare, but seen here on the oldest and the newest versions
@@ -60,41 +58,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
-        def _assign_work_unit(self, node) -> None:  # noqa: ANN001 - pytest-xdist's WorkerController
-            """The next file ``takes`` lets this process take; none left for it: it is done."""
-            scope = next((s for s in self.workqueue if takes(node.gateway.id, s, list(self.workqueue))), None)
-            if scope is None:
-                node.shutdown()
-                return
-            self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
     return FileScheduling(config, log)
-
-
-# The pytest processes that run Ray (the integration files, the end-to-end unit): two (gw0, gw1).
-# A third (-n 3, pyproject.toml) runs only the tiers that start no Ray (unit, cluster, docs), at a
-# lower priority (pytest_configure): in the moments both Ray processes wait (a timeout a test
-# provokes, a node to start, a job to end) it has the cores, and otherwise it yields them.
-RAY_PROCESSES = 2
-LOW_PRIORITY = 19  # os.nice of the Ray-free process: it runs when the Ray processes leave a core idle
-
-
-def starts_ray(group: str) -> bool:
-    return group == "e2e" or group.startswith("integration/")
-
-
-def ray_free_process(worker_id: str) -> bool:
-    """Whether pytest-xdist's process ``gw<N>`` is one past the Ray processes."""
-    return worker_id.startswith("gw") and int(worker_id[2:]) >= RAY_PROCESSES
-
-
-def takes(worker_id: str, group: str, waiting: list[str]) -> bool:
-    """Whether the process may take ``group`` next, of the groups ``waiting``: a Ray process takes a
-    Ray group first and the others once none is left; the Ray-free process never takes a Ray group."""
-    if ray_free_process(worker_id):
-        return not starts_ray(group)
-    return starts_ray(group) or not any(starts_ray(g) for g in waiting)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-rerunfailures' own, which connects to its controller
@@ -113,8 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:  # a socket the plugin has closed already: nothing left to send on it
             pass
-    if ray_free_process(getattr(config, "workerinput", {}).get("workerid", "")):
-        os.nice(LOW_PRIORITY)  # its subprocesses too (the docs' build, mypy, the hooks' checks)
 
 
 _TIERS = {"unit": "unit", "cluster": "unit", "docs": "docs", "integration": "integration", "e2e": "e2e", "gpu": "gpu"}

@@ -1,5 +1,5 @@
 """The suite's own machinery: tests/cpu.py's CPU-seconds of a process tree (the suite record), and the order
-tests/conftest.py hands the test files to the pytest processes in."""
+tests/conftest.py hands the test files to the two pytest processes in."""
 
 from __future__ import annotations
 
@@ -319,19 +319,3 @@ def test_each_pytest_process_asks_pytest_rerunfailures_without_waiting_on_nagle(
         conftest.pytest_configure(config)
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         conftest.pytest_configure(type("Config", (), {})())  # no pytest-rerunfailures' database: nothing to do
-
-
-def test_the_ray_free_process_takes_only_the_tiers_that_start_no_ray():
-    """pytest-xdist's third process (-n 3, pyproject.toml) runs the unit, cluster and docs files
-    only; the two Ray processes take the integration files and the end-to-end unit first, then
-    what is left of the others."""
-    from tests.conftest import ray_free_process, takes
-
-    assert [ray_free_process(w) for w in ("gw0", "gw1", "gw2", "gw3", "main", "")] == [
-        False, False, True, True, False, False]
-    waiting = ["integration/test_a.py", "e2e", "unit/test_u.py", "docs/test_site.py"]
-    assert [g for g in waiting if takes("gw2", g, waiting)] == ["unit/test_u.py", "docs/test_site.py"]
-    assert [g for g in waiting if takes("gw0", g, waiting)] == ["integration/test_a.py", "e2e"]
-    left = ["unit/test_u.py", "cluster/test_k.py"]
-    assert [g for g in left if takes("gw1", g, left)] == left  # no Ray group left: the rest
-    assert not [g for g in ["e2e"] if takes("gw2", g, ["e2e"])]  # nothing for it: it is done
