@@ -26,13 +26,13 @@ WORKER_STARTS = {  # file, under tests/ -> the TrainWorker processes its tests m
     "integration/test_data.py": 2,  # one run of two workers over every dataset, part by part
     "integration/test_docs_examples.py": 5,  # two Ray Tune trials; three recipes of one worker
     "integration/test_exactly_once.py": 13,  # the files run through a drain, a shrink and a SIGTERM: 7; tf-keras fit: 6
-    "integration/test_gpu_nodes.py": 10,  # GPU standbys: 7; GPU placement: 3
+    # three GPU workers, their three standbys, a cold worker for the one that cannot: 7, once a whole
+    # run's record of the merged test is kept (the newest kept one ran the two tests it replaced: 10)
+    "integration/test_gpu_nodes.py": 10,
     "integration/test_hostile.py": 4,  # two workers, restarted once (max_failures=1): any rank's checkpoint kept
     "integration/test_keras.py": 13,  # both Keras paths, killed and resumed: 8; float16: 4; bfloat16: 1
     "integration/test_launch.py": 12,  # the two tutorials: 4 each; TF_CONFIG per rank: 2; a stopped launch: 2
-    # lost and preempted 8, each point of a step 8, fit 5: 21 once a whole run's record without the
-    # moved worker's run (now test_scale.py's) is kept; the newest kept one started 29 here
-    "integration/test_parameter_server.py": 30,
+    "integration/test_parameter_server.py": 21,  # lost and preempted 8, each point of a step 8, fit 5
     "integration/test_ray_train_compat.py": 7,  # three examples of two workers, one of one
     "integration/test_recovery.py": 6,  # a run with one kill and one with none, two workers each
     "integration/test_reliability.py": 10,  # an idle rank retried: 4; fit's shard, a collective timeout, a second driver: 2 each

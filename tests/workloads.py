@@ -1044,19 +1044,6 @@ def slow_directory_checkpoints(config: dict) -> None:
             _write(config["out_dir"], f"running{ctx.world_rank}.json", {"pid": os.getpid()})
 
 
-def gpu_worker(config: dict) -> None:
-    """What a worker on a (declared) GPU node sees: its GPU ids from Ray and from the environment,
-    and a few steps of training under the strategy raytf built for it."""
-    import ray
-
-    info = describe_worker()
-    info["ray_gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
-    small_train({**config, "epochs": 2})
-    info["trained"] = True
-    ctx = raytf.get_context()
-    _write(config["out_dir"], f"gpu{ctx.world_rank}.json", info)
-
-
 # Parameter-server training (raytf.ParameterServerTrainer): train_fn runs on the chief.
 
 

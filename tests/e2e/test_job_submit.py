@@ -187,9 +187,10 @@ def submit_together(head, tmp_path, jobs: dict[str, list[str]]) -> dict[str, tup
 
 
 def test_submitted_keras_jobs_train(head, tmp_path):
-    """Keras 3 on two workers (with two micro-batches a step) and tf-keras on one, submitted
-    together (both Keras paths on two workers, and more: tests/integration/test_keras.py)."""
-    workers = {"keras3": 2, "tf_keras": 1}
+    """Keras 3 (with two micro-batches a step) and tf-keras, one worker each, submitted together
+    (both Keras paths on two workers, killed and resumed: tests/integration/test_keras.py; a
+    submitted job on two workers: test_autoscaler.py's)."""
+    workers = {"keras3": 1, "tf_keras": 1}
     jobs = {name: [script, "--epochs", "2", "--rows", "4096", "--name", "keras", "--num-workers", str(workers[name]),
                    "--storage-path", str(tmp_path / name / "results"), *extra]
             for name, script, extra in (("keras3", "train_keras3.py", ["--micro-batches", "2"]),

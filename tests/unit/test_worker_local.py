@@ -333,3 +333,52 @@ def test_a_workers_load_runs_no_collection_and_leaves_what_it_loaded_out_of_late
             gc.enable()
     finally:
         gc.unfreeze()
+
+
+def _faults_by_call_depth(depths: int = 400, calls: int = 200) -> list[int]:
+    """For each call depth up to ``depths``, this thread's minor page faults while a function with
+    a frame of ~200 slots is called ``calls`` times there. The frames leading down are small (~12
+    slots), so below every chunk's end of the data stack there are depths where the big frame does
+    not fit in what is left: where CPython frees the chunk it maps for a call when the call returns,
+    each of the ``calls`` calls there maps a chunk and faults its first page in."""
+    import resource
+
+    def big():
+        v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = v12 = v13 = v14 = v15 = v16 = v17 = v18 = v19 = 0  # noqa: F841
+        return [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]  # stack depth
+
+    def at(depth: int) -> int:
+        if depth:
+            return at(depth - 1)
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for _ in range(calls):
+            big()
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    return [at(depth) for depth in range(depths)]
+
+
+def test_a_worker_thread_on_a_deep_stack_maps_no_data_stack_chunk_as_its_depth_goes_up_and_down():
+    """raytf.worker.loading.on_a_deep_stack: below its frame, calls at any depth a worker reaches
+    fault no page in, where on CPython 3.11 and 3.12 a thread of its own faulted one in at every
+    call at a chunk's end (CPython issue gh-142183): importing TensorFlow crossed 15,000 times."""
+    import threading
+
+    from raytf._internal.worker.loading import on_a_deep_stack
+
+    def in_a_thread(target):
+        out = []
+        thread = threading.Thread(target=lambda: out.append(target()))
+        thread.start()
+        thread.join()
+        return out[0]
+
+    deep = in_a_thread(on_a_deep_stack(_faults_by_call_depth))
+    assert max(deep) < 20, deep  # a page or two where a list grew, never one at every call
+    if sys.version_info < (3, 13):  # where CPython frees a chunk at once: the measure sees it
+        flat = in_a_thread(_faults_by_call_depth)
+        assert max(flat) >= 200, flat
+    # The function is called as it is: its arguments, its result, its error.
+    assert on_a_deep_stack(lambda a, b=0: (a, b))(1, b=2) == (1, 2)
+    with pytest.raises(KeyError, match="k"):
+        on_a_deep_stack(lambda: {}["k"])()

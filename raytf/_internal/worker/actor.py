@@ -24,6 +24,7 @@ from raytf._internal.data import diagnose
 from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, WorkerAddress, WorkerSpec, WorkerStatus
 from raytf._internal.worker import logs as _logs
 from raytf._internal.worker.activity import ActivityTracker
+from raytf._internal.worker.loading import on_a_deep_stack
 from raytf._internal.worker.payloads import PAYLOADS, ScriptFailed
 from raytf._internal.worker.tensorflow import adopt_gpus, failure_kind, reserve_port
 from raytf.errors import WorkerFailure
@@ -146,7 +147,7 @@ class TrainWorker:
 
         os.environ.update(run_environment(run))
         self._output.level, self._output.use_gpu = run.tensorflow.log_level, run.tensorflow.use_gpu
-        in_background(load, "raytf-warm")
+        in_background(on_a_deep_stack(load), "raytf-warm")
         self.warmed = True
 
     def recycle(self, timeout_s: float) -> Optional[str]:
@@ -185,7 +186,9 @@ class TrainWorker:
         owner = spec.placement_group or context.get_placement_group_id() or ""
         memory.configure(context.gcs_address, owner, _live_placement_groups)
         self._phase = Phase.STARTING
-        self._thread = threading.Thread(target=self._run, args=(run, spec), name="raytf-train", daemon=True)
+        self._thread = threading.Thread(
+            target=on_a_deep_stack(self._run), args=(run, spec), name="raytf-train", daemon=True
+        )
         self._thread.start()
 
     def poll(self) -> WorkerStatus:
