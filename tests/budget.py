@@ -26,8 +26,8 @@ WORKER_STARTS = {  # file, under tests/ -> the TrainWorker processes its tests m
     "integration/test_data.py": 2,  # one run of two workers over every dataset, part by part
     "integration/test_docs_examples.py": 5,  # two Ray Tune trials; three recipes of one worker
     "integration/test_exactly_once.py": 13,  # the files run through a drain, a shrink and a SIGTERM: 7; tf-keras fit: 6
-    # three GPU workers, their three standbys, a cold worker for the one that cannot: 7, once a whole
-    # run's record of the merged test is kept (the newest kept one ran the two tests it replaced: 10)
+    # three GPU workers and their standbys, a cold worker for the standby that cannot take its GPUs,
+    # and the retry's own three standbys (a GPU group's standbys start with each attempt)
     "integration/test_gpu_nodes.py": 10,
     "integration/test_hostile.py": 4,  # two workers, restarted once (max_failures=1): any rank's checkpoint kept
     "integration/test_keras.py": 13,  # both Keras paths, killed and resumed: 8; float16: 4; bfloat16: 1
