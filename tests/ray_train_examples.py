@@ -8,8 +8,6 @@ same shape and only the imports changed: ``config["api"]`` picks Ray Train's mod
   column with Ray Data, ``get_dataset_shard("train").to_tf(...)`` every epoch, ``model.fit``
   once per epoch with ``ReportCheckpointCallback``).
 - ``autoencoder``: an autoencoder trained from ``iter_tf_batches`` with a custom step.
-
-``anchors`` runs the first two on Ray Train, one after the other, for the comparison.
 """
 
 from __future__ import annotations
@@ -164,22 +162,6 @@ def regression(config):
         history = multi_worker_model.fit(tf_dataset, callbacks=[ReportCheckpointCallback()])
         results.append(history.history)
     return results
-
-
-def anchors(config):
-    """Ray Train's anchor runs for test_ray_train_compat.py: ``mnist_keras`` then ``regression``,
-    each with its own config (``config["mnist"]``, ``config["regression"]``), one after the other in
-    the same workers: one Ray Train group where each example had its own (each group is a process
-    per worker that imports TensorFlow, a few CPU-seconds of the suite each). Each example makes
-    its own strategy, as it does alone; with the same TF_CONFIG, TensorFlow takes the second as it
-    took the first. The run's result is regression's last report; rank 0 writes mnist's last
-    epoch's loss to ``config["mnist_loss_path"]``."""
-    train, _ = api("ray")
-    history = mnist_keras({**config["mnist"], "api": "ray"})
-    if train.get_context().get_world_rank() == 0:
-        with open(config["mnist_loss_path"], "w") as f:
-            json.dump(history["loss"][-1], f)
-    return regression({**config["regression"], "api": "ray"})
 
 
 def autoencoder(config):

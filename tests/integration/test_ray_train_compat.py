@@ -7,8 +7,6 @@ end on raytf and reaches the loss it reaches on Ray Train, on the same data.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -29,60 +27,49 @@ def raytf_run(fn, config, tmp_path, name, datasets=None, keras=None, num_workers
     ).fit()
 
 
-MNIST = {"epochs": 3, "steps_per_epoch": 30, "lr": 0.05}
-REGRESSION = {"epochs": 2, "batch_size": 32, "lr": 0.03}
-
-
-@pytest.fixture(scope="module")
-def regression_dataset(cluster):
-    return examples.concatenate(examples.regression_data()).materialize()
-
-
-@pytest.fixture(scope="module")
-def ray_train(cluster, tmp_path_factory, regression_dataset):
-    """The examples' losses on Ray Train (mnist_keras's, regression's), from one Ray Train run that
-    trains both, one after the other (examples.anchors)."""
+def ray_train_run(fn, config, tmp_path, datasets=None):
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
-    root = tmp_path_factory.mktemp("ray_train")
-    result = TensorflowTrainer(
-        examples.anchors, scaling_config=ScalingConfig(num_workers=2),
-        train_loop_config={"mnist": MNIST, "regression": REGRESSION, "mnist_loss_path": str(root / "mnist_loss.json")},
+    return TensorflowTrainer(
+        fn, train_loop_config={**config, "api": "ray"}, scaling_config=ScalingConfig(num_workers=2),
         # Ray Train sets TF_USE_LEGACY_KERAS in the worker after TensorFlow may be loaded; set it first.
-        run_config=RunConfig(storage_path=str(root), worker_runtime_env={"env_vars": {"TF_USE_LEGACY_KERAS": "1"}},
+        run_config=RunConfig(storage_path=str(tmp_path / "ray_train"),
+                             worker_runtime_env={"env_vars": {"TF_USE_LEGACY_KERAS": "1"}},
                              # The reference run, not raytf's, may restart once. Ray Train leaves
                              # TensorFlow's coordination service at its 10 s heartbeat timeout, which
                              # a loaded two-core machine has outlasted in CI (task 0's own heartbeat).
                              # The examples seed their models and restore no checkpoint: a restart
-                             # trains both from the start and reaches the same losses.
+                             # trains from the start and reaches the same loss.
                              failure_config=FailureConfig(max_failures=1)),
-        datasets={"train": regression_dataset},
+        datasets=datasets,
     ).fit()
-    return {"mnist": json.loads((root / "mnist_loss.json").read_text()), "regression": result.metrics["loss"]}
 
 
-def test_the_mnist_keras_example_reaches_ray_trains_loss(cluster, tmp_path, no_leaks, ray_train):
-    ours = raytf_run(examples.mnist_keras, MNIST, tmp_path, "mnist")
+def test_the_mnist_keras_example_reaches_ray_trains_loss(cluster, tmp_path, no_leaks):
+    config = {"epochs": 3, "steps_per_epoch": 30, "lr": 0.05}
+    ours = raytf_run(examples.mnist_keras, config, tmp_path, "mnist")
+    theirs = ray_train_run(examples.mnist_keras, config, tmp_path)
     assert [h["epoch"] for h in ours.history] == [0, 1, 2]
     assert ours.checkpoint is not None and ours.checkpoint.epoch == 2
     # The same model, data and steps: the same loss, within what the shuffles' orders give.
-    assert ours.metrics["loss"] == pytest.approx(ray_train["mnist"], rel=0.25)
+    assert ours.metrics["loss"] == pytest.approx(theirs.metrics["loss"], rel=0.25)
     assert ours.metrics["loss"] < ours.history[0]["loss"]
 
 
-def test_the_regression_example_on_a_ray_dataset_with_to_tf_reaches_ray_trains_loss(cluster, tmp_path, no_leaks,
-                                                                                     ray_train, regression_dataset):
+def test_the_regression_example_on_a_ray_dataset_with_to_tf_reaches_ray_trains_loss(cluster, tmp_path, no_leaks):
+    datasets = {"train": examples.concatenate(examples.regression_data()).materialize()}
+    theirs = ray_train_run(examples.regression, {"epochs": 2, "batch_size": 32, "lr": 0.03}, tmp_path, datasets=datasets)
     # Ray Train hands to_tf's batches straight to model.fit, and MultiWorkerMirroredStrategy
     # splits a batch of unknown size across the workers: each step trains on half of every
     # worker's batch, twice the steps per epoch. raytf trains every row of every batch (a
     # raytf shard is distributed per worker), so it takes twice the epochs for as many updates.
-    ours = raytf_run(examples.regression, {**REGRESSION, "epochs": 2 * REGRESSION["epochs"]}, tmp_path, "regression",
-                     datasets={"train": regression_dataset})
+    ours = raytf_run(examples.regression, {"epochs": 4, "batch_size": 32, "lr": 0.03}, tmp_path, "regression",
+                     datasets=datasets)
     # fit() is called once per epoch: the epochs reported are the run's.
     assert [h["epoch"] for h in ours.history] == list(range(4))
     assert ours.history[-1]["step"] == 4 * (1000 // 32 + 1)
-    assert ours.metrics["loss"] <= 1.25 * ray_train["regression"]
+    assert ours.metrics["loss"] <= 1.25 * theirs.metrics["loss"]
     assert ours.metrics["loss"] < 0.5 * ours.history[0]["loss"]
 
 

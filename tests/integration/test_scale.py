@@ -116,21 +116,11 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
     """Parameter servers past two workers: a chief, 4 workers (two on each of two nodes,
     ``resources_per_worker``) and 2 parameter servers (on a third, ``resources_per_ps``), a custom
     loop over each worker's stream. In epoch 1 a workers' node is lost with its two workers, and an
-    autoscaler's node takes its place. The replacements cannot come back at the lost workers'
-    addresses (on a cluster they are on another machine; here their ports are taken at once):
-    TensorFlow's coordinator is already redialing the old addresses and would wait there for
-    ever, so raytf restarts the group from the last checkpoint. On a loaded machine the
-    coordinator may not have noticed the loss yet when the replacements come back at other ports:
-    raytf then points it there and training goes on, no restart. Where the chief's reconnect holds
-    its process so that it answers nothing, the retarget included, the group restarts after
-    FailureConfig.worker_timeout_s (seen on TensorFlow 2.16); and where the chief answers but its
-    coordinator is held, reconnecting or holding steps of which none ends (seen twice on the
-    oldest versions), FailureConfig.hang_timeout_s fails the attempt as stalled and the group
-    restarts. In epoch 2 the parameter servers' node is lost: the group restarts from the last
-    checkpoint on the node added in its place. Each restart goes on from the last checkpoint, the
-    rows counter and each worker's stream (made inside a dataset function) from where its model
-    stood: every row of each worker's stream trains once per pass, up to the stated bound of one
-    batch again per worker lost in a step."""
+    autoscaler's node takes its place: both workers are replaced (in place, or by a restart of the
+    group where the coordinator cannot reach a replacement: test_parameter_server.py's moved
+    worker). In epoch 2 the parameter servers' node is lost: the group restarts from the last
+    checkpoint on the node added in its place. Every row of each worker's stream trains once per
+    pass, up to the stated bound of one batch again per worker lost in a step."""
     from tests.integration.test_parameter_server import SMALL, assert_every_row_once_per_pass, read, train_data
 
     workers = [cluster.add_node(num_cpus=2, resources={"ps_scale_worker": 2}) for _ in range(2)]
@@ -146,21 +136,15 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
         run=raytf.RunConfig(name="ps-scale", storage_path=str(tmp_path / "runs"), verbose=0,
                             failure_config=raytf.FailureConfig(max_failures=6, hang_timeout_s=90)),
     )
-    seen, squatters = {}, []
+    seen = {}
     try:
         join = in_background(trainer)
-        mark = tmp_path / "out" / "mark-1.json"
-        wait_for(mark.exists, 300, "epoch 1 to be scheduled")
+        wait_for((tmp_path / "out" / "mark-1.json").exists, 300, "epoch 1 to be scheduled")
         seen["first"] = live_tasks("ps-scale")
         lost = workers[0]
         seen["lost_workers"] = sorted(t for t, node in seen["first"].items() if node == lost.node_id)
-        addresses = json.loads(mark.read_text())["cluster"]["worker"]
         cluster.remove_node(lost)
         added.remove(lost)
-        for task in seen["lost_workers"]:  # bound as a replacement would bind it (both families, despite lingering connections)
-            port = int(addresses[int(task.split("-")[1])].rsplit(":", 1)[1])
-            squatters.append(wait_for(lambda: _reserved(port), timeout_s=10, message=f"port {port} to be free"))  # noqa: B023 - waited for here
-            squatters[-1].listen()
         added.append(cluster.add_node(num_cpus=2, resources={"ps_scale_worker": 2}))  # the autoscaler's replacement
         wait_for((tmp_path / "out" / "mark-2.json").exists, 400, "epoch 2 to be scheduled")
         seen["second"] = live_tasks("ps-scale")
@@ -169,11 +153,8 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
         added.append(cluster.add_node(num_cpus=1, resources={"ps_scale_ps": 2}))
         result = join()
     finally:
-        for squatter in squatters:
-            squatter.close()
         for node in added:
             cluster.remove_node(node)
-    assert len(squatters) == 2, "the lost workers' ports were not taken during the run"
     # Two workers on each workers' node, both parameter servers on theirs.
     first = seen["first"]
     assert len(seen["lost_workers"]) == 2, first
@@ -192,25 +173,9 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
     # at least the two never lost (the lost node's replacements, in the old placement group's
     # bundles, end with it; where a restart replaced them instead, all four are kept).
     assert result.startup[-1]["kept_processes"] in (2, 4), result.startup
-    assert all(startup.get("kept_processes", 0) >= 1 for startup in result.startup[1:]), result.startup
-    for failure in result.failures:  # a restart after the move: the redial, a chief held by it, or a wedged one
-        if failure.kind == raytf.FailureKind.NOT_STARTED:
-            assert "redialed its old address" in failure.message or "FailureConfig.worker_timeout_s" in failure.message
-        if failure.kind == raytf.FailureKind.STALLED:
-            assert failure.task == "chief 0" and "FailureConfig.hang_timeout_s=90" in failure.message, failure
-    # Each restart resumed from a checkpoint: the rows counter went on from the committed state, not from zero.
     for resumed in filter(None, restarts):
-        assert resumed[0]["resumed_at"] >= 1 and resumed[0]["rows"] > config["steps"] * 32, resumed
+        assert resumed[0]["resumed_at"] >= 1, resumed
     lost = {int(task.split("-")[1]): 1 for task in seen["lost_workers"]}
     # Workers step at their own pace (the replacements lose time): each finished at least one pass.
     assert_every_row_once_per_pass(read(tmp_path, "rows.json"), workers=4, per_pass=config["per_pass"], batch=32,
                                    passes=1, lost_commits=lost)
-
-
-def _reserved(port):
-    from raytf._internal.worker.tensorflow import reserve_port
-
-    try:
-        return reserve_port(port)
-    except OSError:
-        return None
