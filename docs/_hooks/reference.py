@@ -268,19 +268,23 @@ def suite_runs_markdown(root: str) -> str:
     """Every kept passing run of the whole suite, newest first: when, the commit, how many tests,
     its minutes, the CPU-minutes the machine's cores were busy, and the CPU-seconds of a worker's
     ``import tensorflow`` on the machine before and after the tests (where recorded: the machine's
-    own speed that hour, tests/conftest.py's reference)."""
+    own speed that hour, tests/conftest.py's reference) and how many pytest processes ran it."""
     runs = whole_runs(root)[::-1]
     if not runs:
         return f"No passing run of the whole suite is recorded in `{SUITE_RECORD}` yet.\n"
-    lines = ["| When (UTC) | Commit | Tests | Minutes | CPU-minutes | TensorFlow's import (CPU-s, before / after) |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["| When (UTC) | Commit | Tests | pytest processes | Minutes | CPU-minutes "
+             "| TensorFlow's import (CPU-s, before / after) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for run in runs:
         busy = run.get("machine_cpu_s")
+        # The processes that ran its tests (``ran_at``: pytest-xdist's gw0, gw1, ... or one "main"),
+        # where recorded; every run before that record ran in two.
+        processes = len({process for process, _start, _end in run["ran_at"].values()}) if run.get("ran_at") else 2
         reference = run.get("reference") or {}
         imports = [reference.get(when, {}).get("import_tensorflow") for when in ("before", "after")]
         shown = " / ".join(f"{v:.2f}" if v is not None else "?" for v in imports) if any(imports) else ""
         lines.append(f"| {run['when'][:16].replace('T', ' ')} | `{run['commit']}` | {sum(run['outcomes'].values())} | "
-                     f"{run['wall_s'] / 60:.1f} | {f'{busy / 60:.1f}' if busy else ''} | {shown} |")
+                     f"{processes} | {run['wall_s'] / 60:.1f} | {f'{busy / 60:.1f}' if busy else ''} | {shown} |")
     return "\n".join(lines) + "\n"
 
 
