@@ -170,9 +170,12 @@ def test_four_ps_workers_and_two_parameter_servers_on_three_nodes_lose_a_workers
     assert any(restarts)  # the lost ps restarted the group, from a checkpoint
     # The restart kept the workers' processes, their servers serving the new chief as the same
     # tasks, and started the chief and the parameter servers anew (FailureConfig.keep_survivors):
-    # at least the two never lost (the lost node's replacements, in the old placement group's
-    # bundles, end with it; where a restart replaced them instead, all four are kept).
-    assert result.startup[-1]["kept_processes"] in (2, 4), result.startup
+    # the two never lost, CPU workers outside the placement group, always. Each of the lost node's
+    # replacements too, where its server was serving when the ps was lost (the test waits for
+    # epoch 2, not for them: one may still be starting, and is started anew) and the restart kept
+    # the old placement group, in whose bundles they run (Ray had placed the lost ps's bundles on
+    # the new node by then); where it made a new one, they ended with the old.
+    assert 2 <= result.startup[-1]["kept_processes"] <= 4, result.startup
     for resumed in filter(None, restarts):
         assert resumed[0]["resumed_at"] >= 1, resumed
     lost = {int(task.split("-")[1]): 1 for task in seen["lost_workers"]}
