@@ -290,7 +290,10 @@ def test_a_worker_that_cannot_come_back_at_its_address_restarts_the_group(cluste
     FailureConfig.hang_timeout_s fails the attempt as stalled and the group restarts. A restart
     goes on from the last checkpoint, the rows counter and each worker's stream (made inside a
     dataset function) from where its model stood. (A lost parameter server's restart, the same way:
-    test_scale.py, where the parameter servers' node is lost.)"""
+    test_scale.py, where the parameter servers' node is lost.) Its group starts 8 or 9 worker
+    processes on these paths; where it restarts once more (a held chief, a stall, or the chief's
+    crash below), up to 3 more (a chief, a ps, and worker 1 where its process is not kept):
+    tests/budget.py allows the file that (a fresh clone's run counted 31 for the file, 30 allowed then)."""
     config = {"epochs": 3, "steps": 200, "mark_epochs": [1], "mark_any_attempt": True, "count_rows": 2048,
               "per_pass": 1024 // 32, "dataset_fn": True}
     # Failures to spare: TensorFlow 2.21's chief has crashed (SIGSEGV copying a step's result) on
