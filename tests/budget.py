@@ -8,7 +8,8 @@ speed: it is what its runs are, groups and restarts, every restart counted cold 
 until restarts kept their survivors had that count, file by file, at every hour of the machine).
 A restart that keeps the ranks that outlived its attempt (FailureConfig.keep_survivors) starts
 fewer, so a file's count is now at most its budget: below it where its restarts kept their
-survivors, which a loaded machine may give up (a train_fn that did not end in time). So a change that starts more is a
+survivors, which a loaded machine may give up (a train_fn that did not end in time); a run that can
+restart once more on a loaded machine (its docstring says when) has that restart in its budget. So a change that starts more is a
 change of the tests, seen at once, on any machine, in any run of the file: the assertions it adds
 belong in a shared run that already trains what they need. Where no shared run can show it, raise
 the file's budget here in the same commit, and say why in the test's docstring.
