@@ -304,6 +304,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config._raytf_busy = BusySampler()  # noqa: SLF001
     session.config._raytf_started = time.time()  # noqa: SLF001 - pytest's config holds a plugin's state
     session.config._raytf_machine_cpu = _machine_cpu_s()  # noqa: SLF001
+    session.config._raytf_host = _host_counters()  # noqa: SLF001
     # Each process that runs tests watches its own (pytest-xdist's controller runs none).
     controller = not hasattr(session.config, "workerinput") and session.config.getoption("numprocesses", None)
     global _RUNS_TESTS
@@ -354,6 +355,34 @@ def _machine_cpu_s() -> float:
     except OSError:
         return 0.0
     return round((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), 1)
+
+
+def _cpu_model() -> str:
+    """The machine's processor as its kernel names it ("AMD EPYC", ...): the same machine kind's
+    runs are tellable apart by the host they ran on. "" where there is no /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def _host_counters() -> dict[str, float]:
+    """Two counters of the machine since it booted, which its host moves and the suite's work does
+    not: ``steal_s``, the CPU-seconds its cores were ready to run and the hypervisor ran others
+    (/proc/stat), and ``refaulted_file_mib``, the file pages read back from disk after the kernel
+    had evicted them (/proc/vmstat's workingset_refault_file: on this project's machines DAMON
+    pages out the file pages no process maps once they are a minute old, TensorFlow's among
+    them). {} where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            steal = int(f.readline().split()[8])
+        with open("/proc/vmstat") as f:
+            refaults = next(int(line.split()[1]) for line in f if line.startswith("workingset_refault_file "))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return {}
+    return {"steal_s": steal / os.sysconf("SC_CLK_TCK"),
+            "refaulted_file_mib": refaults * os.sysconf("SC_PAGE_SIZE") / 2**20}
 
 
 def files_over_budget(budget: dict[str, int] | None = None) -> list[str]:
@@ -415,7 +444,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "wall_s": round(time.time() - session.config._raytf_started, 1),  # noqa: SLF001
         "exit_status": int(exitstatus), "outcomes": _OUTCOMES, "args": session.config.invocation_params.args,
         "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf(
-            "SC_PHYS_PAGES") / 2**30), "python": platform.python_version(), "system": platform.platform()},
+            "SC_PHYS_PAGES") / 2**30), "python": platform.python_version(), "system": platform.platform(),
+                    "cpu_model": _cpu_model()},
         "versions": {name: version(name)
                      for name in ("tensorflow", "keras", "tf-keras", "ray", "pyarrow", "numpy", "ml_dtypes", "pytest")},
         "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},
@@ -424,6 +454,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # The TrainWorker processes each integration test started (its session cluster's actor table).
         "worker_starts": dict(sorted(_STARTS_OF.items(), key=lambda kv: -kv[1])),
         "machine_cpu_s": round(_machine_cpu_s() - session.config._raytf_machine_cpu, 1),  # noqa: SLF001
+        # What the host did to the machine meanwhile (_host_counters): its steal and its evicted file
+        # pages read back, neither of which the code of a run changes.
+        "host": {name: round(value - session.config._raytf_host[name], 1)  # noqa: SLF001
+                 for name, value in _host_counters().items() if name in session.config._raytf_host},  # noqa: SLF001
         # The pytest processes' CPU-seconds, their Ray clusters' and subprocesses' included, by kind of
         # process (tests/cpu.py's kind_of), costliest first.
         "cpu_by_kind": _summed(_BY_KIND),

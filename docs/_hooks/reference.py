@@ -298,7 +298,8 @@ def slowest_markdown(root: str) -> str:
     tests = sum(run["outcomes"].values())
     lines = [
         f"The newest kept run of the whole suite (`{SUITE_RECORD}`, {run['when'][:10]}, commit `{run['commit']}`): "
-        f"{tests} tests in {run['wall_s'] / 60:.1f} minutes on {machine['cpus']} CPUs and "
+        f"{tests} tests in {run['wall_s'] / 60:.1f} minutes on {machine['cpus']} CPUs"
+        + (f" ({machine['cpu_model']})" if machine.get("cpu_model") else "") + " and "
         f"{machine['memory_gib']} GiB, Python {machine['python']}, TensorFlow {versions['tensorflow']}, "
         f"Keras {versions['keras']}, Ray {versions['ray']}.",
     ]
@@ -308,6 +309,10 @@ def slowest_markdown(root: str) -> str:
         if busy:
             lines[-1] += (f" The machine's cores were busy for {busy / 60:.1f} CPU-minutes of it "
                           f"({busy / run['wall_s'] / machine['cpus']:.0%} of all they had).")
+        host = run.get("host")  # recorded since the suite reads the host's counters (tests/conftest.py)
+        if host:
+            lines[-1] += (f" Its host took {host['steal_s']:.0f} CPU-seconds of steal meanwhile, and "
+                          f"{host['refaulted_file_mib']:,.0f} MiB of evicted files were read back from disk.")
         starts = run.get("worker_starts")  # recorded since the suite counts them (tests/conftest.py)
         lines[-1] += (" Its ten costliest tests by CPU, their Ray processes' included (setup, call and teardown; a "
                       "file's shared runs count to the test that first asks for them), with their seconds"

@@ -251,6 +251,13 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     page = reference.slowest_markdown(str(tmp_path))
     assert ("How its pytest processes shared the 600 s: gw0 ran 1 test file, its last test ending at 590 s; "
             "gw1 ran 2 test files, its last test ending at 450 s.") in page
+    # A record of the machine's processor and its host's counters names them.
+    with_host = dict(with_schedule, machine={**with_schedule["machine"], "cpu_model": "AMD EPYC"},
+                     host={"steal_s": 12.4, "refaulted_file_mib": 2345.6})
+    record.write_text(record.read_text() + json.dumps(with_host) + "\n")
+    page = reference.slowest_markdown(str(tmp_path))
+    assert "12 tests in 10.0 minutes on 2 CPUs (AMD EPYC) and 24 GiB" in page
+    assert "Its host took 12 CPU-seconds of steal meanwhile, and 2,346 MiB of evicted files were read back" in page
 
 
 TRACED = ("bench/results/", "<!-- raytf:bench:", "<!-- raytf:kept:")

@@ -167,6 +167,25 @@ def test_the_reference_measures_the_machine_with_a_workers_tensorflow(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(TEST_ONLY)
 
 
+def test_a_record_names_the_machines_processor_and_reads_its_hosts_counters():
+    """What a suite record keeps of the machine's host (tests/conftest.py): its processor's name, and
+    the two counters it takes the difference of over a run, in their units, which never go down."""
+    import sys
+    import time
+
+    from tests.conftest import _cpu_model, _host_counters
+
+    if not sys.platform.startswith("linux"):
+        assert _host_counters() == {} and _cpu_model() == ""
+        return
+    before = _host_counters()
+    assert set(before) == {"steal_s", "refaulted_file_mib"} and min(before.values()) >= 0
+    time.sleep(0.2)
+    after = _host_counters()
+    assert all(after[name] >= before[name] for name in before)
+    assert _cpu_model()  # the kernel's "model name" line, whatever the processor
+
+
 def test_the_busy_sampler_gives_a_share_of_the_cores_for_each_interval():
     import time
 
