@@ -23,7 +23,7 @@ from raytf._internal.protocol import CheckpointUpload, ReportStage, ResumePoint,
 from raytf._internal.storage import RunStorage
 from raytf._internal.checkpoint import saver as _saver_module
 from raytf._internal.worker.session import WorkerSession
-from raytf.errors import CheckpointError
+from raytf.errors import CheckpointError, RaytfError
 from raytf.session import TrainContext
 
 pytestmark = pytest.mark.unit
@@ -90,6 +90,42 @@ def test_report_returns_before_the_commit_the_directory_may_go_at_once_and_the_h
         assert open(f"{committed}/weights.txt").read() == "epoch 0"
     written = json.loads((tmp_path / "results" / "run" / "history.json").read_text())
     assert written[0]["checkpoint"] == "checkpoint_000000"  # written with the commit
+
+
+def test_a_chiefs_checkpoint_is_on_its_way_from_before_its_halt_check_until_its_commit(tmp_path):
+    """What the chief answers a halt (actor.halt: ``session.uploading``): a report with an
+    asynchronous checkpoint is on its way from before its halt check, through its snapshot, until
+    its commit, so a halt that lands while the snapshot is taken still waits for its upload; a
+    report after the halt raises and sets nothing out."""
+    halted = threading.Event()
+    run = Run(tmp_path)
+    run.session._halted = halted.is_set
+    run.gate.clear()  # the driver's commit held back
+    snapshotting, go_on = threading.Event(), threading.Event()
+    snapshot = run.session._saver.snapshot
+
+    def slow_snapshot(*args):
+        snapshotting.set()
+        assert go_on.wait(30)
+        return snapshot(*args)
+
+    run.session._saver.snapshot = slow_snapshot
+    checkpoint, _ = directory_checkpoint(tmp_path, "epoch 0")
+    assert not run.session.uploading()
+    reporting = threading.Thread(target=run.session.report, args=({"epoch": 0}, checkpoint))
+    reporting.start()
+    assert snapshotting.wait(30)
+    halted.set()  # the halt lands while the snapshot is taken: no upload has started yet
+    assert run.session.uploading()
+    go_on.set()
+    reporting.join(30)
+    assert run.session.uploading()  # now in flight, its commit held back
+    run.gate.set()
+    run.session.finish_uploads()
+    assert not run.session.uploading() and run.index() == ["checkpoint_000000"]
+    with pytest.raises(RaytfError, match="the run is stopping"):
+        run.session.report({"epoch": 1}, checkpoint=checkpoint)
+    assert not run.session.uploading()
 
 
 def test_a_checkpoint_waits_for_the_previous_ones_commit_and_metrics_alone_do_not(tmp_path):

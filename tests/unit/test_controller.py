@@ -49,8 +49,15 @@ class FakeGroup:
     def close(self):
         self.shutdown()
 
-    def halt(self):
+    def halt(self, uploading=False):
+        """The chief stops taking reports and answers whether an upload of its is in flight: so the
+        relay's last status says (``uploading``), or its own fresher answer (``chief_uploading``).
+        Only then is the rest of the group killed (``killed_at``)."""
         self.halted_at = self.polls
+        uploading = uploading or getattr(self, "chief_uploading", False)
+        if uploading:
+            self.killed_at = self.polls
+        return uploading
 
     def can_replace(self, failure):
         return False
@@ -497,14 +504,37 @@ def test_a_failed_attempt_whose_chief_lives_commits_its_checkpoint_in_flight_bef
     assert not hasattr(chief_lost, "halted_at") and chief_lost.polls == 1
 
 
-def test_a_stop_with_no_upload_in_flight_halts_nothing_and_waits_for_nothing():
+def test_a_stop_with_no_upload_in_flight_kills_nothing_and_waits_for_nothing():
+    """The chief is asked (it takes no report from then on), says no upload is in flight, and the
+    group goes at once."""
     from raytf._internal.protocol import Progress
 
     group = InterruptedGroup({0: [GroupStatus(progress=Progress()), None, GroupStatus(progress=Progress())]}, at=1)
     controller, _ = run(group)
     with pytest.raises(KeyboardInterrupt):
         controller.run()
-    assert not hasattr(group, "halted_at") and group.polls == 3 and not group.live
+    assert group.halted_at == 3 and not hasattr(group, "killed_at") and group.polls == 3 and not group.live
+    assert controller._clock() == 0.5  # the poll interval before the stop, and no wait after it
+
+
+def test_a_stop_waits_for_an_upload_the_relays_last_answer_is_too_old_to_show():
+    """SIGTERM lands just after the chief's asynchronous checkpoint set out, and the relay's last
+    answer from it is older: the chief's own answer to the halt says an upload is in flight, so
+    the rest of the group is killed and the upload's report is committed before the group goes
+    (on a loaded machine the stale answer once let the group go with the upload uncommitted)."""
+    from raytf._internal.protocol import Progress, ReportStage
+
+    uploaded = Report(rank=0, seq=3, metrics={"step": 3}, time=3.0, stage=ReportStage.UPLOADED,
+                      checkpoint=UploadedCheckpoint("checkpoint_000000", 0))
+    group = InterruptedGroup({0: [GroupStatus(progress=Progress()), None, GroupStatus(progress=Progress()),
+                                  GroupStatus(reports=(uploaded,), progress=Progress(uploading=True)),
+                                  GroupStatus(progress=Progress())]}, at=1)
+    group.chief_uploading = True
+    controller, seen = run(group)
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    assert group.halted_at == group.killed_at == 3
+    assert seen == [uploaded] and group.acks == [(0, 3, None)] and group.polls == 5 and not group.live
 
 
 def test_a_stopped_run_waits_for_an_upload_no_longer_than_its_bound():

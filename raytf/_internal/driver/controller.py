@@ -33,7 +33,7 @@ class WorkerGroup(Protocol):
 
     def close(self) -> None: ...  # the run ended: shut down, and end what outlives attempts (standbys)
 
-    def halt(self) -> None: ...  # the run is stopping: training stops now, an upload in flight goes on
+    def halt(self, uploading: bool = False) -> bool: ...  # the run is stopping; whether an upload is in flight
 
     def acknowledge(self, rank: int, seq: int, error: Optional[str]) -> None: ...
 
@@ -166,9 +166,10 @@ class Controller:
             return
         status = self._group.poll()
         self._handle_reports(status)
-        if status.progress is None or not status.progress.uploading:
+        # First: a group left training would commit its next checkpoints meanwhile. The chief's own
+        # answer decides, the relay's last progress being perhaps a poll older than the stop.
+        if not self._group.halt(uploading=status.progress is not None and status.progress.uploading):
             return
-        self._group.halt()  # first: a group left training would commit its next checkpoints meanwhile
         logger.warning(
             "raytf: %s, waiting up to %.0f s for the checkpoint being uploaded to be committed%s", why, timeout_s, hint
         )

@@ -49,6 +49,7 @@ from raytf.errors import FailureKind, WorkerFailure, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
+HALT_ANSWER_S = 10.0  # how long a stopping run waits for its chief to say whether a checkpoint is on its way
 _PLACEMENTS_AFTER_DEAD_NODES = 3  # new placements within one start after nodes died under the last one
 
 
@@ -443,15 +444,20 @@ class WorkerGroup:
 
     # Ending it.
 
-    def halt(self) -> None:
-        """The run is stopping while the chief uploads a checkpoint: the other members are killed
-        (training stops) and the chief takes no further report (``raytf.report`` raises); its
-        upload goes on, and the controller waits for its commit before the shutdown."""
-        for index, member in enumerate(self.members):
-            if index == self.trainer_index:
-                member.actor.halt.remote()
-            elif member.actor is not None:
+    def halt(self, uploading: bool = False) -> bool:
+        """The run is stopping: the chief takes no further report (``raytf.report`` raises) and says
+        whether a checkpoint of its is on its way to storage, which the relay's last answer
+        (``uploading``) may be a poll too old to show. Where one is, the other members are killed
+        (training stops); its upload goes on, and the controller waits for its commit."""
+        chief = self.members[self.trainer_index].actor if self.members else None
+        try:
+            uploading = chief is not None and bool(ray.get(chief.halt.remote(), timeout=HALT_ANSWER_S)) or uploading
+        except (RayActorError, GetTimeoutError):  # gone, or silent: the relay's answer is all there is
+            pass
+        for index, member in enumerate(self.members if uploading else ()):
+            if index != self.trainer_index and member.actor is not None:
                 ray.kill(member.actor, no_restart=True)
+        return uploading
 
     def shutdown(self, restarting: bool = True) -> None:
         """The attempt ended: let members that keep files on their node remove them, kill every

@@ -252,9 +252,13 @@ class TrainWorker:
     def preempt_requested(self) -> bool:
         return self._preempt_reason is not None
 
-    def halt(self) -> None:
-        """The run is stopping: ``raytf.report`` raises from now on (an upload in flight goes on)."""
+    def halt(self) -> bool:
+        """The run is stopping: ``raytf.report`` raises from now on (an upload in flight goes on).
+        Whether a checkpoint is on its way to storage: none can set out after this answer
+        (session.py, ``uploading``)."""
         self._halted = True
+        session = getattr(self._payload, "session", None)
+        return bool(session is not None and session.uploading())
 
     def halted(self) -> bool:
         return self._halted

@@ -69,6 +69,7 @@ class WorkerSession:
         self._halted = halted
         self._seq = 0
         self._lock = threading.Lock()
+        self._setting_out = 0  # chief's asynchronous checkpoints past the halt check, their upload not started
         self._resume = resume
         self._acks: dict[int, threading.Event] = {}
         self._ack_errors: dict[int, str] = {}
@@ -284,6 +285,18 @@ class WorkerSession:
     ) -> None:
         """``raytf.report``; ``upload`` overrides the run's ``CheckpointConfig.upload`` for this
         report (``raytf.train.report``'s ``checkpoint_upload_mode``)."""
+        # An asynchronous checkpoint of the chief's is on its way from here, before the halt check,
+        # until its upload's thread has started: a halt never falls between the two unseen.
+        on_its_way = checkpoint is not None and ranks == "chief" and (upload or self.upload) == CheckpointUpload.ASYNC
+        with self._lock:
+            self._setting_out += on_its_way
+        try:
+            self._report(metrics, checkpoint, ranks, upload)
+        finally:
+            with self._lock:
+                self._setting_out -= on_its_way
+
+    def _report(self, metrics: dict[str, Any], checkpoint: Any, ranks: str, upload: Optional[CheckpointUpload]) -> None:
         self._stop_if_halted()
         if ranks not in ("chief", "all"):
             raise ConfigError(f"raytf.report(ranks=...) must be 'chief' or 'all', got {ranks!r}")
@@ -436,8 +449,9 @@ class WorkerSession:
             )
 
     def uploading(self) -> bool:
-        """Whether an asynchronous checkpoint is still on its way to storage (uploads.py)."""
-        return self._uploads.in_flight()
+        """Whether an asynchronous checkpoint is still on its way to storage (uploads.py), or is
+        setting out: its report past the halt check, its upload not yet started."""
+        return self._uploads.in_flight() or self._setting_out > 0
 
     def finish_uploads(self) -> None:
         """Wait until the asynchronous checkpoint in flight is committed; raise if it was not (or
