@@ -181,14 +181,23 @@ def test_no_page_types_a_benchmark_figure(page):
     assert not unmarked_figures(re.sub(r"`[^`]+`", "", page.read_text())), page
 
 
-def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_into_the_site():
+def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_into_the_site(tmp_path):
     readme = (ROOT / "README.md").read_text()
     first = next(i for i, line in enumerate(readme.splitlines()) if FENCE.match(line))
     commands = readme.splitlines()[first + 1:first + 3]
     assert commands == ['pip install -e . && python jobs/train_mlp.py', 'pip install -e ".[test]" && python -m pytest']
-    # CI runs the test command verbatim, then the oldest versions' tiers (noxfile.py).
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
-    assert ci[-2:] == [commands[1], "python -m nox -s oldest"], ci
+    # CI runs the test command verbatim, then the oldest versions' tiers (noxfile.py), whether the
+    # first passed or not, and fails with the first failure's status: run with each of the two
+    # commands standing in for a run that passes or fails.
+    ci = (ROOT / ".ci" / "run").read_text()
+    [test_line] = [line for line in ci.splitlines() if line.startswith(commands[1])]
+    assert ci.count("python -m nox -s oldest") == 1 and ci.index(test_line) < ci.index("python -m nox -s oldest")
+    (tmp_path / ".ci").mkdir()
+    for newest, oldest, status in ((0, 0, 0), (1, 0, 1), (0, 3, 3), (2, 3, 2)):
+        (tmp_path / ".ci" / "run").write_text(ci.replace(commands[1], f"echo newest; (exit {newest})")
+                                              .replace("python -m nox -s oldest", f"echo oldest; (exit {oldest})"))
+        done = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout.split()) == (status, ["newest", "oldest"]), (newest, oldest, done)
     links = re.findall(r"\]\((docs/[^)#]+)", readme)
     assert len(links) >= 8, links
     for link in links:
