@@ -344,6 +344,42 @@ def test_a_member_replaced_in_place_after_going_silent_has_its_process_ended_and
     assert killed.pop() == []
 
 
+def test_a_stop_tells_a_silent_chief_to_halt_and_takes_the_relays_answer_without_waiting_for_its_own(monkeypatch):
+    """group.halt asks the chief whether a checkpoint of its is on its way, waiting up to
+    HALT_ANSWER_S for the answer, and kills the others where one is. A chief the watch found silent
+    (a stopped or stuck process, the failure that ends the attempt) is told all the same but not
+    waited for: the attempt's end does not wait those seconds for an answer that will not come, and
+    the relay's last answer decides."""
+    from raytf._internal.driver import group as group_module
+    from raytf._internal.driver.group import WorkerGroup
+
+    class Chief(_Actor):
+        def __getattr__(self, name):  # its calls' answers: the chief says an upload is on its way
+            return types.SimpleNamespace(remote=lambda *args: _Method(self.calls, name).remote(*args) or "on its way")
+
+    waited, killed = [], []
+    monkeypatch.setattr(group_module.ray, "get", lambda ref, timeout: waited.append(timeout) or ref == "on its way")
+    monkeypatch.setattr(group_module.ray, "kill", lambda actor, no_restart: killed.append(actor))
+
+    def halt(silent_ranks, relay_says):
+        waited.clear(), killed.clear()
+        members = _members([(WORKER, "node-a"), (WORKER, "node-b")])
+        members[0].actor = Chief()
+        fake = _group(MirroredShape(), members, watch=types.SimpleNamespace(silent_ranks=set(silent_ranks)))
+        uploading = WorkerGroup.halt(fake, relay_says)
+        assert ("halt", ()) in members[0].actor.calls and not members[1].actor.calls  # the chief is told, always
+        return uploading, members
+
+    uploading, members = halt(silent_ranks=set(), relay_says=False)  # its own answer: an upload is on its way
+    assert uploading and waited == [group_module.HALT_ANSWER_S] and killed == [members[1].actor]
+    uploading, members = halt(silent_ranks={0}, relay_says=False)
+    assert not uploading and waited == [] and killed == []
+    uploading, members = halt(silent_ranks={0}, relay_says=True)
+    assert uploading and waited == [] and killed == [members[1].actor]
+    uploading, members = halt(silent_ranks={1}, relay_says=False)  # another member's silence: the chief answers
+    assert uploading and waited == [group_module.HALT_ANSWER_S]
+
+
 def test_survivors_are_kept_for_the_next_attempt_on_bundles_of_their_nodes_and_the_lost_start_anew(monkeypatch):
     """As an attempt ends, every member still there is asked to recycle; those that did are taken
     from the group (its shutdown kills only the members it holds) and handed their own bundles at

@@ -402,9 +402,8 @@ class WorkerGroup:
         index = failure.rank
         member = self.members[index]
         silent = [member.address] if self.watch and index in self.watch.silent_ranks and member.address else []
-        kill_and_wait(
-            [member.actor], "replaced", silent
-        )  # its port free again: the coordinator redials it (worker/ps.py)
+        # Its port free again: the coordinator redials it (worker/ps.py).
+        kill_and_wait([member.actor], "replaced", silent)
         self._preempted.pop(index, None)
         old = member.address
         member.generation += 1
@@ -447,12 +446,14 @@ class WorkerGroup:
     def halt(self, uploading: bool = False) -> bool:
         """The run is stopping: the chief takes no further report (``raytf.report`` raises) and says
         whether a checkpoint of its is on its way to storage, which the relay's last answer
-        (``uploading``) may be a poll too old to show. Where one is, the other members are killed
-        (training stops); its upload goes on, and the controller waits for its commit."""
+        (``uploading``) may be too old to show (a chief the watch found silent is told, not waited
+        for). Where one is, the others are killed (training stops); the controller waits for its commit."""
         chief = self.members[self.trainer_index].actor if self.members else None
+        answer = None if chief is None else chief.halt.remote()
+        silent = self.watch is not None and self.trainer_index in self.watch.silent_ranks
         try:
-            uploading = chief is not None and bool(ray.get(chief.halt.remote(), timeout=HALT_ANSWER_S)) or uploading
-        except (RayActorError, GetTimeoutError):  # gone, or silent: the relay's answer is all there is
+            uploading = answer is not None and not silent and bool(ray.get(answer, timeout=HALT_ANSWER_S)) or uploading
+        except (RayActorError, GetTimeoutError):  # gone, or silent since the watch last looked
             pass
         for index, member in enumerate(self.members if uploading else ()):
             if index != self.trainer_index and member.actor is not None:
