@@ -449,9 +449,9 @@ class WorkerGroup:
         (``uploading``) may be too old to show (a chief the watch found silent is told, not waited
         for). Where one is, the others are killed (training stops); the controller waits for its commit."""
         chief = self.members[self.trainer_index].actor if self.members else None
-        answer = None if chief is None else chief.halt.remote()
         silent = self.watch is not None and self.trainer_index in self.watch.silent_ranks
         try:
+            answer = None if chief is None else chief.halt.remote()
             uploading = answer is not None and not silent and bool(ray.get(answer, timeout=HALT_ANSWER_S)) or uploading
         except (RayActorError, GetTimeoutError):  # gone, or silent since the watch last looked
             pass
