@@ -202,7 +202,7 @@ class TrainWorker:
             activity = self._activity.finished()
         with self._lock:
             reports, self._reports = tuple(self._reports), []
-        session = getattr(self._payload, "session", None)
+        session = self._session
         return WorkerStatus(
             rank=self._rank,
             phase=self._phase,
@@ -218,12 +218,12 @@ class TrainWorker:
         """For warm restarts: whether this worker read its shard of ``name`` whole, and its columns.
         The driver calls it with two returns, so it reads the flag and leaves the columns in the
         object store, where a restarted rank reads them (data/shard.py, KeptShard)."""
-        session = getattr(self._payload, "session", None)
+        session = self._session
         arrays = session.shard_read_whole(name) if session is not None else None
         return arrays is not None, arrays
 
     def acknowledge(self, seq: int, error: Optional[str] = None) -> None:
-        session = getattr(self._payload, "session", None)
+        session = self._session
         if session is not None:
             session.acknowledge(seq, error)
 
@@ -257,11 +257,16 @@ class TrainWorker:
         Whether a checkpoint is on its way to storage: none can set out after this answer
         (session.py, ``uploading``)."""
         self._halted = True
-        session = getattr(self._payload, "session", None)
+        session = self._session
         return bool(session is not None and session.uploading())
 
     def halted(self) -> bool:
         return self._halted
+
+    @property
+    def _session(self) -> Any:
+        """The payload's WorkerSession (a train_fn's); None for a server, a launched script, or before a start."""
+        return getattr(self._payload, "session", None)
 
     # Parameter-server groups (payloads.py): what the driver asks of a chief, a worker, an evaluator.
 
@@ -307,7 +312,7 @@ class TrainWorker:
     def _fail(self, spec: WorkerSpec, error: BaseException) -> None:
         message = str(error)
         try:  # a TFRecord read that failed: which file and record (TensorFlow's message names neither)
-            where = diagnose.explain(error, getattr(getattr(self._payload, "session", None), "cursors", {}) or {})
+            where = diagnose.explain(error, getattr(self._session, "cursors", {}) or {})
         except Exception as problem:  # noqa: BLE001 - the failure itself is what matters
             where = None
             logger.warning("raytf: could not look for the record that failed: %s", problem)
