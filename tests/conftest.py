@@ -346,14 +346,23 @@ class BusySampler:
         return list(self._shares)
 
 
-def _machine_cpu_s() -> float:
-    """CPU-seconds every core of the machine has been busy since it booted (/proc/stat: user, nice,
-    system, irq, softirq, steal; not idle or waiting for I/O); 0 where there is no /proc."""
+def _cpu_ticks() -> list[int]:
+    """/proc/stat's first line, the machine's cores together since it booted, in clock ticks: user,
+    nice, system, idle, iowait, irq, softirq, steal; [] where there is no /proc."""
     try:
         with open("/proc/stat") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+            return [int(v) for v in f.readline().split()[1:9]]
     except OSError:
+        return []
+
+
+def _machine_cpu_s() -> float:
+    """CPU-seconds every core of the machine has been busy since it booted (user, nice, system, irq,
+    softirq, steal; not idle or waiting for I/O); 0 where there is no /proc."""
+    ticks = _cpu_ticks()
+    if not ticks:
         return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
     return round((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), 1)
 
 
@@ -375,8 +384,7 @@ def _host_counters() -> dict[str, float]:
     pages out the file pages no process maps once they are a minute old, TensorFlow's among
     them). {} where there is no /proc."""
     try:
-        with open("/proc/stat") as f:
-            steal = int(f.readline().split()[8])
+        steal = _cpu_ticks()[7]
         with open("/proc/vmstat") as f:
             refaults = next(int(line.split()[1]) for line in f if line.startswith("workingset_refault_file "))
     except (OSError, IndexError, ValueError, StopIteration):
