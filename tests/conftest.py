@@ -439,6 +439,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import time
     from importlib import metadata
 
+    from tests.slowed import cpu_quota
+
     def version(name: str) -> str:
         try:
             return metadata.version(name)
@@ -453,7 +455,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "exit_status": int(exitstatus), "outcomes": _OUTCOMES, "args": session.config.invocation_params.args,
         "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf(
             "SC_PHYS_PAGES") / 2**30), "python": platform.python_version(), "system": platform.platform(),
-                    "cpu_model": _cpu_model()},
+                    "cpu_model": _cpu_model(),
+                    # Fewer CPUs than it has, where a CFS quota holds the run to them (tests/slowed.py).
+                    **({"cpu_quota": quota} if (quota := cpu_quota()) is not None else {})},
         "versions": {name: version(name)
                      for name in ("tensorflow", "keras", "tf-keras", "ray", "pyarrow", "numpy", "ml_dtypes", "pytest")},
         "tests_s": {nodeid: round(took, 2) for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1])},

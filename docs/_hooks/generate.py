@@ -27,6 +27,7 @@ MARKERS = {
     "<!-- raytf:cli -->": reference.cli_markdown,
     "<!-- raytf:environment -->": reference.environment_markdown,
     "<!-- raytf:hooks -->": reference.hooks_markdown,
+    "<!-- raytf:slowed-runs -->": reference.slowed_runs_markdown,
     "<!-- raytf:slowest -->": reference.slowest_markdown,
     "<!-- raytf:suite-runs -->": reference.suite_runs_markdown,
     "<!-- raytf:support -->": reference.support_markdown,

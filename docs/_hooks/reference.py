@@ -243,19 +243,46 @@ def hooks_markdown(root: str) -> str:
 
 
 SUITE_RECORD = os.path.join("tests", "records", "suite.jsonl")
+# Whole runs held to fewer CPUs than their machine has (tests/slowed.py), kept apart.
+SLOWED_RECORD = os.path.join("tests", "records", "suite_slowed.jsonl")
+
+
+def _records(root: str, record: str) -> list[dict]:
+    import json
+
+    path = os.path.join(root, record)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _whole(run: dict) -> bool:
+    return not {"-m", "-k"} & set(run["args"])
 
 
 def whole_runs(root: str) -> list[dict]:
-    """Every kept run (``--suite-record``, tests/conftest.py) of the whole suite that passed, oldest
-    first: no ``-m`` or ``-k`` choosing part of it."""
-    import json
+    """Every kept run (``--suite-record``, tests/conftest.py) of the whole suite that passed on its
+    machine's full cores, oldest first: no ``-m`` or ``-k`` choosing part of it, no CPU quota."""
+    return [r for r in _records(root, SUITE_RECORD)
+            if r["exit_status"] == 0 and _whole(r) and not r["machine"].get("cpu_quota")]
 
-    path = os.path.join(root, SUITE_RECORD)
-    runs = []
-    if os.path.exists(path):
-        with open(path) as f:
-            runs = [json.loads(line) for line in f if line.strip()]
-    return [r for r in runs if r["exit_status"] == 0 and not {"-m", "-k"} & set(r["args"])]
+
+def slowed_runs_markdown(root: str) -> str:
+    """Every kept run of the whole suite held to fewer CPUs (tests/slowed.py), newest first: when,
+    the commit, the CPUs it was held to, its outcomes, its minutes and its CPU-minutes."""
+    runs = [r for r in _records(root, SLOWED_RECORD) if _whole(r)][::-1]
+    if not runs:
+        return f"No run of the whole suite held to fewer CPUs is recorded in `{SLOWED_RECORD}` yet.\n"
+    lines = ["| When (UTC) | Commit | CPUs, held to | Outcomes | Minutes | CPU-minutes |",
+             "|---|---|---|---|---:|---:|"]
+    for run in runs:
+        machine, busy = run["machine"], run.get("machine_cpu_s")
+        outcomes = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(run["outcomes"].items()))
+        lines.append(f"| {run['when'][:16].replace('T', ' ')} | `{run['commit']}` | "
+                     f"{machine['cpus']}, {machine.get('cpu_quota', '?')} | {outcomes} | {run['wall_s'] / 60:.1f} | "
+                     f"{f'{busy / 60:.1f}' if busy else ''} |")
+    return "\n".join(lines) + "\n"
 
 
 def newest_whole_run(root: str) -> dict | None:

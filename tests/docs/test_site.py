@@ -269,6 +269,33 @@ def test_the_contributing_page_shows_the_newest_passing_run_of_the_whole_suite(t
     assert "Its host took 12 CPU-seconds of steal meanwhile, and 2,346 MiB of evicted files were read back" in page
 
 
+def test_runs_held_to_fewer_cpus_have_a_table_of_their_own_and_are_never_the_newest_whole_run(tmp_path, monkeypatch):
+    """A run under tests/slowed.py's quota (``machine.cpu_quota``) shows in its own table, from
+    tests/records/suite_slowed.jsonl, with the CPUs it was held to; in suite.jsonl it would not be
+    taken for a run on its machine's full cores."""
+    import json
+
+    monkeypatch.syspath_prepend(str(DOCS / "_hooks"))
+    import reference
+
+    records = tmp_path / "tests" / "records"
+    records.mkdir(parents=True)
+    assert "No run of the whole suite held to fewer CPUs" in reference.slowed_runs_markdown(str(tmp_path))
+
+    def run(commit, quota, outcomes):
+        machine = {"cpus": 2, "memory_gib": 24, "python": "3.11.7", **({"cpu_quota": quota} if quota else {})}
+        return {"when": "2026-12-06T23:30:00Z", "commit": commit, "wall_s": 1002.0, "exit_status": 0, "args": [],
+                "outcomes": outcomes, "machine": machine, "machine_cpu_s": 1273.5,
+                "versions": {"tensorflow": "2.21.0", "keras": "3.15.1", "ray": "2.60.0"}, "tests_s": {"tests/x.py::t": 1.0}}
+
+    (records / "suite_slowed.jsonl").write_text(json.dumps(run("abc1234", 1.33, {"passed": 1165, "rerun": 1})) + "\n")
+    table = reference.slowed_runs_markdown(str(tmp_path))
+    assert "| 2026-12-06 23:30 | `abc1234` | 2, 1.33 | 1,165 passed, 1 rerun | 16.7 | 21.2 |" in table
+    (records / "suite.jsonl").write_text(json.dumps(run("full000", None, {"passed": 3})) + "\n"
+                                         + json.dumps(run("held000", 1.33, {"passed": 3})) + "\n")
+    assert [r["commit"] for r in reference.whole_runs(str(tmp_path))] == ["full000"]
+
+
 TRACED = ("bench/results/", "<!-- raytf:bench:", "<!-- raytf:kept:")
 
 

@@ -338,3 +338,59 @@ def test_each_pytest_process_asks_pytest_rerunfailures_without_waiting_on_nagle(
         conftest.pytest_configure(config)
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         conftest.pytest_configure(type("Config", (), {})())  # no pytest-rerunfailures' database: nothing to do
+
+
+def test_the_cpu_quota_is_read_from_the_cgroup_or_a_parent_under_either_cgroup_version(tmp_path):
+    """tests/slowed.py's reader, which a suite record notes (``machine.cpu_quota``): the smallest
+    CFS quota on the process's cgroup path, in CPUs, under cgroup v1's cpu controller or v2's
+    cpu.max; None where none is set."""
+    from tests.slowed import cpu_quota
+
+    v1 = tmp_path / "v1"
+    for directory, quota in (("cpu", "-1"), ("cpu/a", "-1"), ("cpu/a/b", "133000")):
+        (v1 / directory).mkdir(parents=True)
+        (v1 / directory / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (v1 / directory / "cpu.cfs_period_us").write_text("100000\n")
+    proc = "4:memory:/x\n1:cpu:/a/b\n0::/\n"
+    assert cpu_quota(proc, str(v1)) == 1.33
+    assert cpu_quota("1:cpu:/a\n", str(v1)) is None
+    (v1 / "cpu/a/cpu.cfs_quota_us").write_text("50000\n")  # a parent's smaller quota holds it too
+    assert cpu_quota(proc, str(v1)) == 0.5
+    assert cpu_quota("4:memory:/x\n", str(v1)) is None  # no cpu controller in its cgroups
+    v2 = tmp_path / "v2"
+    (v2 / "a" / "b").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (v2 / "a" / "cpu.max").write_text("max 100000\n")
+    (v2 / "a" / "b" / "cpu.max").write_text("150000 100000\n")
+    assert cpu_quota("0::/a/b\n", str(v2)) == 1.5
+    assert cpu_quota("0::/a\n", str(v2)) is None
+
+
+def test_slowed_runs_a_command_in_a_cgroup_of_its_own_with_the_quota_asked_and_passes_on_its_status(tmp_path, capsys):
+    """``python -m tests.slowed CPUS -- COMMAND``: a cgroup with CPUS x the period as its quota, the
+    command's process joined to it before the command runs, its exit status passed on; a bad
+    command line is refused. (Here on a stand-in tree: making a real cgroup needs root.)"""
+    import pytest
+
+    from tests.slowed import cpu_quota, hold, main
+
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    status = main(["0.75", "--", "sh", "-c", f"echo $$ > {tmp_path / 'pid'}; exit 3"], root=str(v1))
+    assert status == 3
+    [group] = [p for p in (v1 / "cpu").iterdir() if p.is_dir()]
+    assert group.name.startswith("raytf-slowed-")
+    assert (group / "cpu.cfs_quota_us").read_text() == "75000"
+    assert (group / "cgroup.procs").read_text() == (tmp_path / "pid").read_text().strip()  # the command's own pid
+    assert cpu_quota(f"1:cpu:/{group.name}\n", str(v1)) == 0.75
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpu memory\n")
+    procs = hold(1.33, "held", str(v2))
+    assert procs == str(v2 / "held" / "cgroup.procs") and (v2 / "held" / "cpu.max").read_text() == "133000 100000"
+    assert (v2 / "cgroup.subtree_control").read_text() == "+cpu"
+    assert cpu_quota("0::/held\n", str(v2)) == 1.33
+    assert main(["1"], root=str(v2)) == 2 and "usage" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="CPUS must be more than 0"):
+        hold(0, "none", str(v2))
