@@ -13,8 +13,8 @@ run's record notes its quota (``machine.cpu_quota``, tests/conftest.py) and is k
 whole runs on a machine's full cores, in tests/records/suite_slowed.jsonl.
 
 It makes a cgroup (root only), under cgroup v2 (``cpu.max``) where the cpu controller is there,
-else under v1's cpu controller (``cpu.cfs_quota_us``), and removes it once the command and
-everything it started have ended.
+else under v1's cpu controller (``cpu.cfs_quota_us``), and removes it when the command ends
+(or says where it is, where a process the command started still runs in it).
 """
 
 from __future__ import annotations
@@ -124,7 +124,12 @@ def main(argv: list[str], root: str = ROOT) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m tests.slowed CPUS -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
-    procs = hold(float(argv[0]), f"raytf-slowed-{os.getpid()}", root)
+    try:
+        cpus = float(argv[0])
+    except ValueError:
+        print(f"CPUS must be a number of CPUs (1.33, say), not {argv[0]!r}", file=sys.stderr)
+        return 2
+    procs = hold(cpus, f"raytf-slowed-{os.getpid()}", root)
 
     def join() -> None:  # in the child, before the command: it and all it starts are held
         with open(procs, "w") as f:

@@ -392,5 +392,6 @@ def test_slowed_runs_a_command_in_a_cgroup_of_its_own_with_the_quota_asked_and_p
     assert (v2 / "cgroup.subtree_control").read_text() == "+cpu"
     assert cpu_quota("0::/held\n", str(v2)) == 1.33
     assert main(["1"], root=str(v2)) == 2 and "usage" in capsys.readouterr().err
+    assert main(["all", "--", "true"], root=str(v2)) == 2 and "CPUS must be a number" in capsys.readouterr().err
     with pytest.raises(ValueError, match="CPUS must be more than 0"):
         hold(0, "none", str(v2))
