@@ -195,6 +195,7 @@ class Trainer:
         display = ProgressDisplay(name, self.run.verbose)
         self._preflight(display)
         payload = self._payload()
+        assert self.run.storage_path is not None  # RunConfig puts the default in
         storage = RunStorage(self.run.storage_path, name, self.run.storage_filesystem)
         storage.check_writable()
         lease = RunLease(storage.filesystem, storage.root, name, ttl_s=_env.get_float(_env.LEASE_TTL_S))

@@ -165,6 +165,13 @@ class Report:
     stage: Optional[ReportStage] = None  # an asynchronous checkpoint's report; None: synchronous
     data: Optional[dict[str, Any]] = None  # with a checkpoint: each split dataset's position (data/planned.py)
 
+    @property
+    def share(self) -> CheckpointPart:
+        """This rank's share of a collective report; the caller routes only those here."""
+        if self.part is None:
+            raise ValueError(f"rank {self.rank}'s report {self.seq} is not part of a collective report")
+        return self.part
+
 
 @dataclass(frozen=True)
 class Activity:
@@ -411,6 +418,14 @@ class RunSpec:
     # nothing above it): imported while it loads, then ``on_strategy(strategy, keras3)`` once its
     # strategy is up (raytf.keras._keras3 routes Keras 3's fit there).
     plugins: tuple[str, ...] = ()
+
+    @property
+    def store(self) -> StorageRef:
+        """The run's storage; every run the driver starts has one (raytf's own tests may leave it out)."""
+        if self.storage is None:
+            raise ValueError(f"run {self.run_name} has no storage")
+        return self.storage
+
     # The run's URI with the credentials the user put in it, for a launched script that opens the
     # storage itself (RAYTF_RUN_DIR); never printed. Empty: run_path is the whole URI.
     run_uri: str = ""
@@ -441,3 +456,10 @@ class WorkerSpec:
     # The attempt's placement group (hex id): the owner of its checkpoints' memory copies, also for a
     # worker that runs outside it (a warm standby, a survivor; group.py's floating workers).
     placement_group: str = ""
+
+    @property
+    def ps_task(self) -> "TaskId":
+        """Its task in a parameter-server group; only such groups' payloads ask."""
+        if self.task is None:
+            raise ValueError(f"the {self.role} of rank {self.rank.world_rank} has no parameter-server task")
+        return self.task

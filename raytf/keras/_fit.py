@@ -147,7 +147,7 @@ def fit(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RaytfError(f"raytf.keras.fit: {name} must be an int >= 1, got {value!r}")
     resuming = initial_epoch is None
-    if resuming:
+    if initial_epoch is None:
         initial_epoch = restore(model)
     else:
         build_optimizer(model)

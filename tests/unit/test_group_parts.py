@@ -4,6 +4,8 @@
 import json
 import types
 
+import pytest
+
 from raytf._internal.driver import callbacks as group_callbacks
 from raytf._internal.driver.callbacks import DrainWatch, FinishEvaluator, StartupTiming
 from raytf._internal.driver.members import Member
@@ -59,6 +61,41 @@ def test_mirrored_workers_take_world_ranks_by_node_and_tf_config_lists_them_in_r
     assert cluster["worker"] == [m.address.host_port for m in members]
     assert json.loads(build_tf_config(cluster, members[2].task, "worker"))["task"] == {"type": "worker", "index": 2}
     assert MirroredShape().count(WORKER, 3) == 3  # the elastic size
+
+
+def test_a_value_always_set_before_it_is_read_is_read_through_an_accessor_that_names_what_is_missing():
+    """The members' and the specs' Optional fields that the group fills in before anything reads
+    them (mypy checks that every read narrows them): a read too early is named, not an
+    AttributeError on None further on."""
+    from raytf._internal.driver.members import watch_of
+    from raytf._internal.protocol import CheckpointPart, Report, RunSpec, TaskId, TensorflowSettings, WorkerSpec
+
+    [member] = _members([(WORKER, "node-a")])
+    assert member.reserved is member.address
+    with pytest.raises(RuntimeError, match="worker 0 has no rank yet"):
+        _ = member.given_rank
+    [ranked] = MirroredShape().order([member])
+    assert ranked.given_rank.world_rank == 0
+    with pytest.raises(RuntimeError, match="worker 0 has no address yet"):
+        _ = Member(WORKER, 0, 0).reserved
+    with pytest.raises(RuntimeError, match="watch was read outside an attempt"):
+        watch_of(_group(MirroredShape(), [member]))
+    watch = GroupWatch({0: "10.0.0.1"}, start_timeout_s=10, worker_timeout_s=5, hang_timeout_s=None)
+    assert watch_of(_group(MirroredShape(), [member], watch=watch)) is watch
+    report = Report(rank=1, seq=3, metrics={}, time=0.0)
+    with pytest.raises(ValueError, match="rank 1's report 3 is not part of a collective report"):
+        _ = report.share
+    part = CheckpointPart(round=0, parties=2)
+    assert Report(rank=1, seq=3, metrics={}, time=0.0, part=part).share is part
+    spec = WorkerSpec(role="worker", rank=ranked.given_rank, tf_config="{}", attempt=0)
+    with pytest.raises(ValueError, match="has no parameter-server task"):
+        _ = spec.ps_task
+    ps = WorkerSpec(role="ps", rank=ranked.given_rank, tf_config="{}", attempt=0, task=TaskId("ps", 1))
+    assert ps.ps_task.index == 1
+    settings = TensorflowSettings("ring", None, intra_op_threads=1, inter_op_threads=1, use_gpu=False)
+    run = RunSpec(run_name="r", run_path="/r", payload=b"", tensorflow=settings)
+    with pytest.raises(ValueError, match="run r has no storage"):
+        _ = run.store
 
 
 def test_parameter_server_tasks_keep_role_order_and_only_the_chief_is_a_group_of_one():

@@ -18,7 +18,7 @@ import math
 import posixpath
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeGuard
 
 import pyarrow.fs as pafs
 
@@ -61,7 +61,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -313,12 +313,17 @@ class CheckpointManager:
         ``reports``): (the committed name, or None when no rank passed files; why it failed, or None).
         The ranks' uploads are assembled into one directory, then committed as any checkpoint is."""
         reports = sorted(reports, key=lambda r: r.rank)
-        parts = [(r.rank, r.part.staging, r.part.files) for r in reports if r.part.files is not None]
+        # A rank that passed files uploaded them to its staging directory (both None where it passed none).
+        parts = [
+            (r.rank, r.share.staging, r.share.files)
+            for r in reports
+            if r.share.files is not None and r.share.staging is not None
+        ]
         first = reports[0]
-        staging = _join(self.fs, self.dir, parts_name(first.attempt, first.part.round))
+        staging = _join(self.fs, self.dir, parts_name(first.attempt, first.share.round))
         if not parts:
             return None, None
-        entry = new_entry(first.part.seq, first.attempt, first.metrics, driver_start, first.data)
+        entry = new_entry(first.share.seq, first.attempt, first.metrics, driver_start, first.data)
         try:
             return self._commit_reported(entry, guard, lambda: merge_parts(self.fs, self.dir, entry.name, parts))
         finally:

@@ -124,9 +124,9 @@ class CheckpointSaver:
             if local is None:
                 return CheckpointPart(round_, parties, seq)
             self._check_lease()
-            filesystem = self._storage.filesystem
+            filesystem = self._store.filesystem
             staging, files = upload_part(
-                local, filesystem, checkpoints_dir(filesystem, self._storage.root), parts_name(attempt, round_), rank
+                local, filesystem, checkpoints_dir(filesystem, self._store.root), parts_name(attempt, round_), rank
             )
         return CheckpointPart(round_, parties, seq, staging, files)
 
@@ -148,11 +148,11 @@ class CheckpointSaver:
         """Upload a rank's snapshot of its share beside the other ranks' (from a background thread)."""
         _snapshot.ready(directory)
         self._check_lease()
-        filesystem = self._storage.filesystem
+        filesystem = self._store.filesystem
         return upload_part(
             Checkpoint.from_directory(directory),
             filesystem,
-            checkpoints_dir(filesystem, self._storage.root),
+            checkpoints_dir(filesystem, self._store.root),
             parts_name(attempt, round_),
             rank,
         )
@@ -210,8 +210,14 @@ class CheckpointSaver:
                 logger.warning("raytf: checkpoint %s could not be kept in host memory: %s", name, error)
         _snapshot.discard(directory)
 
+    @property
+    def _store(self) -> StorageRef:
+        if self._storage is None:  # a worker started outside a run (raytf's own tests): nowhere to upload
+            raise RaytfError("raytf.report: this worker has no run storage to upload a checkpoint to")
+        return self._storage
+
     def _check_lease(self) -> None:
-        filesystem, root = self._storage.filesystem, self._storage.root
+        filesystem, root = self._store.filesystem, self._store.root
         if self._lease_token is not None and not _lease.holds(filesystem, root, self._lease_token):
             raise RaytfError(
                 "raytf.report: this run's driver no longer holds the run's lease (another driver took "
@@ -224,7 +230,7 @@ class CheckpointSaver:
         return retried(checkpoint_name(seq), lambda: self._upload_as(checkpoint, seq))
 
     def _upload_as(self, checkpoint: Checkpoint, seq: int) -> UploadedCheckpoint:
-        filesystem, root = self._storage.filesystem, self._storage.root
+        filesystem, root = self._store.filesystem, self._store.root
         self._check_lease()
         name = checkpoint_name(seq)
         path = upload(checkpoint, filesystem, checkpoints_dir(filesystem, root), name)

@@ -77,5 +77,6 @@ class Blocks:
 
     def spec(self, column: str) -> tuple[np.dtype, tuple[int, ...]]:
         """A column's dtype and per-row shape."""
+        assert self._first is not None  # asked only for a column of ``names``, which a shard with rows has
         values = self.block(self._first)[column]
         return values.dtype, values.shape[1:]

@@ -41,7 +41,7 @@ import time
 from typing import Any, Mapping, Optional
 
 from raytf._internal.driver import cluster
-from raytf._internal.driver.members import GroupView, Member
+from raytf._internal.driver.members import GroupView, Member, watch_of
 from raytf._internal.driver.shapes import evaluates
 from raytf._internal.driver.watch import Milestone
 from raytf._internal.protocol import GroupStatus, Phase
@@ -102,7 +102,7 @@ class StartupTiming(GroupCallback):
         self._sent = False
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
-        watch = group.watch
+        watch = watch_of(group)
         if (
             self._sent
             or Milestone.CONNECTED not in watch.reached
@@ -150,7 +150,7 @@ class FinishEvaluator(GroupCallback):
         self._told = False
 
     def on_answers(self, group: GroupView, now: float) -> None:
-        if self._told or group.watch.phases.get(group.trainer_index) != Phase.FINISHED:
+        if self._told or watch_of(group).phases.get(group.trainer_index) != Phase.FINISHED:
             return
         for member in group.members:
             if evaluates(member.role):

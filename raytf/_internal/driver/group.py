@@ -38,7 +38,7 @@ from raytf._internal.driver.actors import (
     reserve,
 )
 from raytf._internal.driver.callbacks import GroupCallback
-from raytf._internal.driver.members import Member
+from raytf._internal.driver.members import Member, watch_of
 from raytf._internal.driver.relay import feed
 from raytf._internal.driver.scaling import ElasticPolicy
 from raytf._internal.driver.shapes import GroupShape, addresses_by_role, task_id
@@ -264,11 +264,11 @@ class WorkerGroup:
         logger.info(
             "attempt %d: %s",
             self._attempt,
-            ", ".join(f"{self.shape.describe(m, i)} {m.address.host_port}" for i, m in enumerate(members)),
+            ", ".join(f"{self.shape.describe(m, i)} {m.reserved.host_port}" for i, m in enumerate(members)),
         )
         finishers = self.shape.finishers
         self.watch = GroupWatch(
-            {i: m.address.node_ip for i, m in enumerate(members)},
+            {i: m.reserved.node_ip for i, m in enumerate(members)},
             start_timeout_s=self._start_timeout_s,
             worker_timeout_s=self._worker_timeout_s,
             hang_timeout_s=self.shape.hang_timeout_s,
@@ -283,7 +283,7 @@ class WorkerGroup:
     def _spec(self, member: Member) -> WorkerSpec:
         return WorkerSpec(
             role=member.role.name,
-            rank=member.rank,
+            rank=member.given_rank,
             tf_config=build_tf_config(self._cluster, member.task, member.role.name),
             attempt=self._attempt,
             resume=self._resume,
@@ -300,7 +300,7 @@ class WorkerGroup:
         (unless the shape finds a member lost just now: the next polls name it)."""
         if not self.shape.before_connect(self, self._start_timeout_s):
             return
-        self.watch.released = True
+        watch_of(self).released = True
         for member in self.members:
             member.actor.connect.remote(self.shape.connect_message(self, member))
 
@@ -310,7 +310,7 @@ class WorkerGroup:
         """What every member said since the last poll, in one call to the relay (relay.py), which
         polls them without waiting on any one: a member that does not answer for
         ``worker_timeout_s`` is lost; the others' reports keep flowing meanwhile."""
-        watch = self.watch
+        watch = watch_of(self)
         now = time.monotonic()
         try:
             events, unanswered = self._relay.take(self._worker_timeout_s)
@@ -410,7 +410,7 @@ class WorkerGroup:
         member.actor = self._new_actor(member)
         member.warm, member.reserve_args = False, {"port": old.port if old else 0}
         self._reserve([member])
-        address = member.address
+        address = member.reserved
         if old is None or address.host_port != old.host_port:
             # The coordinator dials the new address before the new server answers there (a silent chief is lost).
             [honoured] = call_each(
@@ -434,7 +434,7 @@ class WorkerGroup:
             "start a replacement",
             self._start_timeout_s,
         )
-        self.watch.replaced(index, address.node_ip)
+        watch_of(self).replaced(index, address.node_ip)
         self._relay.replace(index, member.actor)
         member.actor.connect.remote(None)  # a launched script waits for this go; a server does not
         for callback in self._callbacks:

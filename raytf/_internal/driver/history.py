@@ -230,10 +230,10 @@ class ReportHandler:
     def _on_part(self, report: Report) -> None:
         for key in [k for k in self._rounds if k[0] < report.attempt]:
             del self._rounds[key]  # an attempt that ended: its ranks are gone, its uploads are debris
-        key = (report.attempt, report.part.round)
+        key = (report.attempt, report.share.round)
         shares = self._rounds.setdefault(key, {})
         shares[report.rank] = report
-        if len(shares) < report.part.parties:
+        if len(shares) < report.share.parties:
             return
         del self._rounds[key]
         committed, error = self._checkpoints.handle_parts(list(shares.values()), self._driver_start, guard=self._guard)

@@ -33,6 +33,21 @@ class Member:
     def label(self) -> str:
         return f"{self.role.name} {self.task}"
 
+    @property
+    def reserved(self) -> WorkerAddress:
+        """Its address, which its actor reports once it reserved its port: every member has one
+        from the group's start on (ranks, TF_CONFIG and the watch are made of them)."""
+        if self.address is None:
+            raise RuntimeError(f"{self.label} has no address yet: it is asked for one before the group starts")
+        return self.address
+
+    @property
+    def given_rank(self) -> RankInfo:
+        """Its rank, which the group's shape gives every member before it starts (shapes.py)."""
+        if self.rank is None:
+            raise RuntimeError(f"{self.label} has no rank yet: the group's shape orders its members first")
+        return self.rank
+
 
 class GroupView(Protocol):
     """What a shape or a callback may read of a worker group, and ask of it."""
@@ -63,3 +78,11 @@ class GroupView(Protocol):
     def preempt(
         self, index: int, reason: str, kind: FailureKind = FailureKind.PREEMPTED
     ) -> None: ...  # member ``index`` is going away (RESIZED: the group stops to grow)
+
+
+def watch_of(group: GroupView) -> GroupWatch:
+    """The group's watch, which exists from its attempt's start to its shutdown: the only time
+    shapes and callbacks read it."""
+    if group.watch is None:
+        raise RuntimeError("the worker group's watch was read outside an attempt")
+    return group.watch

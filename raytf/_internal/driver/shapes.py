@@ -100,7 +100,7 @@ class MirroredShape(GroupShape):
 
     def order(self, members: list[Member]) -> list[Member]:
         trained = _by_role(members, self.train_role)
-        ranks = assign_ranks([m.address for m in trained])
+        ranks = assign_ranks([m.reserved for m in trained])
         for member, rank in zip(trained, ranks):
             member.rank, member.task = rank, rank.world_rank
         trained.sort(key=lambda m: m.task)
@@ -114,13 +114,14 @@ class MirroredShape(GroupShape):
     def datasets(self, group: GroupView, member: Member) -> dict[str, Any]:
         if member.role.name != self.train_role:
             return {}
+        assert group.attempt_shards is not None  # split_attempt ran before the members start
         return group.attempt_shards[member.task]
 
     def split_attempt(
         self, group: GroupView, members: Sequence[Member], kept: Mapping[str, Any]
     ) -> Optional[list[dict[str, Any]]]:
         trained = _by_role(members, self.train_role)
-        return split_for_ranks(group.datasets, group.run.split, [m.address.node_id for m in trained], kept)
+        return split_for_ranks(group.datasets, group.run.split, [m.reserved.node_id for m in trained], kept)
 
     def placement_error(self, group: GroupView) -> PlacementTimeoutError:
         import ray
@@ -179,6 +180,7 @@ class ParameterServerShape(GroupShape):
         return members
 
     def datasets(self, group: GroupView, member: Member) -> dict[str, Any]:
+        assert group.run_shards is not None  # prepare ran before the members start
         return group.run_shards[member.task] if member.role.name == "worker" else {}
 
     def before_connect(self, group: GroupView, timeout_s: float) -> bool:

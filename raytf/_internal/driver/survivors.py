@@ -84,7 +84,7 @@ class Survivors(GroupCallback):
             )
 
         asked = [
-            (member, member.actor.recycle.remote(self._stop_timeout_s))
+            (member, member.address.node_id, member.actor.recycle.remote(self._stop_timeout_s))
             for index, member in enumerate(group.members)
             if member.actor is not None
             and member.address is not None  # a start that failed before it reserved a port: not kept
@@ -93,13 +93,13 @@ class Survivors(GroupCallback):
         ]
         if not asked:
             return
-        refs = [ref for _, ref in asked]
+        refs = [ref for _, _, ref in asked]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._stop_timeout_s + _ANSWER_MARGIN_S)
-        for member, ref in asked:
+        for member, node_id, ref in asked:
             why = "no answer" if ref not in ready else _answer(ref)
             if why is None:
                 floating = floats(member.role.bundle) and member.generation == 0  # as group._floats
-                self._kept.append(_Kept(member.actor, member.bundle, member.address.node_id, floating, member.task))
+                self._kept.append(_Kept(member.actor, member.bundle, node_id, floating, member.task))
                 member.actor = None  # spared: the group's shutdown kills only the members it still holds
             else:
                 logger.info("%s is not kept for the next attempt: %s", member.label, why)

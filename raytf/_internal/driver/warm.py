@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raytf._internal.driver.actors import new_worker
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.kept_shards import ShardKeeper
-from raytf._internal.driver.members import GroupView, Member
+from raytf._internal.driver.members import GroupView, Member, watch_of
 from raytf._internal.driver.watch import GroupWatch, Milestone
 from raytf._internal.protocol import GroupStatus
 
@@ -83,17 +83,17 @@ class WarmStandbys(GroupCallback):
 
     def after_start(self, group: GroupView) -> None:
         # Bundle i's GPUs, as its actor named them: a standby handed bundle i later takes these.
-        self._bundle_gpus = {m.bundle: m.address.gpu_ids for m in group.members if m.address.gpu_ids}
+        self._bundle_gpus = {m.bundle: m.reserved.gpu_ids for m in group.members if m.reserved.gpu_ids}
         if self._at_start:
             self._make_standbys(group)
 
     def after_poll(self, group: GroupView, status: GroupStatus) -> GroupStatus:
-        watch = group.watch
+        watch = watch_of(group)
         told = watch.trained_since() is not None  # the attempt's first step or report came
         if not self._kept and not status.finished and _trains(watch):
             self._kept, self._asked_at, self._asked_early = True, watch.now(), not told
             trained = self._trained(group)
-            self._keeper.ask([m.actor for m in trained], [m.address.node_id for m in trained])
+            self._keeper.ask([m.actor for m in trained], [m.reserved.node_id for m in trained])
         elif self._asked_early and told and not status.finished:
             # Asked a while after the connect with no step or report yet, a rank may have been
             # still reading its shard (a slow read: Ray Data's tasks waiting for a CPU the workers
@@ -130,7 +130,7 @@ class WarmStandbys(GroupCallback):
             waiting[node] = waiting.get(node, 0) + 1
         run_name = group.run.run_name
         for member in trained:
-            node = member.address.node_id
+            node = member.reserved.node_id
             if waiting.get(node, 0) > 0:
                 waiting[node] -= 1
                 continue

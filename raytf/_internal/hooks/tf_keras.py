@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+import types
+from typing import Any, Optional
 
 from raytf._internal.hooks._hook import Hook
 
@@ -78,7 +79,7 @@ def forget_epoch_length() -> bool:
 
     from tf_keras.src.engine import data_adapter
 
-    frame = sys._getframe(1)  # noqa: SLF001
+    frame: Optional[types.FrameType] = sys._getframe(1)  # noqa: SLF001
     while frame is not None:
         handler = frame.f_locals.get("data_handler")
         if isinstance(handler, data_adapter.DataHandler):

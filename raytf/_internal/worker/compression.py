@@ -81,7 +81,7 @@ def all_reduce_sum(gradients: Sequence[Any], variables: Optional[Sequence[Any]] 
         if not (isinstance(gradient, tf.Tensor) and gradient.dtype.name in _COMPRESSIBLE):
             sent.append(gradient)
             continue
-        if residuals is not None:
+        if residuals is not None and variables is not None:  # residuals exist only where variables key them
             residual = _residual(residuals, variables[index], gradient)
             gradient = gradient + residual
             compressed = tf.cast(gradient, wire)

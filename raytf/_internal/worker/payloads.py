@@ -207,7 +207,7 @@ class SubprocessPayload:
         self.process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         host.set_phase(Phase.TRAINING)
         tail: list[bytes] = []
-        for line in self.process.stderr:  # passed on to the actor's stderr, the last lines kept
+        for line in self.process.stderr or ():  # passed on to the actor's stderr, the last lines kept
             os.write(2, line)
             tail = (tail + [line])[-50:]
         code = self.process.wait()
@@ -288,8 +288,8 @@ def _context(run: RunSpec, spec: WorkerSpec) -> TrainContext:
         run_name=run.run_name,
         run_path=run.run_path,
         tf_config=spec.tf_config,
-        task_type=spec.task.type,
-        task_index=spec.task.index,
+        task_type=spec.ps_task.type,
+        task_index=spec.ps_task.index,
     )
 
 
@@ -425,11 +425,11 @@ class ServerPayload:
         from raytf._internal.worker import ps as _ps
 
         _load_ps_payload(run, spec, host)
-        if spec.task.type == "worker":
-            self._writer = ShardFileWriter(shard_directory(run, spec.task.index))
+        if spec.ps_task.type == "worker":
+            self._writer = ShardFileWriter(shard_directory(run, spec.ps_task.index))
             self.shard_files = self._writer.write(spec.datasets)
         host.release_port()
-        self._server = _ps.start_server(spec.task.type, spec.task.index)
+        self._server = _ps.start_server(spec.ps_task.type, spec.ps_task.index)
         host.set_phase(Phase.TRAINING)
         self._stop.wait()
 
@@ -459,7 +459,7 @@ class EvaluatorPayload:
         done: Optional[str] = None
         while True:
             finishing = self._finish.is_set()
-            manager = CheckpointManager(run.storage.filesystem, run.storage.root)
+            manager = CheckpointManager(run.store.filesystem, run.store.root)
             latest = manager.latest()
             if latest is not None and latest[0].name != done:
                 entry, checkpoint = latest

@@ -123,6 +123,7 @@ class WorkerSession:
 
         if self._resume.path is None:
             return None
+        assert self._storage is not None  # an attempt resumes from a checkpoint its run's storage holds
         if self._restored is None:
             metadata = asdict(self._resume.entry)
             copy = self._copy_check.result() if self._copy_check is not None else None
@@ -135,10 +136,11 @@ class WorkerSession:
         return self._restored
 
     def _memory_copy(self) -> Optional[str]:
-        name = self._resume.entry.name
+        name, path = self._resume.entry.name, self._resume.path
+        assert self._storage is not None and path is not None  # checked only where there is one to resume
         try:
             _memory.drop_older(self._storage, name)
-            copy = _memory.usable(self._storage, name, self._resume.path)
+            copy = _memory.usable(self._storage, name, path)
         except OSError as error:  # storage or memory unreadable: storage decides
             logger.warning(
                 "raytf: checking the copy in host memory of checkpoint %s failed (%s); restoring from storage",

@@ -47,6 +47,13 @@ def scan_tfrecord(read_at: Any, size: int, chunk_rows: int, name: str) -> tuple[
     return counts, offsets
 
 
+def _features(source: FileSource) -> dict:
+    """The features a TFRecord source parses (``raytf.data.tfrecord_files`` requires them)."""
+    if source.features is None:
+        raise DataError(f"{source.describe()}: no features to parse; pass features= to raytf.data.tfrecord_files")
+    return source.features
+
+
 class TFRecord:
     name = "tfrecord"
     chunk_is_window = False  # chunks are grouped into shuffle windows of about shuffle_rows rows
@@ -64,7 +71,7 @@ class TFRecord:
         return {}  # the features the user named are the schema (column_specs)
 
     def column_specs(self, plan: FilePlan) -> dict[str, tuple[Any, tuple[int, ...]]]:
-        return {name: (dtype, shape) for name, (shape, dtype, _) in plan.source.features.items()}
+        return {name: (dtype, shape) for name, (shape, dtype, _) in _features(plan.source).items()}
 
     def piece_reader(self, plan: FilePlan, needed: list[str], tf_dtype: dict, specs: dict) -> Any:
         """A piece's rows, parsed in one ``tf.io.parse_example`` call: each chunk read whole (one
@@ -78,7 +85,7 @@ class TFRecord:
         chunk_bytes = tf.constant(plan.chunk_bytes)
         spec = {
             name: tf.io.FixedLenFeature(shape, tf_dtype[name], default_value=default)
-            for name, (shape, _, default) in plan.source.features.items()
+            for name, (shape, _, default) in _features(plan.source).items()
             if name in needed
         }
 
@@ -108,7 +115,7 @@ class TFRecord:
 
         spec = {
             k: tf.io.FixedLenFeature(shape, tf.as_dtype(dtype), default_value=default)
-            for k, (shape, dtype, default) in plan.source.features.items()
+            for k, (shape, dtype, default) in _features(plan.source).items()
         }
         done = 0
         batches = iter(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
