@@ -264,8 +264,9 @@ class GroupStatus:
 
 
 class PayloadKind(str, enum.Enum):
-    """What a role's actors run, each a class in worker/payloads.py: ``train_fn`` in a thread under
-    the strategy, or a command (an unmodified TF_CONFIG script) as a subprocess."""
+    """What a role's actors run, each a class in worker/payloads.py or worker/ps_payloads.py:
+    ``train_fn`` in a thread under the strategy, or a command (an unmodified TF_CONFIG script) as a
+    subprocess, or a parameter-server role."""
 
     TRAIN_FN = "train_fn"
     SUBPROCESS = "subprocess"

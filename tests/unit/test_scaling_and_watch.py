@@ -238,7 +238,7 @@ class _ClosureQueue:
 
 def test_a_chief_reports_its_coordinator_held_while_it_reconnects_or_while_scheduled_functions_end_none():
     from raytf._internal.hooks import tensorflow as tf_hooks
-    from raytf._internal.worker.payloads import ChiefPayload
+    from raytf._internal.worker.ps_payloads import ChiefPayload
 
     handler, closures = _Handler(), _ClosureQueue()
     coordinator = types.SimpleNamespace(_cluster=types.SimpleNamespace(failure_handler=handler, closure_queue=closures))

@@ -102,7 +102,7 @@ def test_the_run_spec_shows_the_redacted_uri_and_only_a_launched_script_gets_the
     """get_context().run_path (every worker) is the redacted URI; RAYTF_RUN_DIR, which a launched
     script opens itself, keeps them."""
     from raytf._internal.protocol import RankInfo, RunSpec, TaskId, TensorflowSettings, WorkerSpec
-    from raytf._internal.worker import payloads
+    from raytf._internal.worker import payloads, ps_payloads
 
     storage = RunStorage.__new__(RunStorage)  # the URI's parts, without opening a bucket
     storage._given, storage.uri = f"s3://{KEY}:{SECRET}@bucket/p?region=us-east-1", "s3://***:***@bucket/p/r?region=us-east-1"
@@ -112,7 +112,7 @@ def test_the_run_spec_shows_the_redacted_uri_and_only_a_launched_script_gets_the
                   payload=b"", tensorflow=settings)
     rank = RankInfo(world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1)
     spec = WorkerSpec(role="worker", rank=rank, tf_config="{}", attempt=0, task=TaskId("worker", 0))
-    context = payloads._context(run, spec)
+    context = ps_payloads.ps_context(run, spec)
     assert SECRET not in repr(context) and context.run_path == "s3://***:***@bucket/p/r?region=us-east-1"
     env = payloads.script_environment(run, spec)
     assert env["RAYTF_RUN_DIR"] == run.run_uri

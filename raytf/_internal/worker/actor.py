@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import ray
 
@@ -25,11 +25,21 @@ from raytf._internal.protocol import PayloadKind, Phase, Report, RunSpec, Worker
 from raytf._internal.worker import logs as _logs
 from raytf._internal.worker.activity import ActivityTracker
 from raytf._internal.worker.loading import on_a_deep_stack
-from raytf._internal.worker.payloads import PAYLOADS, ScriptFailed
+from raytf._internal.worker.payloads import ScriptFailed, SubprocessPayload, TrainFnPayload
+from raytf._internal.worker.ps_payloads import ChiefPayload, EvaluatorPayload, ServerPayload
 from raytf._internal.worker.tensorflow import adopt_gpus, failure_kind, reserve_port
 from raytf.errors import WorkerFailure
 
 logger = logging.getLogger(__name__)
+
+# What an actor runs for each kind of role (protocol.RoleSpec.payload).
+PAYLOADS: dict[PayloadKind, Callable[[], Any]] = {
+    PayloadKind.TRAIN_FN: TrainFnPayload,
+    PayloadKind.SUBPROCESS: SubprocessPayload,
+    PayloadKind.CHIEF: ChiefPayload,
+    PayloadKind.SERVER: ServerPayload,
+    PayloadKind.EVALUATOR: EvaluatorPayload,
+}
 
 
 class TrainWorker:
@@ -268,7 +278,7 @@ class TrainWorker:
         """The payload's WorkerSession (a train_fn's); None for a server, a launched script, or before a start."""
         return getattr(self._payload, "session", None)
 
-    # Parameter-server groups (payloads.py): what the driver asks of a chief, a worker, an evaluator.
+    # Parameter-server groups (ps_payloads.py): what the driver asks of a chief, a worker, an evaluator.
 
     def shard_files(self) -> Any:
         """A parameter-server worker's manifest of the shard files it wrote."""

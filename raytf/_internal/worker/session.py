@@ -34,7 +34,7 @@ from raytf._internal.protocol import (
     StorageRef,
     TrainContext,
 )
-from raytf._internal.worker.metrics import clean_metrics, to_plain  # noqa: F401 - to_plain: payloads.py's too
+from raytf._internal.worker.metrics import clean_metrics, to_plain  # noqa: F401 - to_plain: ps_payloads.py's too
 from raytf._internal.worker.uploads import Uploads
 from raytf.errors import CheckpointError, ConfigError, RaytfError
 
@@ -104,7 +104,7 @@ class WorkerSession:
         self._preempt_requested = preempt_requested
         self._preempt_check: Any = None
         self.preempted = False
-        self.parameter_server = parameter_server  # payloads.PsData on a parameter-server chief
+        self.parameter_server = parameter_server  # ps_payloads.PsData on a parameter-server chief
         self._ps_streams: Any = None  # a parameter-server chief's streams (data/ps_positions.py), made now:
         if parameter_server is not None:  # a dataset function the coordinator traces may create no variable
             from raytf._internal.data.ps_positions import PsStreams
