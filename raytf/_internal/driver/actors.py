@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from raytf._internal import env as _env
@@ -50,6 +50,21 @@ def floats(bundle: Mapping[str, float]) -> bool:
     by id, since Ray names an actor its devices only from resources the actor itself holds. CPUs,
     memory and a user's own resources (a node label such as ``{"spot": 1}``) the bundle reserves."""
     return not _ASSIGNED_BY_ID & set(bundle)
+
+
+def scheduling(bundle: Mapping[str, float], group: Any, index: int, floating_on: Optional[str]) -> dict[str, Any]:
+    """Ray's options for a worker of bundle ``index`` of placement group ``group``: it holds the
+    bundle's resources inside the group; or, ``floating_on`` a node, it runs outside the group,
+    pinned there, and the bundle reserves its CPUs (as a warm standby runs: the process can outlive
+    the group, and a restart hands it a bundle of the next group on its node)."""
+    if floating_on is not None:
+        return dict(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(floating_on, soft=False))
+    return dict(
+        num_cpus=bundle.get("CPU", 0),
+        num_gpus=bundle.get("GPU", 0),
+        resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index),
+    )
 
 
 # Groups up to this many members are polled from a thread of the driver (relay.ThreadRelay); larger

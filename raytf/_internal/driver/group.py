@@ -23,7 +23,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raytf._internal import env as _env
 from raytf._internal.driver import cluster, placement
@@ -36,6 +35,7 @@ from raytf._internal.driver.actors import (
     new_worker,
     relay_for,
     reserve,
+    scheduling,
 )
 from raytf._internal.driver.callbacks import GroupCallback
 from raytf._internal.driver.members import Member, watch_of
@@ -173,47 +173,23 @@ class WorkerGroup:
         """The last attempt's placement group can hold this one: it is placed, on live nodes none of
         which is draining, and it is as large as the group may be (an elastic group that shrank
         tries to grow back with a new one)."""
-        table = ray.util.placement_group_table(self._pg)
-        nodes = set((table.get("bundles_to_node_id") or {}).values())
-        return (
-            table.get("state") == "CREATED"
-            and self.num_workers == self.elastic.max_workers
-            and bool(nodes)
-            and nodes <= cluster.live_node_ids()
-            and not nodes & set(cluster.draining_nodes())
-        )
+        return self.num_workers == self.elastic.max_workers and placement.on_live_nodes(self._pg)
 
     def bundle_nodes(self) -> dict[int, str]:
         """Bundle index -> the id of the node it was placed on."""
-        table = ray.util.placement_group_table(self._pg)
-        return {int(i): node for i, node in (table.get("bundles_to_node_id") or {}).items()}
+        return placement.bundle_nodes(self._pg)
 
     def _new_actor(self, member: Member) -> Any:
         """A new actor for ``member``'s bundle, which loads TensorFlow and train_fn when it starts."""
-        bundle = member.role.bundle
         if self.shape.named_tasks:  # "worker-1", then "worker-1:1" for its first replacement
             name = member.label.replace(" ", "-") + (f":{member.generation}" if member.generation else "")
         else:
             name = str(member.bundle)
-        if self._floats(member):
-            # Outside the placement group, pinned to its bundle's node, the bundle reserving its CPUs
-            # (as a warm standby runs): the process can outlive the group, and Survivors hands it a
-            # bundle of the next one on its node.
-            placement: dict[str, Any] = dict(
-                num_cpus=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(self.bundle_nodes()[member.bundle], soft=False),
-            )
-        else:
-            placement = dict(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=member.bundle
-                ),
-            )
+        # Survivors hands a floating worker a bundle of the next placement group on its node.
+        floating_on = self.bundle_nodes()[member.bundle] if self._floats(member) else None
+        options = scheduling(member.role.bundle, self._pg, member.bundle, floating_on)
         return new_worker(
-            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}", max_restarts=0, **placement
+            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}", max_restarts=0, **options
         )
 
     def _floats(self, member: Member) -> bool:

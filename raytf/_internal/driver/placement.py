@@ -1,10 +1,11 @@
-"""Placement groups: waiting for the cluster (and its autoscaler) to fit one."""
+"""Placement groups: waiting for the cluster (and its autoscaler) to fit one; where one's bundles are."""
 
 from __future__ import annotations
 
 import time
 from typing import Callable, Optional, Sequence
 
+from ray.util import placement_group_table
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from raytf._internal.driver import cluster
@@ -52,6 +53,24 @@ def place(
             remove_placement_group(group)
             return None
     return group
+
+
+def bundle_nodes(group: PlacementGroup) -> dict[int, str]:
+    """Bundle index -> the id of the node it was placed on."""
+    table = placement_group_table(group)
+    return {int(i): node for i, node in (table.get("bundles_to_node_id") or {}).items()}
+
+
+def on_live_nodes(group: PlacementGroup) -> bool:
+    """Whether ``group`` is placed, on live nodes none of which is draining."""
+    table = placement_group_table(group)
+    nodes = set((table.get("bundles_to_node_id") or {}).values())
+    return (
+        table.get("state") == "CREATED"
+        and bool(nodes)
+        and nodes <= cluster.live_node_ids()
+        and not nodes & set(cluster.draining_nodes())
+    )
 
 
 def remove(group: Optional[PlacementGroup]) -> None:
