@@ -53,7 +53,7 @@ def stack_column(name: str, dataset: str, values: np.ndarray) -> np.ndarray:
     if len(values) and isinstance(values[0], (str, bytes)):
         return values
     try:
-        shapes = {np.shape(v) for v in values}
+        shapes: set[Any] = {np.shape(v) for v in values}
     except Exception:  # noqa: BLE001 - any odd element is reported as ragged below
         shapes = {None, ()}
     if len(shapes) > 1:
