@@ -210,8 +210,8 @@ def counting(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[C
     """``fn`` as a step that counts the batches it takes from raytf's per-worker iterators among
     its (top-level) arguments, or None when it takes none, or is not a ``tf.function`` (a plain
     Python step runs eagerly, batch by batch: raytf does not count it, and says so once)."""
-    positional = {i: p for i, p in ((i, positions_of(a)) for i, a in enumerate(args)) if p is not None}
-    keyword = {k: p for k, p in ((k, positions_of(a)) for k, a in kwargs.items()) if p is not None}
+    positional = {i: p for i, a in enumerate(args) if (p := positions_of(a)) is not None}
+    keyword = {k: p for k, a in kwargs.items() if (p := positions_of(a)) is not None}
     if not positional and not keyword:
         return None
     python_function = getattr(fn, "python_function", None)
