@@ -17,6 +17,7 @@ KERAS_VERSIONS = ("auto", "keras3", "tf_keras")
 MIXED_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 GRADIENT_COMPRESSIONS = ("bfloat16", "float16")  # raytf/_internal/worker/compression.py DTYPES
 LOG_LEVELS = ("info", "warning", "error", "fatal")  # TensorFlow's C++ log levels
+START_METHODS = ("auto", "forkserver", "spawn")  # as multiprocessing names its own
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,21 @@ class TensorflowConfig:
     weight on each worker, not checkpointed). On GPU workers only float16:
     TensorFlow's GPU collectives (NCCL and RING alike) do not all-reduce
     bfloat16.
+
+    ``start_method`` is how a worker's process starts, in the words of Python's
+    ``multiprocessing``. ``"forkserver"``: forked from a process of its node
+    that has imported TensorFlow already (one per raylet and per environment,
+    started by the first worker that needs it), so that a worker's start and
+    every restart skip TensorFlow's import, some two CPU-seconds per worker;
+    the run's TensorFlow settings go into the workers' runtime environment, and
+    the fork server imports TensorFlow under them. ``"spawn"``: a new process
+    of Ray's that imports TensorFlow itself. ``"auto"`` (default) is
+    ``"forkserver"`` for CPU workers on Linux where the job's runtime
+    environment names no interpreter of its own (``pip``, ``conda``, ``uv``,
+    a container or ``py_executable``), else ``"spawn"``. GPU workers always
+    spawn: a process forked after CUDA's libraries were loaded is not one that
+    CUDA supports. Every node runs raytf from the same Python path as the
+    driver (``sys.executable``), as one cluster image gives.
     """
 
     communication: str = "auto"
@@ -81,8 +97,11 @@ class TensorflowConfig:
     bytes_per_pack: int = 0
     gradient_compression: Optional[str] = None
     error_feedback: bool = False
+    start_method: str = "auto"
 
     def __post_init__(self) -> None:
+        method = check_choice("TensorflowConfig.start_method", self.start_method, START_METHODS, upper=False)
+        object.__setattr__(self, "start_method", method)
         check_int("TensorflowConfig.bytes_per_pack", self.bytes_per_pack, minimum=0)
         if self.gradient_compression is not None and self.gradient_compression not in GRADIENT_COMPRESSIONS:
             raise ConfigError(
@@ -145,6 +164,18 @@ class TensorflowConfig:
         if self.communication == "auto":
             return "nccl" if scaling.use_gpu else "ring"
         return self.communication
+
+    def _resolve_start_method(self, scaling: Any) -> str:
+        """How this run's workers start, checked against their GPUs: GPU workers spawn."""
+        if not scaling.use_gpu:
+            return self.start_method
+        if self.start_method == "forkserver":
+            raise ConfigError(
+                f"TensorflowConfig.start_method='forkserver' is for CPU workers, but {type(scaling).__name__} "
+                "gives them GPUs: a process forked after CUDA's libraries were loaded is not one CUDA "
+                "supports. Use start_method='auto' or 'spawn'"
+            )
+        return "spawn"
 
     def _threads(self, scaling: Any) -> tuple[int, int]:
         """(intra-op, inter-op) thread counts: the worker's CPUs unless set."""

@@ -307,6 +307,7 @@ class Trainer:
             bytes_per_pack=tensorflow.bytes_per_pack,
             gradient_compression=tensorflow.gradient_compression,
             error_feedback=tensorflow.error_feedback,
+            start_method=tensorflow._resolve_start_method(self.scaling),
         )
 
     def _make_group(self, run: RunSpec, display: ProgressDisplay) -> Any:

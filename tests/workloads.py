@@ -61,6 +61,12 @@ def describe_worker() -> dict:
         "timeout_seconds": options.timeout_seconds,
         "collective_sum": float(total),
         "pid": os.getpid(),
+        # How its process started (TensorflowConfig.start_method): the fork server it was forked
+        # from (None: spawned), its parent, and a draw of NumPy's global generator, which a fork
+        # server's child draws anew (none of this module's callers seeds it before).
+        "forkserver": os.environ.get("RAYTF_FORKSERVER"),
+        "ppid": os.getppid(),
+        "numpy_draw": float(__import__("numpy").random.random()),
     }
 
 
@@ -208,7 +214,7 @@ def exit_after_warm_up(config: dict) -> None:
            {"pid": os.getpid(), "process_started": _process_started_at(), "ids": ids,
             "actor": ray.get_runtime_context().get_actor_name(), "node_id": ray.get_runtime_context().get_node_id(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]})
+            "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()], "forkserver": os.environ.get("RAYTF_FORKSERVER")})
     kill_standby = config.get("kill_standby")
     if ctx.attempt == config.get("lose_node"):
         raytf.report({"warming_up": 1})  # the driver keeps the shards read and makes standbys

@@ -34,6 +34,12 @@ TF_CPU_BFC_MEM_LIMIT_IN_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 # allocator keeps the memory it frees, which differs from one machine and allocator to the next.
 PREWARM_HOST_COPIES = "RAYTF_PREWARM_HOST_COPIES"  # set it through TensorflowConfig.worker_env
 
+# Set by a node's fork server (raytf_forkserver.py) in each worker it forks: the server's process id.
+# Such a worker's TensorFlow was imported before it started, under the run's start environment.
+FORKSERVER = "RAYTF_FORKSERVER"
+# The fork servers' folder (sockets, locks, logs); default $TMPDIR/raytf-forkserver-<uid>.
+FORKSERVER_DIR = "RAYTF_FORKSERVER_DIR"
+
 # Set for a script run by raytf launch, besides the worker's variables above.
 RUN_DIR = "RAYTF_RUN_DIR"  # the run's directory in its storage
 CHECKPOINT_DIR = "RAYTF_CHECKPOINT_DIR"  # shared by every rank and restart: BackupAndRestore(backup_dir=...)

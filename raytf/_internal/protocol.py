@@ -399,6 +399,7 @@ class TensorflowSettings:
     bytes_per_pack: int = 0  # all-reduce fusion
     gradient_compression: Optional[str] = None  # "bfloat16", "float16"
     error_feedback: bool = False
+    start_method: str = "auto"  # "forkserver", "spawn" or "auto" (driver/forkserver.py decides)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ def test_gpu_workers_get_gpu_nodes_their_own_gpus_and_standbys_that_take_the_gpu
     first = [info(0, r) for r in range(workers)]
     retry = [info(1, r) for r in range(workers)]
     assert {b["node_id"] for b in first} == gpu_nodes  # the GPU nodes only, both of them
+    # GPU workers and their standbys spawn (TensorflowConfig.start_method="auto"): no fork server.
+    assert all(info["forkserver"] is None for info in first + retry)
     for before in first:  # each sees the 2 GPUs Ray assigned to it and no other
         assert len(before["ray_gpu_ids"]) == 2 and before["cuda_visible_devices"] == ",".join(before["ray_gpu_ids"])
     by_node = {}

@@ -13,7 +13,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from raytf._internal import env as _env
+from raytf._internal.driver.forkserver import start_options
 from raytf._internal.driver.relay import ActorRelay, PollRelay, ThreadRelay
+from raytf._internal.protocol import RunSpec
 from raytf._internal.worker.actor import TrainWorker
 from raytf.errors import ConfigError, WorkerStartError
 
@@ -23,12 +25,15 @@ _RemoteWorker = ray.remote(TrainWorker)
 UNAVAILABLE_RETRY_S = 0.5  # between calls to an actor Ray calls briefly unavailable
 
 
-def new_worker(run_name: str, name: str, **options: Any) -> Any:
-    """A worker actor named ``name`` (for the dashboard and ``ray.get_actor``). Names hold the run's
-    name, so two runs of one name at once in one driver (one Ray namespace) would clash: that is
-    an error naming the fix, not Ray's ActorAlreadyExistsError (a ValueError before Ray 2.51)."""
+def new_worker(run: RunSpec, name: str, **options: Any) -> Any:
+    """A worker actor of ``run`` named ``name`` (for the dashboard and ``ray.get_actor``), started
+    through its node's fork server where the run's workers do (driver/forkserver.py). Names hold
+    the run's name, so two runs of one name at once in one driver (one Ray namespace) would clash:
+    that is an error naming the fix, not Ray's ActorAlreadyExistsError (a ValueError before Ray 2.51)."""
+    run_name = run.run_name
     try:
-        return _RemoteWorker.options(name=name, **options).remote()
+        starting = start_options(run, ray.get_runtime_context().runtime_env or {})
+        return _RemoteWorker.options(name=name, **starting, **options).remote()
     except ValueError as error:  # ActorAlreadyExistsError subclasses it
         if "already" not in str(error):
             raise

@@ -188,9 +188,7 @@ class WorkerGroup:
         # Survivors hands a floating worker a bundle of the next placement group on its node.
         floating_on = self.bundle_nodes()[member.bundle] if self._floats(member) else None
         options = scheduling(member.role.bundle, self._pg, member.bundle, floating_on)
-        return new_worker(
-            self.run.run_name, f"raytf:{self.run.run_name}:{self._attempt}:{name}", max_restarts=0, **options
-        )
+        return new_worker(self.run, f"raytf:{self.run.run_name}:{self._attempt}:{name}", max_restarts=0, **options)
 
     def _floats(self, member: Member) -> bool:
         """A member of the role a restart may keep (``shape.kept_role``) whose worker runs outside the

@@ -136,7 +136,7 @@ class WarmStandbys(GroupCallback):
                 continue
             self._count += 1
             actor = new_worker(
-                run_name,
+                group.run,
                 f"raytf:{run_name}:standby:{self._count}",
                 num_cpus=0,
                 num_gpus=0,

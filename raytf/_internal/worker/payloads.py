@@ -62,7 +62,7 @@ class TrainFnPayload:
         return self.session is not None and self.session.preempted
 
     def run(self, run: RunSpec, spec: WorkerSpec, host: Host) -> None:
-        if "tensorflow" in sys.modules and not getattr(host, "warmed", False):
+        if "tensorflow" in sys.modules and not getattr(host, "warmed", False) and _env.FORKSERVER not in os.environ:
             logger.warning(
                 "TensorFlow was imported in this worker before raytf set TF_CONFIG and the thread "
                 "settings; import it inside train_fn, not at the top of a module the worker loads first"

@@ -69,6 +69,13 @@ def worker_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
 def run_environment(run: RunSpec) -> dict[str, str]:
     """The part of the worker's environment that is the run's, not its rank's (all but TF_CONFIG):
     what a warm standby sets before it imports TensorFlow."""
+    return {**start_environment(run), **host_allocator(), **run.tensorflow.env}
+
+
+def start_environment(run: RunSpec) -> dict[str, str]:
+    """The run's environment but what depends on the node (its host allocator's limit): what the
+    driver also puts into the runtime environment of a worker it starts through a fork server
+    (driver/forkserver.py), under which the server imports TensorFlow."""
     env = {
         _env.TF_NUM_INTRAOP_THREADS: str(run.tensorflow.intra_op_threads),
         _env.TF_NUM_INTEROP_THREADS: str(run.tensorflow.inter_op_threads),
@@ -81,7 +88,6 @@ def run_environment(run: RunSpec) -> dict[str, str]:
     if run.tensorflow.keras != "auto":
         # TensorFlow reads it once, on import: tf.keras is then tf-keras 2 or Keras 3.
         env[_env.TF_USE_LEGACY_KERAS] = "1" if run.tensorflow.keras == "tf_keras" else "0"
-    env.update(host_allocator())
     env.update(run.tensorflow.env)  # the user's TensorflowConfig.worker_env has the last word
     return env
 
