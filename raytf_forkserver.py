@@ -256,8 +256,9 @@ def stand_in(connection: socket.socket, pid: int) -> None:
         ready.select()
         sys.exit(1)  # its status went to its parent, the server
     status = int(json.loads(line)["status"])
-    if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    if os.WIFSIGNALED(status):  # end by the same signal: reset to its default action first
+        if os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGSTOP):  # which no handler can have
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
     sys.exit(os.waitstatus_to_exitcode(status))
 

@@ -7,10 +7,13 @@ processes spawned with TF_CONFIG set by hand, each importing TensorFlow,
 connecting the strategy and running one training step (a Dense layer's
 gradients all-reduced and applied). raytf runs the same step in ``train_fn``
 from ``Trainer(...).fit()``: placement group, actors, loading, connect, first
-step, as ``result.startup`` breaks it down.
+step, as ``result.startup`` breaks it down; ``raytf`` with its CPU workers
+forked from their node's fork server (the default; its first run starts the
+server), ``raytf_spawn`` with ``TensorflowConfig(start_method="spawn")``, each
+worker a new process that imports TensorFlow.
 
 Prints one JSON line per run, then a summary: the median seconds to the first
-step of each, their ratio, raytf's median per phase, and, for each worker
+step of each, raytf's ratio to plain's, raytf's median per phase, and, for each worker
 count in ``--workers``, the driver's blocking round trips while starting the
 group (its ``ray.get``/``ray.wait`` calls until every worker has its rank and
 TF_CONFIG) next to the actor calls it sent: the calls grow with N, the round
@@ -20,6 +23,7 @@ trips do not.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -105,7 +109,7 @@ def _raytf_train(config):
     raytf.report({"first_step_at": time.time()})
 
 
-def run_raytf(workdir: str, workers: int = WORKERS) -> dict:
+def run_raytf(workdir: str, workers: int = WORKERS, start_method: str = "auto") -> dict:
     import raytf
 
     began = time.time()
@@ -113,7 +117,7 @@ def run_raytf(workdir: str, workers: int = WORKERS) -> dict:
         _raytf_train,
         scaling=raytf.ScalingConfig(num_workers=workers, cpus_per_worker=1),
         run=raytf.RunConfig(name=f"bench-startup-{workers}-{began}", storage_path=workdir, verbose=0),
-        tensorflow=raytf.TensorflowConfig(communication="ring"),
+        tensorflow=raytf.TensorflowConfig(communication="ring", start_method=start_method),
     ).fit()
     return {"to_first_step_s": round(result.metrics["first_step_at"] - began, 2), "phases": result.startup[0]}
 
@@ -170,10 +174,14 @@ def main() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(address="local", num_cpus=8, runtime_env={"env_vars": w1.WORKER_ENV}, log_to_driver=False,
              include_dashboard=False)
-    runs: dict[str, list[dict]] = {"plain_mwms": [], "raytf": []}
+    # raytf's CPU workers come from their node's fork server (TensorflowConfig.start_method="auto"),
+    # which the first run starts; raytf_spawn's are new processes that import TensorFlow themselves.
+    systems = {"plain_mwms": run_plain, "raytf_spawn": functools.partial(run_raytf, start_method="spawn"),
+               "raytf": run_raytf}
+    runs: dict[str, list[dict]] = {system: [] for system in systems}
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
-            for system, run in (("plain_mwms", run_plain), ("raytf", run_raytf)):
+            for system, run in systems.items():
                 outcome = run(workdir)
                 runs[system].append(outcome)
                 print(json.dumps({"system": system, "repeat": repeat, **outcome}), flush=True)

@@ -45,6 +45,9 @@ PROGRAMS = (
     ("/log_monitor.py", "log monitors"),
     ("/dashboard/dashboard.py", "dashboards"),
     ("/autoscaler/_private/monitor.py", "autoscaler monitors"),
+    # raytf's fork servers and their clients (python -m raytf_forkserver); a worker forked from a
+    # server has the server's command line until Ray titles it, and counts as what it becomes.
+    ("raytf_forkserver", "fork servers"),
 )
 
 

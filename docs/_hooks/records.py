@@ -262,7 +262,8 @@ STEP_SYSTEMS = {
                     "ray-data": "`raytf.data.read_tfrecords` (Ray Data, materialized)"},
     **{step: W3_SYSTEMS for step in W3_STEPS},
     "recovery": {"raytf": "raytf, cold restart (the default)"},
-    "startup": {"raytf": "raytf `Trainer(...).fit()`",
+    "startup": {"raytf": "raytf `Trainer(...).fit()`, workers forked from the fork server (the default)",
+                "raytf_spawn": "raytf `Trainer(...).fit()`, `start_method=\"spawn\"`",
                 "plain_mwms": "plain MultiWorkerMirroredStrategy, two processes spawned with TF_CONFIG by hand"},
 }
 

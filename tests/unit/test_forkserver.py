@@ -147,6 +147,15 @@ def test_a_signal_to_the_client_reaches_its_worker_and_the_client_ends_as_the_wo
     assert not alive(worker["pid"])
 
 
+def test_a_worker_killed_ends_its_client_by_the_same_signal(place, tmp_path):
+    script, env, work = place
+    waiting = client(script, env, work, tmp_path / "w.json", "pause")
+    worker = wait_for_file(tmp_path / "w.json")
+    os.kill(worker["pid"], signal.SIGKILL)  # as a test, or Ray, kills a worker by its registered pid
+    assert waiting.wait(timeout=60) == -signal.SIGKILL
+    assert "Traceback" not in waiting.stderr.read()
+
+
 def test_a_killed_client_takes_its_worker_with_it(place, tmp_path):
     script, env, work = place
     waiting = client(script, env, work, tmp_path / "w.json", "pause")

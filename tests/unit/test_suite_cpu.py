@@ -61,6 +61,9 @@ def test_each_process_is_told_apart_by_what_it_is_from_its_command_line():
     assert kind_of([python, "-u", f"{ray}/_private/log_monitor.py", "--session-dir=/tmp"]) == "log monitors"
     assert kind_of(["ray-dashboard-ReportHead-0 (/venv/bin/python -c)"]) == "dashboards"
     assert kind_of([python, "train_mlp.py", "--num-workers", "2"]) == kind_of([]) == "other"
+    # A fork server and its client (a worker's stand-in) by their module.
+    assert kind_of([python, "-u", "-m", "raytf_forkserver", "--serve", "/tmp/s.sock", "1"]) == "fork servers"
+    assert kind_of([python, "-m", "raytf_forkserver", f"{ray}/_private/workers/default_worker.py"]) == "fork servers"
 
 
 def test_the_cpu_of_a_tree_is_split_by_kind_of_process():
