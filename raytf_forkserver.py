@@ -54,8 +54,10 @@ import time
 # worker whose TensorFlow its server loaded under the run's environment).
 FORKED_FROM = "RAYTF_FORKSERVER"
 # What a server imports before it serves: comma-separated modules (raytf's tests name lighter ones).
+# TensorFlow (with Keras, NumPy, pandas), then Ray, Ray Data and raytf's worker as every worker
+# imports them: what a worker imports after the fork is what its run adds.
 PRELOAD = "RAYTF_FORKSERVER_PRELOAD"
-DEFAULT_PRELOAD = "tensorflow"
+DEFAULT_PRELOAD = "tensorflow,ray,ray.data,raytf._internal.worker.actor"
 # The folder of the servers' sockets, locks and logs; default ``$TMPDIR/raytf-forkserver-<uid>``.
 FOLDER = "RAYTF_FORKSERVER_DIR"
 
@@ -84,9 +86,31 @@ def folder() -> str:
 
 
 def server_key(env: dict[str, str], cwd: str, umask: int, parent: int) -> str:
-    """What picks a server: the interpreter, the raylet, the working directory, umask and environment."""
-    material = json.dumps([sys.executable, parent, cwd, umask, sorted(env.items())])
+    """What picks a server: the interpreter, the raylet, the working directory, umask and
+    environment, and the installed files of what the server preloads and of this module (a server
+    started before an upgrade serves no worker after it)."""
+    material = json.dumps([sys.executable, parent, cwd, umask, sorted(env.items()), _installed(env)])
     return hashlib.sha256(material.encode()).hexdigest()[:24]
+
+
+def _installed(env: dict[str, str]) -> list:
+    """Each preloaded package's file, and this module's, with its modification time."""
+    import importlib.util
+
+    files = [__file__]
+    for top in dict.fromkeys(name.strip().split(".")[0] for name in env.get(PRELOAD, DEFAULT_PRELOAD).split(",")):
+        try:
+            spec = importlib.util.find_spec(top) if top else None
+        except (ImportError, ValueError):
+            spec = None
+        files.append(spec.origin if spec is not None and spec.origin else top)
+    stamps = []
+    for path in files:
+        try:
+            stamps.append([path, os.stat(path).st_mtime_ns])
+        except OSError:  # not installed: the server will say so when it imports it
+            stamps.append([path, None])
+    return stamps
 
 
 def _current_umask() -> int:

@@ -74,8 +74,9 @@ class TensorflowConfig:
     that has imported TensorFlow already (one per raylet and per environment,
     started by the first worker that needs it), so that a worker's start and
     every restart skip TensorFlow's import, some two CPU-seconds per worker;
-    the run's TensorFlow settings go into the workers' runtime environment, and
-    the fork server imports TensorFlow under them. ``"spawn"``: a new process
+    what TensorFlow reads when imported (the log level, ``keras``,
+    ``worker_env``) goes into the workers' runtime environment, and the fork
+    server imports TensorFlow under it. ``"spawn"``: a new process
     of Ray's that imports TensorFlow itself. ``"auto"`` (default) is
     ``"forkserver"`` for CPU workers on Linux where the job's runtime
     environment names no interpreter of its own (``pip``, ``conda``, ``uv``,

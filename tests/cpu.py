@@ -116,6 +116,8 @@ class TreeCpu:
             fields = stat[stat.rindex(")") + 2:].split()  # after the command's name, which may hold spaces
             pid = int(name)
             parent[pid] = int(fields[1])
+            if parent[pid] == 1:  # an orphan: a raytf fork server counts under the raylet it serves
+                parent[pid] = _served_raylet(pid) or 1
             seen[pid] = (fields[19], int(fields[11]) + int(fields[12]))  # start time; utime + stime
         me, under = os.getpid(), set()
         for pid in seen:
@@ -158,6 +160,20 @@ class TreeCpu:
         except OSError:
             return _OTHER
         return _ORDER.index(kind_of([word for word in argv if word]))
+
+
+def _served_raylet(pid: int) -> int | None:
+    """The raylet a fork server serves (``raytf_forkserver --serve <socket> <raylet pid>``), which
+    its client detached it from: the server, and every worker forked from it, are that raylet's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if "raytf_forkserver" in argv and "--serve" in argv and len(argv) >= 2:
+        words = [word for word in argv if word]
+        return int(words[-1]) if words[-1].isdigit() else None
+    return None
 
 
 # Every kind in the order a process's kind is decided by, when it was seen as several.

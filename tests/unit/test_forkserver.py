@@ -138,6 +138,22 @@ def test_another_environment_gets_a_server_of_its_own(place, tmp_path):
     assert (a["mark"], b["mark"]) == ("a", "b") and a["forkserver"] != b["forkserver"]
 
 
+def test_an_upgrade_of_what_a_server_preloaded_gets_a_new_server(place, tmp_path):
+    script, env, work = place
+    (tmp_path / "pre").mkdir()
+    module = tmp_path / "pre" / "preloaded_here.py"
+    module.write_text("LOADED = True\n")
+    env = {**env, raytf_forkserver.PRELOAD: "numpy,preloaded_here",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "pre"), env["PYTHONPATH"]])}
+    servers = []
+    for n in range(3):
+        if n == 2:  # an upgrade installs the module anew
+            os.utime(module, ns=(time.time_ns(), module.stat().st_mtime_ns + 10**9))
+        assert client(script, env, work, tmp_path / f"w{n}.json").wait(timeout=120) == 0
+        servers.append(json.loads((tmp_path / f"w{n}.json").read_text())["forkserver"])
+    assert servers[0] == servers[1] != servers[2] and None not in servers
+
+
 def test_a_signal_to_the_client_reaches_its_worker_and_the_client_ends_as_the_worker_did(place, tmp_path):
     script, env, work = place
     waiting = client(script, env, work, tmp_path / "w.json", "pause")
@@ -231,7 +247,9 @@ def test_the_driver_starts_cpu_workers_through_the_fork_server_with_the_runs_sta
     env = options["runtime_env"]["env_vars"]
     assert env == start_environment(run)  # under which the server imports TensorFlow
     assert env["TF_USE_LEGACY_KERAS"] == "1" and env["MY_SETTING"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "0"
-    assert "TF_CPU_BFC_MEM_LIMIT_IN_MB" not in env  # the node's memory: each worker sets it on its node
+    # Not what TensorFlow reads once its context starts, nor the node's memory: the worker sets
+    # those itself, and runs of other thread counts share a server.
+    assert not {"TF_CPU_BFC_MEM_LIMIT_IN_MB", "TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"} & set(env)
     assert forkserver.start_options(_run(start_method="spawn"), {}) == {}
 
 

@@ -398,3 +398,23 @@ def test_slowed_runs_a_command_in_a_cgroup_of_its_own_with_the_quota_asked_and_p
     assert main(["all", "--", "true"], root=str(v2)) == 2 and "CPUS must be a number" in capsys.readouterr().err
     with pytest.raises(ValueError, match="CPUS must be more than 0"):
         hold(0, "none", str(v2))
+
+
+def test_a_fork_server_counts_under_the_raylet_its_command_line_names():
+    """A fork server is an orphan (its client detached it): tests/cpu.py puts it, and the workers
+    forked from it, under the raylet it serves, the last word of its command line."""
+    import subprocess
+    import sys
+
+    from tests.cpu import _served_raylet
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "raytf_forkserver",
+                               "--serve", "/tmp/s.sock", "4242"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "4242"])
+    try:
+        assert _served_raylet(server.pid) == 4242 and _served_raylet(other.pid) is None
+    finally:
+        server.kill()
+        other.kill()
+        server.wait()
+        other.wait()

@@ -69,18 +69,24 @@ def worker_environment(run: RunSpec, spec: WorkerSpec) -> dict[str, str]:
 def run_environment(run: RunSpec) -> dict[str, str]:
     """The part of the worker's environment that is the run's, not its rank's (all but TF_CONFIG):
     what a warm standby sets before it imports TensorFlow."""
-    return {**start_environment(run), **host_allocator(), **run.tensorflow.env}
-
-
-def start_environment(run: RunSpec) -> dict[str, str]:
-    """The run's environment but what depends on the node (its host allocator's limit): what the
-    driver also puts into the runtime environment of a worker it starts through a fork server
-    (driver/forkserver.py), under which the server imports TensorFlow."""
     env = {
         _env.TF_NUM_INTRAOP_THREADS: str(run.tensorflow.intra_op_threads),
         _env.TF_NUM_INTEROP_THREADS: str(run.tensorflow.inter_op_threads),
         _env.OMP_NUM_THREADS: str(run.tensorflow.intra_op_threads),
     }
+    env.update(start_environment(run))
+    env.update(host_allocator())
+    env.update(run.tensorflow.env)  # the user's TensorflowConfig.worker_env has the last word
+    return env
+
+
+def start_environment(run: RunSpec) -> dict[str, str]:
+    """What of the run's environment TensorFlow may read when it is imported: the visible GPUs, the
+    log level, the Keras choice and the user's ``worker_env``. The driver puts it into the runtime
+    environment of a worker it starts through a fork server (driver/forkserver.py), under which
+    the server imports TensorFlow. The thread counts (read when TensorFlow's context starts) and
+    the host allocator's limit (the node's memory) the worker sets itself, as every worker does."""
+    env: dict[str, str] = {}
     if not run.tensorflow.use_gpu:
         # A CPU worker on a GPU node must not grab the GPUs other workers own.
         env[_env.CUDA_VISIBLE_DEVICES] = ""
