@@ -54,10 +54,12 @@ import time
 # worker whose TensorFlow its server loaded under the run's environment).
 FORKED_FROM = "RAYTF_FORKSERVER"
 # What a server imports before it serves: comma-separated modules (raytf's tests name lighter ones).
-# TensorFlow (with Keras, NumPy, pandas), then Ray, Ray Data and raytf's worker as every worker
-# imports them: what a worker imports after the fork is what its run adds.
+# TensorFlow (with Keras, NumPy, pandas), then Ray and raytf's worker, as every worker imports
+# them. Not Ray Data: on Ray 2.50 a worker forked from a process that had imported it died at its
+# actor's creation (its core worker's check "current_actor_id_ == actor_id" failed); a worker
+# imports it where its run has a dataset.
 PRELOAD = "RAYTF_FORKSERVER_PRELOAD"
-DEFAULT_PRELOAD = "tensorflow,ray,ray.data,raytf._internal.worker.actor"
+DEFAULT_PRELOAD = "tensorflow,ray,raytf._internal.worker.actor"
 # The folder of the servers' sockets, locks and logs; default ``$TMPDIR/raytf-forkserver-<uid>``.
 FOLDER = "RAYTF_FORKSERVER_DIR"
 
