@@ -351,6 +351,8 @@ class _Server:
             if not events and self.idle_since is not None and time.monotonic() - self.idle_since >= IDLE_EXIT_S:
                 return
             for key, _ in events:
+                if self.selector.get_map().get(key.fd) is not key:
+                    continue  # closed by an earlier event of this batch, its descriptor perhaps reused since
                 if key.data == "parent":
                     return
                 if key.data == "listen":
